@@ -1,0 +1,575 @@
+//! Applying a block is a deterministic pure step `(state, block) -> state`: no clock, no
+//! randomness, no I/O. Producing a block (choosing transactions, stamping the time, signing)
+//! is separate and reuses the same per-transaction path, so a produced block always applies.
+
+use crate::block::Block;
+use crate::hash::Hash;
+use crate::intent::{self, Intent};
+use crate::keys::Keypair;
+use crate::state::{ChangeSet, State};
+use crate::tx::{check_stateful, check_stateless, execute, SignedTx, TxError};
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BlockError {
+    #[error("block is for chain {got:?}, this is {expected:?}")]
+    WrongChain { expected: String, got: String },
+    #[error("block height is {got}, expected {expected}")]
+    WrongHeight { expected: u64, got: u64 },
+    #[error("previous hash {got} does not match the parent block {expected}")]
+    WrongPrevHash { expected: Hash, got: Hash },
+    #[error("proposer {0} is not a validator named in genesis")]
+    NotAValidator(crate::keys::Address),
+    #[error("proposer signature does not verify")]
+    BadSignature,
+    #[error("timestamp {got} is before the parent's {parent}")]
+    TimestampBackwards { parent: u64, got: u64 },
+    #[error("block holds {got} transactions, over the limit of {limit}")]
+    TooManyTxs { limit: u32, got: usize },
+    #[error("block is {got} bytes, over the limit of {limit}")]
+    TooLarge { limit: u64, got: u64 },
+    #[error("transaction root {got} does not match the transactions ({computed})")]
+    TxRoot { computed: Hash, got: Hash },
+    #[error("transaction {index} is invalid: {error}")]
+    InvalidTx { index: usize, error: TxError },
+    #[error("state root {got} does not match the state after the block ({computed})")]
+    StateRoot { computed: Hash, got: Hash },
+}
+
+/// Runs one transaction's stateful check and execution on `state`; on any error `state` is
+/// left exactly as it was.
+fn run_tx(state: &mut State, tx: &SignedTx) -> Result<(), TxError> {
+    check_stateful(state, tx)?;
+    let snapshot = state.clone();
+    execute(state, tx).inspect_err(|_| *state = snapshot)
+}
+
+/// Closes a block's transactions at `height`: the block-boundary settlement, then the
+/// authenticated root over everything that changed.
+fn finish(state: &mut State, height: u64) -> Result<ChangeSet, TxError> {
+    state.end_block(height)?;
+    Ok(state.commit_dirty())
+}
+
+/// Verifies `block` against `parent` and returns the state after it and the entries it
+/// changed. `parent` is untouched; an invalid block yields an error and nothing else.
+pub fn apply_block(parent: &State, block: &Block) -> Result<(State, ChangeSet), BlockError> {
+    let genesis = parent.genesis();
+    let header = &block.header;
+    if header.chain_id != genesis.chain_id {
+        return Err(BlockError::WrongChain {
+            expected: genesis.chain_id.clone(),
+            got: header.chain_id.clone(),
+        });
+    }
+    let height = parent.height() + 1;
+    if header.height != height {
+        return Err(BlockError::WrongHeight {
+            expected: height,
+            got: header.height,
+        });
+    }
+    if header.prev_hash != parent.block_hash() {
+        return Err(BlockError::WrongPrevHash {
+            expected: parent.block_hash(),
+            got: header.prev_hash,
+        });
+    }
+    if !genesis.is_validator(&header.proposer) {
+        return Err(BlockError::NotAValidator(header.proposer));
+    }
+    intent::verify(
+        &header.proposer,
+        Intent::Block,
+        &genesis.chain_id,
+        header,
+        &block.signature,
+    )
+    .map_err(|_| BlockError::BadSignature)?;
+    if header.timestamp_ms < parent.timestamp_ms() {
+        return Err(BlockError::TimestampBackwards {
+            parent: parent.timestamp_ms(),
+            got: header.timestamp_ms,
+        });
+    }
+    if block.txs.len() > genesis.max_block_txs as usize {
+        return Err(BlockError::TooManyTxs {
+            limit: genesis.max_block_txs,
+            got: block.txs.len(),
+        });
+    }
+    let size = block.to_bytes().len() as u64;
+    if size > genesis.max_block_bytes {
+        return Err(BlockError::TooLarge {
+            limit: genesis.max_block_bytes,
+            got: size,
+        });
+    }
+    let computed = Block::tx_root(&block.txs);
+    if computed != header.tx_root {
+        return Err(BlockError::TxRoot {
+            computed,
+            got: header.tx_root,
+        });
+    }
+    let invalid = |index, error| BlockError::InvalidTx { index, error };
+    for (index, result) in check_stateless(genesis, &block.txs).into_iter().enumerate() {
+        result.map_err(|e| invalid(index, e))?;
+    }
+    let mut state = parent.clone();
+    for (index, tx) in block.txs.iter().enumerate() {
+        run_tx(&mut state, tx).map_err(|e| invalid(index, e))?;
+    }
+    let changes = finish(&mut state, height).map_err(|e| invalid(block.txs.len(), e))?;
+    if state.root() != header.state_root {
+        return Err(BlockError::StateRoot {
+            computed: state.root(),
+            got: header.state_root,
+        });
+    }
+    state.set_head(height, block.hash(), header.timestamp_ms);
+    Ok((state, changes))
+}
+
+/// A block made by `produce_block`, the state after it, and the candidates left out.
+pub struct Produced {
+    pub block: Block,
+    pub state: State,
+    pub changes: ChangeSet,
+    /// Candidates that failed a check, with the reason. Ones left out only because the
+    /// block was full are in neither list.
+    pub rejected: Vec<(Hash, TxError)>,
+}
+
+/// Builds, signs and applies the next block from `candidates` (in their order), keeping
+/// every transaction that passes all three checks, within the genesis size limits.
+/// `timestamp_ms` is the producer's clock, clamped so time never goes backwards.
+pub fn produce_block(
+    parent: &State,
+    candidates: &[SignedTx],
+    proposer: &Keypair,
+    timestamp_ms: u64,
+) -> Result<Produced, BlockError> {
+    let genesis = parent.genesis_arc().clone();
+    let height = parent.height() + 1;
+    let mut state = parent.clone();
+    let mut txs = Vec::new();
+    let mut rejected = Vec::new();
+    // Header, signature and length prefixes; generous so a full block never exceeds the limit.
+    let mut size = 512u64;
+    for (tx, stateless) in candidates.iter().zip(check_stateless(&genesis, candidates)) {
+        if txs.len() >= genesis.max_block_txs as usize {
+            break;
+        }
+        let tx_size = tx.to_bytes().len() as u64;
+        if size + tx_size > genesis.max_block_bytes {
+            break;
+        }
+        match stateless.and_then(|()| run_tx(&mut state, tx)) {
+            Ok(()) => {
+                size += tx_size;
+                txs.push(tx.clone());
+            }
+            Err(error) => rejected.push((tx.hash(), error)),
+        }
+    }
+    let invalid = |error| BlockError::InvalidTx {
+        index: txs.len(),
+        error,
+    };
+    let changes = finish(&mut state, height).map_err(invalid)?;
+    let timestamp_ms = timestamp_ms.max(parent.timestamp_ms());
+    let block = Block::seal(parent, txs, state.root(), timestamp_ms, proposer);
+    state.set_head(height, block.hash(), timestamp_ms);
+    Ok(Produced {
+        block,
+        state,
+        changes,
+        rejected,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::amount::Amount;
+    use crate::genesis::tests::{test_genesis, TestKeys};
+    use crate::genesis::Genesis;
+    use crate::keys::Address;
+    use crate::tx::tests::transfer;
+    use crate::tx::{Receipt, Tx, TxKind};
+    use proptest::prelude::*;
+
+    fn receipt(
+        keys: &TestKeys,
+        hub: &Keypair,
+        session_id: u64,
+        worker: Address,
+        bytes: u64,
+    ) -> SignedTx {
+        credit_from(&keys.gateway, 0, hub, session_id, worker, bytes)
+    }
+
+    fn credit_from(
+        sender: &Keypair,
+        nonce: u64,
+        hub: &Keypair,
+        session_id: u64,
+        worker: Address,
+        bytes: u64,
+    ) -> SignedTx {
+        let receipt = Receipt {
+            chain_id: "kvasir-test".into(),
+            hub: hub.address(),
+            session_id,
+            worker,
+            cumulative_bytes: bytes,
+        };
+        Tx {
+            chain_id: "kvasir-test".into(),
+            sender: sender.address(),
+            nonce,
+            kind: TxKind::Credit(receipt.sign(hub)),
+        }
+        .sign(sender)
+    }
+
+    fn with_nonce(state: &State, keys: &TestKeys, mut tx: SignedTx) -> SignedTx {
+        let signer = [&keys.gateway, &keys.alice, &keys.bob, &keys.worker]
+            .into_iter()
+            .find(|k| k.address() == tx.tx.sender)
+            .expect("a test key");
+        tx.tx.nonce = state.account(&tx.tx.sender).nonce;
+        tx.tx.clone().sign(signer)
+    }
+
+    /// Produces a block holding exactly `txs`, asserting none was rejected.
+    fn block_of(state: &State, keys: &TestKeys, txs: Vec<SignedTx>) -> State {
+        let produced =
+            produce_block(state, &txs, &keys.validator, state.timestamp_ms() + 1000).unwrap();
+        assert!(produced.rejected.is_empty(), "{:?}", produced.rejected);
+        assert_eq!(produced.block.txs.len(), txs.len());
+        produced.state
+    }
+
+    fn rejection(state: &State, keys: &TestKeys, tx: SignedTx) -> TxError {
+        let produced = produce_block(state, &[tx], &keys.validator, state.timestamp_ms()).unwrap();
+        assert!(produced.block.txs.is_empty());
+        produced.rejected.into_iter().next().expect("rejected").1
+    }
+
+    #[test]
+    fn the_announcement_session_pays_0_008945664_kvr_pending_then_settles() {
+        let (genesis, keys) = test_genesis();
+        let window = genesis.challenge_window;
+        let state = State::from_genesis(genesis);
+        let worker = keys.worker.address();
+        let state = block_of(
+            &state,
+            &keys,
+            vec![receipt(&keys, &keys.hub, 1, worker, 1_277_952)],
+        );
+        let account = state.account(&worker);
+        assert_eq!(account.balance, Amount::ZERO);
+        assert_eq!(account.pending.len(), 1);
+        assert_eq!(account.pending[0].amount.base_units(), 8_945_664);
+        assert_eq!(account.pending[0].amount.to_string(), "0.008945664 KVR");
+        assert_eq!(account.pending[0].settle_height, 1 + window);
+        let mut state = state;
+        for _ in 0..window - 1 {
+            state = block_of(&state, &keys, vec![]);
+            assert_eq!(state.account(&worker).balance, Amount::ZERO);
+        }
+        state = block_of(&state, &keys, vec![]);
+        let account = state.account(&worker);
+        assert_eq!(account.balance.base_units(), 8_945_664);
+        assert!(account.pending.is_empty());
+    }
+
+    #[test]
+    fn cumulative_receipts_pay_exactly_earned_and_replays_pay_nothing() {
+        let (genesis, keys) = test_genesis();
+        let g = genesis.clone();
+        let mut state = State::from_genesis(genesis);
+        let worker = keys.worker.address();
+        // Many small steps that each round down must still sum to earned(final).
+        let mut counts: Vec<u64> = (1..=40).map(|i| i * 31_337).collect();
+        counts.push(1_277_952);
+        for c in &counts {
+            let tx = with_nonce(&state, &keys, receipt(&keys, &keys.hub, 7, worker, *c));
+            state = block_of(&state, &keys, vec![tx]);
+        }
+        let account = state.account(&worker);
+        let total = account
+            .balance
+            .checked_add(account.pending_total())
+            .unwrap();
+        assert_eq!(total, g.earned(1_277_952).unwrap());
+        for stale in [1_277_952, 5] {
+            let tx = with_nonce(&state, &keys, receipt(&keys, &keys.hub, 7, worker, stale));
+            assert!(matches!(
+                rejection(&state, &keys, tx),
+                TxError::ReceiptNotNewer { .. }
+            ));
+        }
+        let thief = keys.alice.address();
+        let tx = with_nonce(
+            &state,
+            &keys,
+            receipt(&keys, &keys.hub, 7, thief, 9_000_000),
+        );
+        assert!(matches!(
+            rejection(&state, &keys, tx),
+            TxError::SessionWorkerMismatch { .. }
+        ));
+        let too_big = with_nonce(
+            &state,
+            &keys,
+            receipt(&keys, &keys.hub, 8, worker, u64::MAX),
+        );
+        assert_eq!(rejection(&state, &keys, too_big), TxError::Overflow);
+    }
+
+    #[test]
+    fn only_genesis_gateways_submit_and_only_genesis_hubs_sign() {
+        let (genesis, keys) = test_genesis();
+        let state = State::from_genesis(genesis);
+        let worker = keys.worker.address();
+        let by_alice = credit_from(&keys.alice, 0, &keys.hub, 1, worker, 1000);
+        assert_eq!(
+            rejection(&state, &keys, by_alice),
+            TxError::NotAGateway(keys.alice.address())
+        );
+        let fake_hub = credit_from(&keys.gateway, 0, &keys.bob, 1, worker, 1000);
+        assert_eq!(
+            rejection(&state, &keys, fake_hub),
+            TxError::NotAHub(keys.bob.address())
+        );
+    }
+
+    #[test]
+    fn transfers_check_nonce_and_funds_and_replays_fail() {
+        let (genesis, keys) = test_genesis();
+        let state = State::from_genesis(genesis);
+        let (alice, bob) = (keys.alice.address(), keys.bob.address());
+        let pay = transfer(&keys.alice, 0, bob, "1.5");
+        let after = block_of(&state, &keys, vec![pay.clone()]);
+        assert_eq!(
+            after.account(&alice).balance,
+            Amount::parse("98.5").unwrap()
+        );
+        assert_eq!(after.account(&bob).balance, Amount::parse("6.5").unwrap());
+        assert_eq!(after.account(&alice).nonce, 1);
+        assert_eq!(
+            rejection(&after, &keys, pay),
+            TxError::NonceMismatch {
+                expected: 1,
+                got: 0
+            }
+        );
+        let skip = transfer(&keys.alice, 5, bob, "1");
+        assert_eq!(
+            rejection(&after, &keys, skip),
+            TxError::NonceMismatch {
+                expected: 1,
+                got: 5
+            }
+        );
+        let overdraw = transfer(&keys.bob, 0, alice, "6.500000001");
+        assert!(matches!(
+            rejection(&after, &keys, overdraw),
+            TxError::InsufficientFunds { .. }
+        ));
+    }
+
+    #[test]
+    fn an_empty_pool_records_owed_and_a_refill_pays_it() {
+        let (mut genesis, keys) = test_genesis();
+        genesis.rewards_pool = Amount::from_base_units(1_000_000);
+        let pool = genesis.rewards_pool_address();
+        let state = State::from_genesis(genesis.clone());
+        let worker = keys.worker.address();
+        let state = block_of(
+            &state,
+            &keys,
+            vec![receipt(&keys, &keys.hub, 1, worker, 1_277_952)],
+        );
+        let account = state.account(&worker);
+        assert_eq!(account.pending_total().base_units(), 1_000_000);
+        assert_eq!(account.owed.base_units(), 7_945_664);
+        assert_eq!(state.account(&pool).balance, Amount::ZERO);
+        assert_eq!(
+            state.total_money(),
+            u128::from(genesis.total_supply().base_units())
+        );
+        // Anyone may refill the pool with a transfer; the claim is paid at the block's end.
+        let refill = transfer(&keys.alice, 0, pool, "1");
+        let state = block_of(&state, &keys, vec![refill]);
+        let account = state.account(&worker);
+        assert_eq!(account.owed, Amount::ZERO);
+        assert_eq!(account.pending_total().base_units(), 8_945_664);
+        assert_eq!(state.total_owed(), 0);
+        assert_eq!(
+            state.total_money(),
+            u128::from(genesis.total_supply().base_units())
+        );
+    }
+
+    #[test]
+    fn another_node_applying_the_block_reaches_the_same_state() {
+        let (genesis, keys) = test_genesis();
+        let state = State::from_genesis(genesis);
+        let txs = vec![
+            transfer(&keys.alice, 0, keys.bob.address(), "3"),
+            receipt(&keys, &keys.hub, 1, keys.worker.address(), 2_000_000),
+        ];
+        let produced = produce_block(&state, &txs, &keys.validator, 5).unwrap();
+        let (applied, changes) = apply_block(&state, &produced.block).unwrap();
+        assert_eq!(applied.root(), produced.state.root());
+        assert_eq!(applied.block_hash(), produced.block.hash());
+        assert_eq!(changes, produced.changes);
+        // Time never goes backwards, even if the producer's clock does.
+        assert_eq!(produced.block.header.timestamp_ms, state.timestamp_ms());
+    }
+
+    #[test]
+    fn tampered_blocks_are_rejected_and_the_parent_is_untouched() {
+        let (genesis, keys) = test_genesis();
+        let state = State::from_genesis(genesis);
+        let root = state.root();
+        let txs = vec![transfer(&keys.alice, 0, keys.bob.address(), "3")];
+        let good = produce_block(&state, &txs, &keys.validator, 1)
+            .unwrap()
+            .block;
+        let resign = |mut block: Block, signer: &Keypair| {
+            block.header.proposer = signer.address();
+            block.signature = intent::sign(signer, Intent::Block, "kvasir-test", &block.header);
+            block
+        };
+        let check = |block: Block, want: fn(&BlockError) -> bool| {
+            let err = apply_block(&state, &block).unwrap_err();
+            assert!(want(&err), "{err}");
+        };
+        let mut b = good.clone();
+        b.header.height = 5;
+        check(resign(b, &keys.validator), |e| {
+            matches!(e, BlockError::WrongHeight { .. })
+        });
+        let mut b = good.clone();
+        b.header.prev_hash = Hash::ZERO;
+        check(resign(b, &keys.validator), |e| {
+            matches!(e, BlockError::WrongPrevHash { .. })
+        });
+        check(resign(good.clone(), &keys.alice), |e| {
+            matches!(e, BlockError::NotAValidator(_))
+        });
+        let mut b = good.clone();
+        b.header.timestamp_ms += 1;
+        check(b, |e| matches!(e, BlockError::BadSignature));
+        let mut b = good.clone();
+        b.txs
+            .push(transfer(&keys.bob, 0, keys.alice.address(), "1"));
+        check(b, |e| matches!(e, BlockError::TxRoot { .. }));
+        let mut b = good.clone();
+        b.header.state_root = Hash::ZERO;
+        check(resign(b, &keys.validator), |e| {
+            matches!(e, BlockError::StateRoot { .. })
+        });
+        let mut b = good.clone();
+        b.txs = vec![transfer(&keys.alice, 1, keys.bob.address(), "3")];
+        b.header.tx_root = Block::tx_root(&b.txs);
+        check(resign(b, &keys.validator), |e| {
+            matches!(
+                e,
+                BlockError::InvalidTx {
+                    index: 0,
+                    error: TxError::NonceMismatch { .. }
+                }
+            )
+        });
+        let mut b = good.clone();
+        b.header.chain_id = "other".into();
+        check(b, |e| matches!(e, BlockError::WrongChain { .. }));
+        assert_eq!(state.root(), root);
+        assert_eq!(state.height(), 0);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Transfer {
+            from: usize,
+            to: usize,
+            units: u64,
+            nonce_skew: i8,
+        },
+        Credit {
+            by_gateway: bool,
+            real_hub: bool,
+            session: u64,
+            worker: usize,
+            bytes: u64,
+        },
+        EndBlock,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0..4usize, 0..5usize, 0..20_000_000_000u64, prop_oneof![8 => Just(0i8), 1 => Just(-1i8), 1 => Just(1i8)])
+                .prop_map(|(from, to, units, nonce_skew)| Op::Transfer { from, to, units, nonce_skew }),
+            3 => (prop::bool::weighted(0.9), prop::bool::weighted(0.9), 0..3u64, 0..4usize, 0..400_000_000u64)
+                .prop_map(|(by_gateway, real_hub, session, worker, bytes)| Op::Credit { by_gateway, real_hub, session, worker, bytes }),
+            1 => Just(Op::EndBlock),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn money_is_conserved_and_invalid_txs_change_nothing(ops in proptest::collection::vec(op(), 1..60)) {
+            let (mut genesis, keys) = test_genesis();
+            // A small pool, so that owed claims and refills happen too.
+            genesis.rewards_pool = Amount::from_base_units(2_000_000);
+            let supply = u128::from(genesis.total_supply().base_units());
+            let users = [&keys.alice, &keys.bob, &keys.worker, &keys.gateway];
+            let pool = genesis.rewards_pool_address();
+            let g: Genesis = genesis.clone();
+            let mut state = State::from_genesis(genesis);
+            let mut height = 0;
+            for op in ops {
+                let tx = match op {
+                    Op::EndBlock => {
+                        height += 1;
+                        finish(&mut state, height).unwrap();
+                        state.set_head(height, Hash::ZERO, 0);
+                        prop_assert_eq!(state.total_money(), supply);
+                        continue;
+                    }
+                    Op::Transfer { from, to, units, nonce_skew } => {
+                        let sender = users[from];
+                        let nonce = state.account(&sender.address()).nonce.wrapping_add_signed(nonce_skew.into());
+                        let to = users.get(to).map_or(pool, |k| k.address());
+                        Tx { chain_id: g.chain_id.clone(), sender: sender.address(), nonce,
+                             kind: TxKind::Transfer { to, amount: Amount::from_base_units(units) } }.sign(sender)
+                    }
+                    Op::Credit { by_gateway, real_hub, session, worker, bytes } => {
+                        let sender = if by_gateway { &keys.gateway } else { &keys.alice };
+                        let hub = if real_hub { &keys.hub } else { &keys.bob };
+                        let nonce = state.account(&sender.address()).nonce;
+                        credit_from(sender, nonce, hub, session, users[worker].address(), bytes)
+                    }
+                };
+                let before_root = { let mut s = state.clone(); s.commit_dirty(); s.root() };
+                let before_accounts: Vec<_> = state.accounts().map(|(a, acc)| (*a, acc.clone())).collect();
+                let result = check_stateless(&g, std::slice::from_ref(&tx)).remove(0)
+                    .and_then(|()| run_tx(&mut state, &tx));
+                if result.is_err() {
+                    let mut s = state.clone();
+                    s.commit_dirty();
+                    prop_assert_eq!(s.root(), before_root);
+                    let after: Vec<_> = state.accounts().map(|(a, acc)| (*a, acc.clone())).collect();
+                    prop_assert_eq!(after, before_accounts);
+                }
+                prop_assert_eq!(state.total_money(), supply);
+            }
+        }
+    }
+}

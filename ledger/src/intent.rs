@@ -1,0 +1,106 @@
+//! Every signature commits to an intent prefix: a domain tag, the intent (what is being
+//! signed) and the chain id, followed by the canonical borsh encoding of the payload. A
+//! transaction signature therefore never verifies as a receipt or a block signature, nor on
+//! another chain.
+
+use borsh::BorshSerialize;
+use ed25519_dalek::Signer;
+
+use crate::keys::{Address, Keypair, Signature};
+
+const DOMAIN: &[u8] = b"KVASIR-SIG-V1";
+
+/// What a signature authorises.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Intent {
+    Transaction = 1,
+    Receipt = 2,
+    Block = 3,
+}
+
+/// The exact bytes that are signed for `payload` under `intent` on chain `chain_id`.
+pub fn signing_message(intent: Intent, chain_id: &str, payload: &impl BorshSerialize) -> Vec<u8> {
+    let mut message = Vec::with_capacity(128);
+    message.extend_from_slice(DOMAIN);
+    message.push(intent as u8);
+    // Writing into a Vec cannot fail.
+    let _ = chain_id.serialize(&mut message);
+    let _ = payload.serialize(&mut message);
+    message
+}
+
+pub fn sign(
+    keypair: &Keypair,
+    intent: Intent,
+    chain_id: &str,
+    payload: &impl BorshSerialize,
+) -> Signature {
+    let message = signing_message(intent, chain_id, payload);
+    Signature(keypair.signing_key().sign(&message).to_bytes())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("signature does not verify")]
+pub struct BadSignature;
+
+/// Verifies one signature by itself (the fallback when a batch fails and the culprit is sought).
+pub fn verify_message(
+    signer: &Address,
+    message: &[u8],
+    signature: &Signature,
+) -> Result<(), BadSignature> {
+    let key = signer.verifying_key().map_err(|_| BadSignature)?;
+    let signature = ed25519_dalek::Signature::from_bytes(&signature.0);
+    key.verify_strict(message, &signature)
+        .map_err(|_| BadSignature)
+}
+
+pub fn verify(
+    signer: &Address,
+    intent: Intent,
+    chain_id: &str,
+    payload: &impl BorshSerialize,
+    signature: &Signature,
+) -> Result<(), BadSignature> {
+    verify_message(
+        signer,
+        &signing_message(intent, chain_id, payload),
+        signature,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signature_is_bound_to_intent_and_chain() {
+        let keypair = Keypair::from_seed(&[3; 32]);
+        let payload = (42u64, "hello".to_string());
+        let signature = sign(&keypair, Intent::Transaction, "kvasir-dev", &payload);
+        let who = keypair.address();
+        assert_eq!(
+            verify(
+                &who,
+                Intent::Transaction,
+                "kvasir-dev",
+                &payload,
+                &signature
+            ),
+            Ok(())
+        );
+        assert!(verify(&who, Intent::Receipt, "kvasir-dev", &payload, &signature).is_err());
+        assert!(verify(&who, Intent::Block, "kvasir-dev", &payload, &signature).is_err());
+        assert!(verify(
+            &who,
+            Intent::Transaction,
+            "other-chain",
+            &payload,
+            &signature
+        )
+        .is_err());
+        let other = (43u64, "hello".to_string());
+        assert!(verify(&who, Intent::Transaction, "kvasir-dev", &other, &signature).is_err());
+    }
+}

@@ -1,0 +1,31 @@
+//! The Kvasir ledger: KVR amounts, ed25519 accounts, signed transactions with a three-stage
+//! check, blocks hash-chained with blake3, an authenticated state root, and sled storage.
+//!
+//! Data flows one way: transactions pass `tx::check_stateless`, wait in the `mempool`, are
+//! packed by `apply::produce_block`, and every node replays them with the pure
+//! `apply::apply_block` before `store::Store::commit` persists block and state atomically.
+
+pub mod amount;
+pub mod apply;
+pub mod block;
+pub mod genesis;
+pub mod hash;
+pub mod intent;
+pub mod keys;
+pub mod mempool;
+pub mod state;
+pub mod store;
+mod tree;
+pub mod tx;
+pub mod verify;
+
+pub use amount::{Amount, AmountError, BASE_UNITS_PER_KVR};
+pub use apply::{apply_block, produce_block, BlockError, Produced};
+pub use block::{Block, BlockHeader};
+pub use genesis::Genesis;
+pub use hash::Hash;
+pub use keys::{Address, Keypair};
+pub use state::{Account, ChangeSet, State};
+pub use store::{Store, StoreError};
+pub use tx::{Receipt, SignedReceipt, SignedTx, Tx, TxError, TxKind};
+pub use verify::{verify_chain, VerifyError, VerifyReport};

@@ -1,0 +1,382 @@
+//! The ledger state: accounts, receipt high-water marks and the authenticated tree that
+//! commits to them. Maps are persistent (imbl), so a `State` clones in O(1) and block
+//! application can work on a copy that is simply dropped when the block turns out invalid.
+
+use std::sync::Arc;
+
+use borsh::{BorshDeserialize, BorshSerialize};
+use imbl::{OrdMap, OrdSet};
+use serde::Serialize;
+
+use crate::amount::Amount;
+use crate::block::genesis_block_with_root;
+use crate::genesis::Genesis;
+use crate::hash::Hash;
+use crate::keys::Address;
+use crate::tree::StateTree;
+use crate::tx::{Receipt, TxError};
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, BorshSerialize, BorshDeserialize)]
+pub struct Account {
+    /// Spendable balance.
+    pub balance: Amount,
+    pub nonce: u64,
+    /// Credited rewards still inside their challenge window, in settle-height order.
+    pub pending: Vec<PendingReward>,
+    /// Rewards earned while the pool was empty: a claim, not money, paid when the pool refills.
+    pub owed: Amount,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, BorshSerialize, BorshDeserialize)]
+pub struct PendingReward {
+    pub settle_height: u64,
+    pub amount: Amount,
+}
+
+impl Account {
+    pub fn pending_total(&self) -> Amount {
+        self.pending
+            .iter()
+            .try_fold(Amount::ZERO, |sum, p| sum.checked_add(p.amount))
+            .unwrap_or(Amount::MAX)
+    }
+}
+
+/// A metering session: receipts of one hub about one session id.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, BorshSerialize, BorshDeserialize,
+)]
+pub struct SessionKey {
+    pub hub: Address,
+    pub session_id: u64,
+}
+
+impl SessionKey {
+    pub fn of(receipt: &Receipt) -> Self {
+        SessionKey {
+            hub: receipt.hub,
+            session_id: receipt.session_id,
+        }
+    }
+}
+
+/// The highest cumulative count credited for a session, and whose session it is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, BorshSerialize, BorshDeserialize)]
+pub struct ReceiptMark {
+    pub worker: Address,
+    pub cumulative_bytes: u64,
+}
+
+/// The state entries a block changed, for storage to persist with the block.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ChangeSet {
+    pub accounts: Vec<(Address, Account)>,
+    pub receipts: Vec<(SessionKey, ReceiptMark)>,
+}
+
+#[derive(Clone)]
+pub struct State {
+    genesis: Arc<Genesis>,
+    pool: Address,
+    height: u64,
+    block_hash: Hash,
+    timestamp_ms: u64,
+    accounts: OrdMap<Address, Account>,
+    receipts: OrdMap<SessionKey, ReceiptMark>,
+    tree: StateTree,
+    // Indexes derivable from the accounts; not committed, rebuilt on load.
+    maturing: OrdMap<u64, OrdSet<Address>>,
+    owed: OrdSet<Address>,
+    // Entries changed since the last `commit_dirty`.
+    dirty_accounts: OrdSet<Address>,
+    dirty_receipts: OrdSet<SessionKey>,
+}
+
+fn account_key(address: &Address) -> Hash {
+    Hash::of_parts(&[b"A", address.as_bytes()])
+}
+
+fn receipt_key(key: &SessionKey) -> Hash {
+    Hash::of_parts(&[b"R", key.hub.as_bytes(), &key.session_id.to_le_bytes()])
+}
+
+impl State {
+    /// The state before block 1: genesis allocations and the rewards pool.
+    pub fn from_genesis(genesis: Genesis) -> State {
+        let pool = genesis.rewards_pool_address();
+        let mut accounts = vec![(
+            pool,
+            Account {
+                balance: genesis.rewards_pool,
+                ..Account::default()
+            },
+        )];
+        accounts.extend(genesis.allocations.iter().map(|a| {
+            (
+                a.address,
+                Account {
+                    balance: a.amount,
+                    ..Account::default()
+                },
+            )
+        }));
+        let timestamp_ms = genesis.genesis_time_ms;
+        let mut state = State::from_parts(
+            Arc::new(genesis),
+            0,
+            Hash::ZERO,
+            timestamp_ms,
+            accounts,
+            Vec::new(),
+        );
+        state.block_hash = genesis_block_with_root(&state.genesis, state.root()).hash();
+        state
+    }
+
+    /// Rebuilds a state from stored entries at a given head.
+    pub fn from_parts(
+        genesis: Arc<Genesis>,
+        height: u64,
+        block_hash: Hash,
+        timestamp_ms: u64,
+        accounts: impl IntoIterator<Item = (Address, Account)>,
+        receipts: impl IntoIterator<Item = (SessionKey, ReceiptMark)>,
+    ) -> State {
+        let pool = genesis.rewards_pool_address();
+        let mut state = State {
+            genesis,
+            pool,
+            height,
+            block_hash,
+            timestamp_ms,
+            accounts: OrdMap::new(),
+            receipts: OrdMap::new(),
+            tree: StateTree::default(),
+            maturing: OrdMap::new(),
+            owed: OrdSet::new(),
+            dirty_accounts: OrdSet::new(),
+            dirty_receipts: OrdSet::new(),
+        };
+        for (address, account) in accounts {
+            state.set_account(address, account);
+        }
+        for (key, mark) in receipts {
+            state.receipts.insert(key, mark);
+            state.dirty_receipts.insert(key);
+        }
+        state.commit_dirty();
+        state
+    }
+
+    pub fn genesis(&self) -> &Genesis {
+        &self.genesis
+    }
+
+    pub(crate) fn genesis_arc(&self) -> &Arc<Genesis> {
+        &self.genesis
+    }
+
+    pub fn height(&self) -> u64 {
+        self.height
+    }
+
+    pub fn block_hash(&self) -> Hash {
+        self.block_hash
+    }
+
+    pub fn timestamp_ms(&self) -> u64 {
+        self.timestamp_ms
+    }
+
+    /// The authenticated root over every account and receipt mark, as of the last commit.
+    pub fn root(&self) -> Hash {
+        self.tree.root()
+    }
+
+    pub fn rewards_pool(&self) -> Address {
+        self.pool
+    }
+
+    /// An account; one never seen is empty.
+    pub fn account(&self, address: &Address) -> Account {
+        self.accounts.get(address).cloned().unwrap_or_default()
+    }
+
+    pub fn accounts(&self) -> impl Iterator<Item = (&Address, &Account)> {
+        self.accounts.iter()
+    }
+
+    pub fn receipt_mark(&self, key: &SessionKey) -> Option<&ReceiptMark> {
+        self.receipts.get(key)
+    }
+
+    pub fn receipts(&self) -> impl Iterator<Item = (&SessionKey, &ReceiptMark)> {
+        self.receipts.iter()
+    }
+
+    /// Every base unit held: balances plus pending rewards (the pool is an account). Owed
+    /// claims are not money and are not counted. Constant from genesis on.
+    pub fn total_money(&self) -> u128 {
+        self.accounts
+            .values()
+            .map(|a| {
+                u128::from(a.balance.base_units()) + u128::from(a.pending_total().base_units())
+            })
+            .sum()
+    }
+
+    pub fn total_owed(&self) -> u128 {
+        self.owed
+            .iter()
+            .map(|a| u128::from(self.account(a).owed.base_units()))
+            .sum()
+    }
+
+    pub(crate) fn set_account(&mut self, address: Address, account: Account) {
+        for p in &account.pending {
+            self.maturing
+                .entry(p.settle_height)
+                .or_default()
+                .insert(address);
+        }
+        if account.owed.is_zero() {
+            self.owed.remove(&address);
+        } else {
+            self.owed.insert(address);
+        }
+        self.accounts.insert(address, account);
+        self.dirty_accounts.insert(address);
+    }
+
+    fn add_pending(&mut self, address: Address, amount: Amount) -> Result<(), TxError> {
+        if amount.is_zero() {
+            return Ok(());
+        }
+        let settle_height = self
+            .height
+            .checked_add(1)
+            .and_then(|h| h.checked_add(self.genesis.challenge_window))
+            .ok_or(TxError::Overflow)?;
+        let mut account = self.account(&address);
+        match account.pending.last_mut() {
+            Some(last) if last.settle_height == settle_height => {
+                last.amount = last.amount.checked_add(amount).ok_or(TxError::Overflow)?;
+            }
+            _ => account.pending.push(PendingReward {
+                settle_height,
+                amount,
+            }),
+        }
+        self.set_account(address, account);
+        Ok(())
+    }
+
+    /// Pays `delta` from the pool into pending rewards; what the pool cannot cover is owed.
+    fn pay_from_pool(&mut self, worker: Address, delta: Amount) -> Result<Amount, TxError> {
+        let mut pool = self.account(&self.pool);
+        let paid = delta.min(pool.balance);
+        pool.balance = pool.balance.checked_sub(paid).ok_or(TxError::Overflow)?;
+        self.set_account(self.pool, pool);
+        self.add_pending(worker, paid)?;
+        Ok(paid)
+    }
+
+    /// Executes a checked receipt: pays `earned(new) - earned(old)` and raises the mark.
+    pub(crate) fn credit(&mut self, receipt: &Receipt) -> Result<(), TxError> {
+        let key = SessionKey::of(receipt);
+        let old = self.receipts.get(&key).map_or(0, |m| m.cumulative_bytes);
+        let earned = |bytes| self.genesis.earned(bytes).ok_or(TxError::Overflow);
+        let delta = earned(receipt.cumulative_bytes)?
+            .checked_sub(earned(old)?)
+            .ok_or(TxError::Overflow)?;
+        let paid = self.pay_from_pool(receipt.worker, delta)?;
+        let unpaid = delta.checked_sub(paid).ok_or(TxError::Overflow)?;
+        if !unpaid.is_zero() {
+            let mut worker = self.account(&receipt.worker);
+            worker.owed = worker.owed.checked_add(unpaid).ok_or(TxError::Overflow)?;
+            self.set_account(receipt.worker, worker);
+        }
+        let mark = ReceiptMark {
+            worker: receipt.worker,
+            cumulative_bytes: receipt.cumulative_bytes,
+        };
+        self.receipts.insert(key, mark);
+        self.dirty_receipts.insert(key);
+        Ok(())
+    }
+
+    /// The block-boundary step after a block's transactions at `height`: owed claims are
+    /// paid from whatever the pool now holds (address order), then pending rewards whose
+    /// settle height has come move into balances.
+    pub(crate) fn end_block(&mut self, height: u64) -> Result<(), TxError> {
+        for address in self.owed.clone() {
+            if self.account(&self.pool).balance.is_zero() {
+                break;
+            }
+            let mut worker = self.account(&address);
+            let paid = self.pay_from_pool(address, worker.owed)?;
+            worker = self.account(&address);
+            worker.owed = worker.owed.checked_sub(paid).ok_or(TxError::Overflow)?;
+            self.set_account(address, worker);
+        }
+        let due: Vec<u64> = self.maturing.range(..=height).map(|(h, _)| *h).collect();
+        for settle_height in due {
+            let Some(addresses) = self.maturing.remove(&settle_height) else {
+                continue;
+            };
+            for address in addresses {
+                let mut account = self.account(&address);
+                let (ripe, later): (Vec<_>, Vec<_>) = account
+                    .pending
+                    .into_iter()
+                    .partition(|p| p.settle_height <= height);
+                account.pending = later;
+                for reward in ripe {
+                    account.balance = account
+                        .balance
+                        .checked_add(reward.amount)
+                        .ok_or(TxError::Overflow)?;
+                }
+                self.set_account(address, account);
+            }
+        }
+        Ok(())
+    }
+
+    /// Folds every changed entry into the tree and returns what changed.
+    pub(crate) fn commit_dirty(&mut self) -> ChangeSet {
+        let mut changes = ChangeSet::default();
+        for address in std::mem::take(&mut self.dirty_accounts) {
+            let account = self.account(&address);
+            self.tree
+                .insert(account_key(&address), Hash::of_borsh(b"account", &account));
+            changes.accounts.push((address, account));
+        }
+        for key in std::mem::take(&mut self.dirty_receipts) {
+            if let Some(mark) = self.receipts.get(&key) {
+                self.tree
+                    .insert(receipt_key(&key), Hash::of_borsh(b"receipt", mark));
+                changes.receipts.push((key, mark.clone()));
+            }
+        }
+        changes
+    }
+
+    pub(crate) fn set_head(&mut self, height: u64, block_hash: Hash, timestamp_ms: u64) {
+        self.height = height;
+        self.block_hash = block_hash;
+        self.timestamp_ms = timestamp_ms;
+    }
+}
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State")
+            .field("chain_id", &self.genesis.chain_id)
+            .field("height", &self.height)
+            .field("block_hash", &self.block_hash)
+            .field("root", &self.root())
+            .field("accounts", &self.accounts.len())
+            .finish()
+    }
+}

@@ -1,0 +1,292 @@
+//! Storage: the only module that knows sled. Everything lives in one sled tree under short
+//! key prefixes, so a block, its state changes, its transaction index and the new head go in
+//! one atomic `apply_batch`, flushed before `commit` returns: a crash at any instant leaves
+//! either the whole block or none of it.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use borsh::BorshDeserialize;
+
+use crate::block::{genesis_block, Block};
+use crate::genesis::Genesis;
+use crate::hash::Hash;
+use crate::keys::Address;
+use crate::state::{Account, ChangeSet, ReceiptMark, SessionKey, State};
+
+const GENESIS: &[u8] = b"m/genesis";
+const HEAD: &[u8] = b"m/head";
+const BLOCK: &[u8] = b"b/";
+const BLOCK_HASH: &[u8] = b"h/";
+const ACCOUNT: &[u8] = b"a/";
+const RECEIPT: &[u8] = b"r/";
+const TX: &[u8] = b"t/";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("storage: {0}")]
+    Sled(#[from] sled::Error),
+    #[error("no ledger at {0}: run `kvasir-node genesis init` or start the ledger with --genesis")]
+    NotInitialised(String),
+    #[error("ledger at {0} already holds a chain")]
+    AlreadyInitialised(String),
+    #[error("ledger holds chain {stored}, the genesis given is {given}")]
+    GenesisMismatch { stored: Hash, given: Hash },
+    #[error("block {got} does not follow the stored head {head}")]
+    OutOfOrder { head: u64, got: u64 },
+    #[error("storage is corrupt: {0}")]
+    Corrupt(String),
+}
+
+/// Where a transaction was included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxLocation {
+    pub height: u64,
+    pub index: u32,
+}
+
+pub struct Store {
+    db: sled::Db,
+}
+
+fn key(prefix: &[u8], rest: &[u8]) -> Vec<u8> {
+    [prefix, rest].concat()
+}
+
+fn receipt_key(session: &SessionKey) -> Vec<u8> {
+    key(
+        RECEIPT,
+        &[
+            session.hub.as_bytes().as_slice(),
+            &session.session_id.to_be_bytes(),
+        ]
+        .concat(),
+    )
+}
+
+fn decode<T: BorshDeserialize>(what: &str, bytes: &[u8]) -> Result<T, StoreError> {
+    borsh::from_slice(bytes).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
+}
+
+fn be_u64(what: &str, bytes: &[u8]) -> Result<u64, StoreError> {
+    let array: [u8; 8] = bytes
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| StoreError::Corrupt(format!("{what}: short integer")))?;
+    Ok(u64::from_be_bytes(array))
+}
+
+impl Store {
+    /// Creates a new ledger at `path` holding `genesis` and block 0.
+    pub fn create(path: &Path, genesis: &Genesis) -> Result<Store, StoreError> {
+        let store = Store {
+            db: sled::open(path)?,
+        };
+        if store.db.contains_key(GENESIS)? {
+            return Err(StoreError::AlreadyInitialised(path.display().to_string()));
+        }
+        let state = State::from_genesis(genesis.clone());
+        let block = genesis_block(genesis);
+        let mut batch = sled::Batch::default();
+        batch.insert(GENESIS, genesis.to_json().as_bytes());
+        let changes = ChangeSet {
+            accounts: state.accounts().map(|(a, acc)| (*a, acc.clone())).collect(),
+            receipts: Vec::new(),
+        };
+        store.write_block(&mut batch, &block, &changes);
+        store.db.apply_batch(batch)?;
+        store.db.flush()?;
+        Ok(store)
+    }
+
+    /// Opens an existing ledger.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        let not_there = || StoreError::NotInitialised(path.display().to_string());
+        if !path.exists() {
+            return Err(not_there());
+        }
+        let store = Store {
+            db: sled::open(path)?,
+        };
+        if !store.db.contains_key(GENESIS)? {
+            return Err(not_there());
+        }
+        Ok(store)
+    }
+
+    /// Opens the ledger at `path`, creating it from `genesis` if absent; an existing ledger
+    /// must hold the same genesis.
+    pub fn open_or_create(path: &Path, genesis: &Genesis) -> Result<Store, StoreError> {
+        match Store::open(path) {
+            Ok(store) => {
+                let stored = store.genesis()?.hash();
+                if stored != genesis.hash() {
+                    return Err(StoreError::GenesisMismatch {
+                        stored,
+                        given: genesis.hash(),
+                    });
+                }
+                Ok(store)
+            }
+            Err(StoreError::NotInitialised(_)) => Store::create(path, genesis),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn genesis(&self) -> Result<Genesis, StoreError> {
+        let bytes = self
+            .db
+            .get(GENESIS)?
+            .ok_or_else(|| StoreError::Corrupt("no genesis".into()))?;
+        let text = std::str::from_utf8(&bytes)
+            .map_err(|_| StoreError::Corrupt("genesis is not UTF-8".into()))?;
+        Genesis::from_json(text).map_err(|e| StoreError::Corrupt(format!("genesis: {e}")))
+    }
+
+    pub fn head(&self) -> Result<u64, StoreError> {
+        let bytes = self
+            .db
+            .get(HEAD)?
+            .ok_or_else(|| StoreError::Corrupt("no head".into()))?;
+        be_u64("head", &bytes)
+    }
+
+    /// The stored bytes of block `height`, exactly as committed.
+    pub fn block_bytes(&self, height: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self
+            .db
+            .get(key(BLOCK, &height.to_be_bytes()))?
+            .map(|v| v.to_vec()))
+    }
+
+    pub fn block(&self, height: u64) -> Result<Option<Block>, StoreError> {
+        self.block_bytes(height)?
+            .map(|bytes| decode("block", &bytes))
+            .transpose()
+    }
+
+    pub fn height_of(&self, hash: &Hash) -> Result<Option<u64>, StoreError> {
+        self.db
+            .get(key(BLOCK_HASH, hash.as_bytes()))?
+            .map(|v| be_u64("block index", &v))
+            .transpose()
+    }
+
+    pub fn tx_location(&self, hash: &Hash) -> Result<Option<TxLocation>, StoreError> {
+        let Some(value) = self.db.get(key(TX, hash.as_bytes()))? else {
+            return Ok(None);
+        };
+        let height = be_u64("tx index", &value)?;
+        let index = value
+            .get(8..12)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_be_bytes)
+            .ok_or_else(|| StoreError::Corrupt("tx index: short".into()))?;
+        Ok(Some(TxLocation { height, index }))
+    }
+
+    /// Loads the committed state at the head and checks it against the head's state root.
+    pub fn load_state(&self) -> Result<State, StoreError> {
+        let genesis = Arc::new(self.genesis()?);
+        let head = self.head()?;
+        let block = self
+            .block(head)?
+            .ok_or_else(|| StoreError::Corrupt(format!("head block {head} missing")))?;
+        let mut accounts = Vec::new();
+        for entry in self.db.scan_prefix(ACCOUNT) {
+            let (k, v) = entry?;
+            let bytes: [u8; 32] = k[ACCOUNT.len()..]
+                .try_into()
+                .map_err(|_| StoreError::Corrupt("account key".into()))?;
+            accounts.push((
+                Address::from_bytes(bytes),
+                decode::<Account>("account", &v)?,
+            ));
+        }
+        let mut receipts = Vec::new();
+        for entry in self.db.scan_prefix(RECEIPT) {
+            let (k, v) = entry?;
+            let rest = &k[RECEIPT.len()..];
+            let hub: [u8; 32] = rest
+                .get(..32)
+                .and_then(|b| b.try_into().ok())
+                .ok_or_else(|| StoreError::Corrupt("receipt key".into()))?;
+            let session_id = be_u64("receipt key", rest.get(32..).unwrap_or_default())?;
+            let session = SessionKey {
+                hub: Address::from_bytes(hub),
+                session_id,
+            };
+            receipts.push((session, decode::<ReceiptMark>("receipt", &v)?));
+        }
+        let state = State::from_parts(
+            genesis,
+            head,
+            block.hash(),
+            block.header.timestamp_ms,
+            accounts,
+            receipts,
+        );
+        if state.root() != block.header.state_root {
+            return Err(StoreError::Corrupt(format!(
+                "stored state root {} differs from block {head}'s {}",
+                state.root(),
+                block.header.state_root
+            )));
+        }
+        Ok(state)
+    }
+
+    /// Commits the next block and its state changes atomically and durably.
+    pub fn commit(&self, block: &Block, changes: &ChangeSet) -> Result<(), StoreError> {
+        let head = self.head()?;
+        if block.header.height != head + 1 {
+            return Err(StoreError::OutOfOrder {
+                head,
+                got: block.header.height,
+            });
+        }
+        let mut batch = sled::Batch::default();
+        self.write_block(&mut batch, block, changes);
+        self.db.apply_batch(batch)?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    fn write_block(&self, batch: &mut sled::Batch, block: &Block, changes: &ChangeSet) {
+        let height = block.header.height;
+        batch.insert(key(BLOCK, &height.to_be_bytes()), block.to_bytes());
+        batch.insert(
+            key(BLOCK_HASH, block.hash().as_bytes()),
+            &height.to_be_bytes(),
+        );
+        for (index, tx) in block.txs.iter().enumerate() {
+            let location = [
+                height.to_be_bytes().as_slice(),
+                &(index as u32).to_be_bytes(),
+            ]
+            .concat();
+            batch.insert(key(TX, tx.hash().as_bytes()), location);
+        }
+        for (address, account) in &changes.accounts {
+            batch.insert(
+                key(ACCOUNT, address.as_bytes()),
+                borsh::to_vec(account).unwrap_or_default(),
+            );
+        }
+        for (session, mark) in &changes.receipts {
+            batch.insert(
+                receipt_key(session),
+                borsh::to_vec(mark).unwrap_or_default(),
+            );
+        }
+        batch.insert(HEAD, &height.to_be_bytes());
+    }
+
+    /// Overwrites the stored bytes of a block. Only for tests that prove tampering is caught.
+    #[doc(hidden)]
+    pub fn tamper_block_bytes(&self, height: u64, bytes: &[u8]) -> Result<(), StoreError> {
+        self.db.insert(key(BLOCK, &height.to_be_bytes()), bytes)?;
+        self.db.flush()?;
+        Ok(())
+    }
+}

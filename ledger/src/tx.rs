@@ -1,0 +1,482 @@
+//! Transactions and their three checks, in order: `check_stateless` (format and signatures;
+//! needs only genesis, runs in parallel and batch-verifies), `check_stateful` (nonce, funds,
+//! authority, receipt freshness) and `execute` (the state change). A transaction that fails
+//! any stage changes nothing.
+
+use borsh::{BorshDeserialize, BorshSerialize};
+use rayon::prelude::*;
+
+use crate::amount::Amount;
+use crate::genesis::Genesis;
+use crate::hash::Hash;
+use crate::intent::{self, Intent};
+use crate::keys::{Address, Keypair, Signature};
+use crate::state::{SessionKey, State};
+
+/// Largest encoded transaction accepted from outside.
+pub const MAX_TX_BYTES: usize = 2048;
+
+/// A hub's signed statement that `worker`'s session has relayed `cumulative_bytes` of
+/// well-formed dispatch traffic so far. Cumulative, so replays and duplicates pay nothing.
+#[derive(Clone, Debug, PartialEq, Eq, BorshSerialize, BorshDeserialize)]
+pub struct Receipt {
+    pub chain_id: String,
+    pub hub: Address,
+    pub session_id: u64,
+    pub worker: Address,
+    pub cumulative_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, BorshSerialize, BorshDeserialize)]
+pub struct SignedReceipt {
+    pub receipt: Receipt,
+    pub signature: Signature,
+}
+
+impl Receipt {
+    /// Signs with the hub's key. The caller must be that hub (`receipt.hub`).
+    pub fn sign(self, hub: &Keypair) -> SignedReceipt {
+        let signature = intent::sign(hub, Intent::Receipt, &self.chain_id, &self);
+        SignedReceipt {
+            receipt: self,
+            signature,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, BorshSerialize, BorshDeserialize)]
+pub enum TxKind {
+    Transfer {
+        to: Address,
+        amount: Amount,
+    },
+    /// Submitted by a genesis gateway; pays the worker for the receipt's new bytes.
+    Credit(SignedReceipt),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, BorshSerialize, BorshDeserialize)]
+pub struct Tx {
+    pub chain_id: String,
+    pub sender: Address,
+    pub nonce: u64,
+    pub kind: TxKind,
+}
+
+impl Tx {
+    pub fn sign(self, sender: &Keypair) -> SignedTx {
+        let signature = intent::sign(sender, Intent::Transaction, &self.chain_id, &self);
+        SignedTx {
+            tx: self,
+            signature,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, BorshSerialize, BorshDeserialize)]
+pub struct SignedTx {
+    pub tx: Tx,
+    pub signature: Signature,
+}
+
+impl SignedTx {
+    pub fn hash(&self) -> Hash {
+        Hash::of_borsh(b"kvasir-tx", self)
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        borsh::to_vec(self).unwrap_or_default()
+    }
+
+    /// Decodes canonical bytes from outside: size-limited, no trailing bytes.
+    pub fn from_bytes(bytes: &[u8]) -> Result<SignedTx, TxError> {
+        if bytes.len() > MAX_TX_BYTES {
+            return Err(TxError::TooLarge(bytes.len()));
+        }
+        let tx: SignedTx =
+            borsh::from_slice(bytes).map_err(|e| TxError::Malformed(e.to_string()))?;
+        // Only the canonical encoding is accepted, so one transaction has one hash.
+        if tx.to_bytes() != bytes {
+            return Err(TxError::Malformed("non-canonical encoding".into()));
+        }
+        Ok(tx)
+    }
+}
+
+/// Why a transaction was rejected. Every variant leaves the state untouched.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TxError {
+    #[error("malformed transaction: {0}")]
+    Malformed(String),
+    #[error("transaction is {0} bytes, over the {MAX_TX_BYTES}-byte limit")]
+    TooLarge(usize),
+    #[error("transaction is for chain {got:?}, this is {expected:?}")]
+    WrongChain { expected: String, got: String },
+    #[error("receipt is for chain {got:?}, this is {expected:?}")]
+    ReceiptWrongChain { expected: String, got: String },
+    #[error("sender {0} is not a usable ed25519 key")]
+    BadSenderKey(Address),
+    #[error("transaction signature does not verify")]
+    BadSignature,
+    #[error("receipt signature does not verify")]
+    BadReceiptSignature,
+    #[error("transfer amount is zero")]
+    ZeroAmount,
+    #[error("transfer to self")]
+    SelfTransfer,
+    #[error("receipt pays the rewards pool itself")]
+    ReceiptToPool,
+    #[error("nonce is {got}, account expects {expected}")]
+    NonceMismatch { expected: u64, got: u64 },
+    #[error("insufficient funds: balance {balance}, needed {needed}")]
+    InsufficientFunds { balance: Amount, needed: Amount },
+    #[error("arithmetic overflow")]
+    Overflow,
+    #[error("{0} is not a gateway named in genesis and may not submit credits")]
+    NotAGateway(Address),
+    #[error("{0} is not a hub named in genesis and may not sign receipts")]
+    NotAHub(Address),
+    #[error(
+        "receipt is not newer: session already credited up to {stored} bytes, receipt says {got}"
+    )]
+    ReceiptNotNewer { stored: u64, got: u64 },
+    #[error("session belongs to worker {stored}, receipt names {got}")]
+    SessionWorkerMismatch { stored: Address, got: Address },
+}
+
+/// Signatures a transaction carries, as (signer, message, signature, error if it fails).
+fn signatures(chain_id: &str, tx: &SignedTx) -> Vec<(Address, Vec<u8>, Signature, TxError)> {
+    let mut out = vec![(
+        tx.tx.sender,
+        intent::signing_message(Intent::Transaction, chain_id, &tx.tx),
+        tx.signature,
+        TxError::BadSignature,
+    )];
+    if let TxKind::Credit(signed) = &tx.tx.kind {
+        let receipt = &signed.receipt;
+        out.push((
+            receipt.hub,
+            intent::signing_message(Intent::Receipt, &receipt.chain_id, receipt),
+            signed.signature,
+            TxError::BadReceiptSignature,
+        ));
+    }
+    out
+}
+
+fn check_format(genesis: &Genesis, tx: &SignedTx) -> Result<(), TxError> {
+    let t = &tx.tx;
+    if t.chain_id != genesis.chain_id {
+        return Err(TxError::WrongChain {
+            expected: genesis.chain_id.clone(),
+            got: t.chain_id.clone(),
+        });
+    }
+    usable_key(&t.sender).ok_or(TxError::BadSenderKey(t.sender))?;
+    match &t.kind {
+        TxKind::Transfer { to, amount } => {
+            if amount.is_zero() {
+                return Err(TxError::ZeroAmount);
+            }
+            if *to == t.sender {
+                return Err(TxError::SelfTransfer);
+            }
+        }
+        TxKind::Credit(signed) => {
+            let r = &signed.receipt;
+            if r.chain_id != genesis.chain_id {
+                return Err(TxError::ReceiptWrongChain {
+                    expected: genesis.chain_id.clone(),
+                    got: r.chain_id.clone(),
+                });
+            }
+            usable_key(&r.hub).ok_or(TxError::BadReceiptSignature)?;
+            if r.worker == genesis.rewards_pool_address() {
+                return Err(TxError::ReceiptToPool);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Small-order keys are refused outright so that batch and single verification can never
+/// disagree about a signature.
+fn usable_key(address: &Address) -> Option<ed25519_dalek::VerifyingKey> {
+    address.verifying_key().ok().filter(|k| !k.is_weak())
+}
+
+/// Stage one: everything that needs no state. Chunks of transactions are checked in parallel
+/// and each chunk's signatures are batch-verified; only a failing batch is re-checked one by
+/// one to find the culprit. Returns one result per transaction, in order.
+pub fn check_stateless(genesis: &Genesis, txs: &[SignedTx]) -> Vec<Result<(), TxError>> {
+    const CHUNK: usize = 64;
+    txs.par_chunks(CHUNK)
+        .flat_map_iter(|chunk| check_chunk(genesis, chunk))
+        .collect()
+}
+
+fn check_chunk(genesis: &Genesis, chunk: &[SignedTx]) -> Vec<Result<(), TxError>> {
+    let mut results: Vec<Result<(), TxError>> =
+        chunk.iter().map(|tx| check_format(genesis, tx)).collect();
+    let sigs: Vec<_> = chunk
+        .iter()
+        .zip(&results)
+        .enumerate()
+        .filter(|(_, (_, r))| r.is_ok())
+        .flat_map(|(i, (tx, _))| {
+            signatures(&genesis.chain_id, tx)
+                .into_iter()
+                .map(move |s| (i, s))
+        })
+        .collect();
+    let keys: Option<Vec<_>> = sigs.iter().map(|(_, (who, ..))| usable_key(who)).collect();
+    let batch_ok = keys.is_some_and(|keys| {
+        let messages: Vec<&[u8]> = sigs.iter().map(|(_, (_, m, ..))| m.as_slice()).collect();
+        let signatures: Vec<_> = sigs
+            .iter()
+            .map(|(_, (_, _, s, _))| ed25519_dalek::Signature::from_bytes(&s.0))
+            .collect();
+        ed25519_dalek::verify_batch(&messages, &signatures, &keys).is_ok()
+    });
+    if !batch_ok {
+        for (i, (who, message, signature, error)) in sigs {
+            if results[i].is_ok() && intent::verify_message(&who, &message, &signature).is_err() {
+                results[i] = Err(error);
+            }
+        }
+    }
+    results
+}
+
+/// Stage two: may this transaction run against `state` now?
+pub fn check_stateful(state: &State, tx: &SignedTx) -> Result<(), TxError> {
+    let t = &tx.tx;
+    let sender = state.account(&t.sender);
+    if t.nonce != sender.nonce {
+        return Err(TxError::NonceMismatch {
+            expected: sender.nonce,
+            got: t.nonce,
+        });
+    }
+    match &t.kind {
+        TxKind::Transfer { to, amount } => {
+            if sender.balance < *amount {
+                return Err(TxError::InsufficientFunds {
+                    balance: sender.balance,
+                    needed: *amount,
+                });
+            }
+            state
+                .account(to)
+                .balance
+                .checked_add(*amount)
+                .ok_or(TxError::Overflow)?;
+        }
+        TxKind::Credit(signed) => {
+            let genesis = state.genesis();
+            if !genesis.is_gateway(&t.sender) {
+                return Err(TxError::NotAGateway(t.sender));
+            }
+            let r = &signed.receipt;
+            if !genesis.is_hub(&r.hub) {
+                return Err(TxError::NotAHub(r.hub));
+            }
+            if let Some(mark) = state.receipt_mark(&SessionKey::of(r)) {
+                if mark.worker != r.worker {
+                    return Err(TxError::SessionWorkerMismatch {
+                        stored: mark.worker,
+                        got: r.worker,
+                    });
+                }
+                if r.cumulative_bytes <= mark.cumulative_bytes {
+                    return Err(TxError::ReceiptNotNewer {
+                        stored: mark.cumulative_bytes,
+                        got: r.cumulative_bytes,
+                    });
+                }
+            }
+            genesis
+                .earned(r.cumulative_bytes)
+                .ok_or(TxError::Overflow)?;
+        }
+    }
+    Ok(())
+}
+
+/// Stage three: applies a transaction that passed both checks. Overflow is still checked
+/// here; on error the caller discards the partly changed state.
+pub fn execute(state: &mut State, tx: &SignedTx) -> Result<(), TxError> {
+    let t = &tx.tx;
+    let mut sender = state.account(&t.sender);
+    sender.nonce = sender.nonce.checked_add(1).ok_or(TxError::Overflow)?;
+    match &t.kind {
+        TxKind::Transfer { to, amount } => {
+            sender.balance = sender
+                .balance
+                .checked_sub(*amount)
+                .ok_or(TxError::Overflow)?;
+            state.set_account(t.sender, sender);
+            let mut receiver = state.account(to);
+            receiver.balance = receiver
+                .balance
+                .checked_add(*amount)
+                .ok_or(TxError::Overflow)?;
+            state.set_account(*to, receiver);
+        }
+        TxKind::Credit(signed) => {
+            state.set_account(t.sender, sender);
+            state.credit(&signed.receipt)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::genesis::tests::test_genesis;
+    use proptest::prelude::*;
+
+    pub fn transfer(from: &Keypair, nonce: u64, to: Address, amount: &str) -> SignedTx {
+        Tx {
+            chain_id: "kvasir-test".into(),
+            sender: from.address(),
+            nonce,
+            kind: TxKind::Transfer {
+                to,
+                amount: Amount::parse(amount).unwrap(),
+            },
+        }
+        .sign(from)
+    }
+
+    #[test]
+    fn stateless_names_each_bad_transaction() {
+        let (genesis, keys) = test_genesis();
+        let good = transfer(&keys.alice, 0, keys.bob.address(), "1");
+        let mut forged = good.clone();
+        forged.tx.nonce = 9;
+        let mut wrong_chain = good.tx.clone();
+        wrong_chain.chain_id = "other".into();
+        let wrong_chain = wrong_chain.sign(&keys.alice);
+        let zero = transfer(&keys.alice, 0, keys.bob.address(), "0");
+        let to_self = transfer(&keys.alice, 0, keys.alice.address(), "1");
+        let receipt = Receipt {
+            chain_id: "kvasir-test".into(),
+            hub: keys.hub.address(),
+            session_id: 1,
+            worker: keys.worker.address(),
+            cumulative_bytes: 10,
+        };
+        let credit = |signed: SignedReceipt| {
+            Tx {
+                chain_id: "kvasir-test".into(),
+                sender: keys.gateway.address(),
+                nonce: 0,
+                kind: TxKind::Credit(signed),
+            }
+            .sign(&keys.gateway)
+        };
+        let good_credit = credit(receipt.clone().sign(&keys.hub));
+        let mut bad_receipt_sig = receipt.clone().sign(&keys.hub);
+        bad_receipt_sig.receipt.cumulative_bytes = 1_000_000;
+        let bad_receipt_sig = credit(bad_receipt_sig);
+        let other_chain_receipt = credit(
+            Receipt {
+                chain_id: "other".into(),
+                ..receipt.clone()
+            }
+            .sign(&keys.hub),
+        );
+        let to_pool = credit(
+            Receipt {
+                worker: genesis.rewards_pool_address(),
+                ..receipt.clone()
+            }
+            .sign(&keys.hub),
+        );
+        let txs = vec![
+            good.clone(),
+            forged,
+            wrong_chain,
+            zero,
+            to_self,
+            good_credit,
+            bad_receipt_sig,
+            other_chain_receipt,
+            to_pool,
+        ];
+        let results = check_stateless(&genesis, &txs);
+        assert_eq!(results[0], Ok(()));
+        assert_eq!(results[1], Err(TxError::BadSignature));
+        assert!(matches!(results[2], Err(TxError::WrongChain { .. })));
+        assert_eq!(results[3], Err(TxError::ZeroAmount));
+        assert_eq!(results[4], Err(TxError::SelfTransfer));
+        assert_eq!(results[5], Ok(()));
+        assert_eq!(results[6], Err(TxError::BadReceiptSignature));
+        assert!(matches!(results[7], Err(TxError::ReceiptWrongChain { .. })));
+        assert_eq!(results[8], Err(TxError::ReceiptToPool));
+        // A large all-good batch passes the batch path; one bad one among many is found.
+        let mut many: Vec<SignedTx> = (0..200).map(|_| good.clone()).collect();
+        assert!(check_stateless(&genesis, &many).iter().all(Result::is_ok));
+        many[137].signature.0[5] ^= 1;
+        let results = check_stateless(&genesis, &many);
+        assert_eq!(results.iter().filter(|r| r.is_err()).count(), 1);
+        assert_eq!(results[137], Err(TxError::BadSignature));
+    }
+
+    #[test]
+    fn decoding_rejects_garbage_oversize_and_trailing_bytes() {
+        let (_, keys) = test_genesis();
+        let tx = transfer(&keys.alice, 3, keys.bob.address(), "2.5");
+        let bytes = tx.to_bytes();
+        assert_eq!(SignedTx::from_bytes(&bytes), Ok(tx));
+        let mut trailing = bytes.clone();
+        trailing.push(0);
+        assert!(matches!(
+            SignedTx::from_bytes(&trailing),
+            Err(TxError::Malformed(_))
+        ));
+        for cut in 0..bytes.len() {
+            assert!(matches!(
+                SignedTx::from_bytes(&bytes[..cut]),
+                Err(TxError::Malformed(_))
+            ));
+        }
+        assert!(matches!(
+            SignedTx::from_bytes(&vec![0u8; MAX_TX_BYTES + 1]),
+            Err(TxError::TooLarge(_))
+        ));
+    }
+
+    proptest! {
+        #[test]
+        fn encoding_round_trips(nonce in any::<u64>(), units in any::<u64>(), seed in any::<[u8; 32]>()) {
+            let from = Keypair::from_seed(&seed);
+            let tx = Tx {
+                chain_id: "kvasir-test".into(),
+                sender: from.address(),
+                nonce,
+                kind: TxKind::Transfer { to: Address::from_bytes([9; 32]), amount: Amount::from_base_units(units) },
+            }.sign(&from);
+            prop_assert_eq!(SignedTx::from_bytes(&tx.to_bytes()), Ok(tx.clone()));
+            let credit = Tx {
+                chain_id: "kvasir-test".into(),
+                sender: from.address(),
+                nonce,
+                kind: TxKind::Credit(Receipt {
+                    chain_id: "kvasir-test".into(),
+                    hub: from.address(),
+                    session_id: nonce ^ units,
+                    worker: Address::from_bytes(seed),
+                    cumulative_bytes: units,
+                }.sign(&from)),
+            }.sign(&from);
+            prop_assert_eq!(SignedTx::from_bytes(&credit.to_bytes()), Ok(credit));
+        }
+
+        #[test]
+        fn decoding_random_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+            let _ = SignedTx::from_bytes(&bytes);
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! Re-verification: replays a stored chain from genesis, checking every hash link,
+//! signature, transaction root and state root, then compares the stored state with the
+//! replay. What a validator runs to trust nothing it did not check itself.
+
+use crate::apply::apply_block;
+use crate::block::{genesis_block, Block};
+use crate::hash::Hash;
+use crate::state::State;
+use crate::store::{Store, StoreError};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifyReport {
+    /// Blocks checked after block 0.
+    pub blocks: u64,
+    pub transactions: u64,
+    pub head_hash: Hash,
+    pub state_root: Hash,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("block {height} is bad: {reason}")]
+    BadBlock { height: u64, reason: String },
+    #[error("stored state differs from the replay of the chain at height {height}")]
+    StateMismatch { height: u64 },
+}
+
+impl VerifyError {
+    /// The first bad height, where one block is to blame.
+    pub fn height(&self) -> Option<u64> {
+        match self {
+            VerifyError::BadBlock { height, .. } | VerifyError::StateMismatch { height } => {
+                Some(*height)
+            }
+            VerifyError::Store(_) => None,
+        }
+    }
+}
+
+/// Replays the whole chain in `store`. `progress(done, total)` is called after each block.
+pub fn verify_chain(
+    store: &Store,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<VerifyReport, VerifyError> {
+    let genesis = store.genesis()?;
+    let head = store.head()?;
+    let bad = |height, reason: String| VerifyError::BadBlock { height, reason };
+    let expected_zero = genesis_block(&genesis).to_bytes();
+    if store.block_bytes(0)?.as_deref() != Some(expected_zero.as_slice()) {
+        return Err(bad(0, "block 0 does not match the stored genesis".into()));
+    }
+    let max_bytes = genesis.max_block_bytes;
+    let mut state = State::from_genesis(genesis);
+    let mut transactions = 0u64;
+    for height in 1..=head {
+        let bytes = store
+            .block_bytes(height)?
+            .ok_or_else(|| bad(height, "missing".into()))?;
+        let block = Block::from_bytes(&bytes, max_bytes).map_err(|e| bad(height, e.to_string()))?;
+        let (next, _) = apply_block(&state, &block).map_err(|e| bad(height, e.to_string()))?;
+        if store.height_of(&block.hash())? != Some(height) {
+            return Err(bad(
+                height,
+                "block hash index does not point at this block".into(),
+            ));
+        }
+        transactions += block.txs.len() as u64;
+        state = next;
+        progress(height, head);
+    }
+    let stored = store
+        .load_state()
+        .map_err(|_| VerifyError::StateMismatch { height: head })?;
+    let same_accounts = stored.accounts().eq(state.accounts());
+    let same_receipts = stored.receipts().eq(state.receipts());
+    if stored.root() != state.root() || !same_accounts || !same_receipts {
+        return Err(VerifyError::StateMismatch { height: head });
+    }
+    Ok(VerifyReport {
+        blocks: head,
+        transactions,
+        head_hash: state.block_hash(),
+        state_root: state.root(),
+    })
+}
