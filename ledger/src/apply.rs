@@ -7,7 +7,7 @@ use crate::hash::Hash;
 use crate::intent::{self, Intent};
 use crate::keys::Keypair;
 use crate::state::{ChangeSet, State};
-use crate::tx::{check_stateful, check_stateless, execute, SignedTx, TxError};
+use crate::tx::{check_stateful, execute, stateless_results, SignedTx, TxError, VerifiedTx};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BlockError {
@@ -39,8 +39,9 @@ pub enum BlockError {
 /// left exactly as it was.
 fn run_tx(state: &mut State, tx: &SignedTx) -> Result<(), TxError> {
     check_stateful(state, tx)?;
-    let snapshot = state.clone();
-    execute(state, tx).inspect_err(|_| *state = snapshot)
+    let writes = execute(state, tx)?;
+    state.write(writes);
+    Ok(())
 }
 
 /// Closes a block's transactions at `height`: the block-boundary settlement, then the
@@ -112,7 +113,10 @@ pub fn apply_block(parent: &State, block: &Block) -> Result<(State, ChangeSet), 
         });
     }
     let invalid = |index, error| BlockError::InvalidTx { index, error };
-    for (index, result) in check_stateless(genesis, &block.txs).into_iter().enumerate() {
+    for (index, result) in stateless_results(genesis, &block.txs)
+        .into_iter()
+        .enumerate()
+    {
         result.map_err(|e| invalid(index, e))?;
     }
     let mut state = parent.clone();
@@ -141,11 +145,12 @@ pub struct Produced {
 }
 
 /// Builds, signs and applies the next block from `candidates` (in their order), keeping
-/// every transaction that passes all three checks, within the genesis size limits.
+/// every one that passes the stateful check and executes, within the genesis size limits.
+/// Candidates passed the stateless check on admission, so no signature is checked here.
 /// `timestamp_ms` is the producer's clock, clamped so time never goes backwards.
 pub fn produce_block(
     parent: &State,
-    candidates: &[SignedTx],
+    candidates: &[VerifiedTx],
     proposer: &Keypair,
     timestamp_ms: u64,
 ) -> Result<Produced, BlockError> {
@@ -156,7 +161,7 @@ pub fn produce_block(
     let mut rejected = Vec::new();
     // Header, signature and length prefixes; generous so a full block never exceeds the limit.
     let mut size = 512u64;
-    for (tx, stateless) in candidates.iter().zip(check_stateless(&genesis, candidates)) {
+    for tx in candidates.iter().map(VerifiedTx::tx) {
         if txs.len() >= genesis.max_block_txs as usize {
             break;
         }
@@ -164,7 +169,7 @@ pub fn produce_block(
         if size + tx_size > genesis.max_block_bytes {
             break;
         }
-        match stateless.and_then(|()| run_tx(&mut state, tx)) {
+        match run_tx(&mut state, tx) {
             Ok(()) => {
                 size += tx_size;
                 txs.push(tx.clone());
@@ -196,7 +201,7 @@ mod tests {
     use crate::genesis::Genesis;
     use crate::keys::Address;
     use crate::tx::tests::transfer;
-    use crate::tx::{Receipt, Tx, TxKind};
+    use crate::tx::{check_stateless, Receipt, Tx, TxKind};
     use proptest::prelude::*;
 
     fn receipt(
@@ -242,17 +247,32 @@ mod tests {
         tx.tx.clone().sign(signer)
     }
 
+    fn verified(state: &State, txs: Vec<SignedTx>) -> Vec<VerifiedTx> {
+        check_stateless(state.genesis(), txs)
+            .into_iter()
+            .map(Result::unwrap)
+            .collect()
+    }
+
     /// Produces a block holding exactly `txs`, asserting none was rejected.
     fn block_of(state: &State, keys: &TestKeys, txs: Vec<SignedTx>) -> State {
+        let count = txs.len();
+        let txs = verified(state, txs);
         let produced =
             produce_block(state, &txs, &keys.validator, state.timestamp_ms() + 1000).unwrap();
         assert!(produced.rejected.is_empty(), "{:?}", produced.rejected);
-        assert_eq!(produced.block.txs.len(), txs.len());
+        assert_eq!(produced.block.txs.len(), count);
         produced.state
     }
 
     fn rejection(state: &State, keys: &TestKeys, tx: SignedTx) -> TxError {
-        let produced = produce_block(state, &[tx], &keys.validator, state.timestamp_ms()).unwrap();
+        let produced = produce_block(
+            state,
+            &verified(state, vec![tx]),
+            &keys.validator,
+            state.timestamp_ms(),
+        )
+        .unwrap();
         assert!(produced.block.txs.is_empty());
         produced.rejected.into_iter().next().expect("rejected").1
     }
@@ -422,7 +442,7 @@ mod tests {
             transfer(&keys.alice, 0, keys.bob.address(), "3"),
             receipt(&keys, &keys.hub, 1, keys.worker.address(), 2_000_000),
         ];
-        let produced = produce_block(&state, &txs, &keys.validator, 5).unwrap();
+        let produced = produce_block(&state, &verified(&state, txs), &keys.validator, 5).unwrap();
         let (applied, changes) = apply_block(&state, &produced.block).unwrap();
         assert_eq!(applied.root(), produced.state.root());
         assert_eq!(applied.block_hash(), produced.block.hash());
@@ -437,7 +457,7 @@ mod tests {
         let state = State::from_genesis(genesis);
         let root = state.root();
         let txs = vec![transfer(&keys.alice, 0, keys.bob.address(), "3")];
-        let good = produce_block(&state, &txs, &keys.validator, 1)
+        let good = produce_block(&state, &verified(&state, txs), &keys.validator, 1)
             .unwrap()
             .block;
         let resign = |mut block: Block, signer: &Keypair| {
@@ -559,7 +579,7 @@ mod tests {
                 };
                 let before_root = { let mut s = state.clone(); s.commit_dirty(); s.root() };
                 let before_accounts: Vec<_> = state.accounts().map(|(a, acc)| (*a, acc.clone())).collect();
-                let result = check_stateless(&g, std::slice::from_ref(&tx)).remove(0)
+                let result = stateless_results(&g, std::slice::from_ref(&tx)).remove(0)
                     .and_then(|()| run_tx(&mut state, &tx));
                 if result.is_err() {
                     let mut s = state.clone();

@@ -27,5 +27,5 @@ pub use hash::Hash;
 pub use keys::{Address, Keypair};
 pub use state::{Account, ChangeSet, State};
 pub use store::{Store, StoreError};
-pub use tx::{Receipt, SignedReceipt, SignedTx, Tx, TxError, TxKind};
+pub use tx::{check_stateless, Receipt, SignedReceipt, SignedTx, Tx, TxError, TxKind, VerifiedTx};
 pub use verify::{verify_chain, VerifyError, VerifyReport};

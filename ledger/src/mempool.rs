@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::hash::Hash;
 use crate::keys::Address;
-use crate::tx::SignedTx;
+use crate::tx::VerifiedTx;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MempoolError {
@@ -19,7 +19,7 @@ pub enum MempoolError {
 
 pub struct Mempool {
     capacity: usize,
-    by_slot: BTreeMap<(Address, u64), SignedTx>,
+    by_slot: BTreeMap<(Address, u64), VerifiedTx>,
     slot_of: HashMap<Hash, (Address, u64)>,
 }
 
@@ -41,12 +41,12 @@ impl Mempool {
     }
 
     /// Admits a transaction that passed the stateless check.
-    pub fn insert(&mut self, tx: SignedTx) -> Result<Hash, MempoolError> {
-        let hash = tx.hash();
+    pub fn insert(&mut self, tx: VerifiedTx) -> Result<Hash, MempoolError> {
+        let hash = tx.tx().hash();
         if self.slot_of.contains_key(&hash) {
             return Err(MempoolError::Duplicate(hash));
         }
-        let slot = (tx.tx.sender, tx.tx.nonce);
+        let slot = (tx.tx().tx.sender, tx.tx().tx.nonce);
         if self.by_slot.contains_key(&slot) {
             return Err(MempoolError::NonceTaken(slot.0, slot.1));
         }
@@ -59,7 +59,7 @@ impl Mempool {
     }
 
     /// Up to `limit` transactions for the next block, each sender's in nonce order.
-    pub fn candidates(&self, limit: usize) -> Vec<SignedTx> {
+    pub fn candidates(&self, limit: usize) -> Vec<VerifiedTx> {
         self.by_slot.values().take(limit).cloned().collect()
     }
 

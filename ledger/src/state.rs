@@ -2,6 +2,7 @@
 //! commits to them. Maps are persistent (imbl), so a `State` clones in O(1) and block
 //! application can work on a copy that is simply dropped when the block turns out invalid.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use borsh::{BorshDeserialize, BorshSerialize};
@@ -87,9 +88,9 @@ pub struct State {
     // Indexes derivable from the accounts; not committed, rebuilt on load.
     maturing: OrdMap<u64, OrdSet<Address>>,
     owed: OrdSet<Address>,
-    // Entries changed since the last `commit_dirty`.
-    dirty_accounts: OrdSet<Address>,
-    dirty_receipts: OrdSet<SessionKey>,
+    // Entries changed since the last `commit_dirty`; empty between blocks.
+    dirty_accounts: BTreeSet<Address>,
+    dirty_receipts: BTreeSet<SessionKey>,
 }
 
 fn account_key(address: &Address) -> Hash {
@@ -154,15 +155,17 @@ impl State {
             tree: StateTree::default(),
             maturing: OrdMap::new(),
             owed: OrdSet::new(),
-            dirty_accounts: OrdSet::new(),
-            dirty_receipts: OrdSet::new(),
+            dirty_accounts: BTreeSet::new(),
+            dirty_receipts: BTreeSet::new(),
         };
         for (address, account) in accounts {
             state.set_account(address, account);
         }
-        for (key, mark) in receipts {
-            state.receipts.insert(key, mark);
-            state.dirty_receipts.insert(key);
+        for receipt in receipts {
+            state.write(Writes {
+                accounts: Vec::new(),
+                receipt: Some(receipt),
+            });
         }
         state.commit_dirty();
         state
@@ -232,7 +235,7 @@ impl State {
             .sum()
     }
 
-    pub(crate) fn set_account(&mut self, address: Address, account: Account) {
+    fn set_account(&mut self, address: Address, account: Account) {
         for p in &account.pending {
             self.maturing
                 .entry(p.settle_height)
@@ -248,61 +251,15 @@ impl State {
         self.dirty_accounts.insert(address);
     }
 
-    fn add_pending(&mut self, address: Address, amount: Amount) -> Result<(), TxError> {
-        if amount.is_zero() {
-            return Ok(());
+    /// Applies writes computed by `Staged`; cannot fail, so a state is never half-changed.
+    pub(crate) fn write(&mut self, writes: Writes) {
+        for (address, account) in writes.accounts {
+            self.set_account(address, account);
         }
-        let settle_height = self
-            .height
-            .checked_add(1)
-            .and_then(|h| h.checked_add(self.genesis.challenge_window))
-            .ok_or(TxError::Overflow)?;
-        let mut account = self.account(&address);
-        match account.pending.last_mut() {
-            Some(last) if last.settle_height == settle_height => {
-                last.amount = last.amount.checked_add(amount).ok_or(TxError::Overflow)?;
-            }
-            _ => account.pending.push(PendingReward {
-                settle_height,
-                amount,
-            }),
+        if let Some((key, mark)) = writes.receipt {
+            self.receipts.insert(key, mark);
+            self.dirty_receipts.insert(key);
         }
-        self.set_account(address, account);
-        Ok(())
-    }
-
-    /// Pays `delta` from the pool into pending rewards; what the pool cannot cover is owed.
-    fn pay_from_pool(&mut self, worker: Address, delta: Amount) -> Result<Amount, TxError> {
-        let mut pool = self.account(&self.pool);
-        let paid = delta.min(pool.balance);
-        pool.balance = pool.balance.checked_sub(paid).ok_or(TxError::Overflow)?;
-        self.set_account(self.pool, pool);
-        self.add_pending(worker, paid)?;
-        Ok(paid)
-    }
-
-    /// Executes a checked receipt: pays `earned(new) - earned(old)` and raises the mark.
-    pub(crate) fn credit(&mut self, receipt: &Receipt) -> Result<(), TxError> {
-        let key = SessionKey::of(receipt);
-        let old = self.receipts.get(&key).map_or(0, |m| m.cumulative_bytes);
-        let earned = |bytes| self.genesis.earned(bytes).ok_or(TxError::Overflow);
-        let delta = earned(receipt.cumulative_bytes)?
-            .checked_sub(earned(old)?)
-            .ok_or(TxError::Overflow)?;
-        let paid = self.pay_from_pool(receipt.worker, delta)?;
-        let unpaid = delta.checked_sub(paid).ok_or(TxError::Overflow)?;
-        if !unpaid.is_zero() {
-            let mut worker = self.account(&receipt.worker);
-            worker.owed = worker.owed.checked_add(unpaid).ok_or(TxError::Overflow)?;
-            self.set_account(receipt.worker, worker);
-        }
-        let mark = ReceiptMark {
-            worker: receipt.worker,
-            cumulative_bytes: receipt.cumulative_bytes,
-        };
-        self.receipts.insert(key, mark);
-        self.dirty_receipts.insert(key);
-        Ok(())
     }
 
     /// The block-boundary step after a block's transactions at `height`: owed claims are
@@ -313,11 +270,14 @@ impl State {
             if self.account(&self.pool).balance.is_zero() {
                 break;
             }
-            let mut worker = self.account(&address);
-            let paid = self.pay_from_pool(address, worker.owed)?;
-            worker = self.account(&address);
+            let mut staged = Staged::new(self);
+            let owed = staged.account(&address).owed;
+            let paid = staged.pay_from_pool(address, owed)?;
+            let mut worker = staged.account(&address);
             worker.owed = worker.owed.checked_sub(paid).ok_or(TxError::Overflow)?;
-            self.set_account(address, worker);
+            staged.set_account(address, worker);
+            let writes = staged.into_writes();
+            self.write(writes);
         }
         let due: Vec<u64> = self.maturing.range(..=height).map(|(h, _)| *h).collect();
         for settle_height in due {
@@ -346,19 +306,19 @@ impl State {
     /// Folds every changed entry into the tree and returns what changed.
     pub(crate) fn commit_dirty(&mut self) -> ChangeSet {
         let mut changes = ChangeSet::default();
+        let mut entries = Vec::new();
         for address in std::mem::take(&mut self.dirty_accounts) {
             let account = self.account(&address);
-            self.tree
-                .insert(account_key(&address), Hash::of_borsh(b"account", &account));
+            entries.push((account_key(&address), Hash::of_borsh(b"account", &account)));
             changes.accounts.push((address, account));
         }
         for key in std::mem::take(&mut self.dirty_receipts) {
             if let Some(mark) = self.receipts.get(&key) {
-                self.tree
-                    .insert(receipt_key(&key), Hash::of_borsh(b"receipt", mark));
+                entries.push((receipt_key(&key), Hash::of_borsh(b"receipt", mark)));
                 changes.receipts.push((key, mark.clone()));
             }
         }
+        self.tree.update(entries);
         changes
     }
 
@@ -366,6 +326,115 @@ impl State {
         self.height = height;
         self.block_hash = block_hash;
         self.timestamp_ms = timestamp_ms;
+    }
+}
+
+/// What one transaction changes, computed in full before anything is written.
+#[derive(Default)]
+pub(crate) struct Writes {
+    accounts: Vec<(Address, Account)>,
+    receipt: Option<(SessionKey, ReceiptMark)>,
+}
+
+/// Reads through to a state and collects writes, so a transaction's effects are computed
+/// (and every overflow found) before the state is touched: a failing transaction needs no
+/// rollback. Later writes to the same account replace earlier ones.
+pub(crate) struct Staged<'a> {
+    state: &'a State,
+    writes: Writes,
+}
+
+impl<'a> Staged<'a> {
+    pub(crate) fn new(state: &'a State) -> Self {
+        Staged {
+            state,
+            writes: Writes::default(),
+        }
+    }
+
+    pub(crate) fn account(&self, address: &Address) -> Account {
+        match self
+            .writes
+            .accounts
+            .iter()
+            .rev()
+            .find(|(a, _)| a == address)
+        {
+            Some((_, account)) => account.clone(),
+            None => self.state.account(address),
+        }
+    }
+
+    pub(crate) fn set_account(&mut self, address: Address, account: Account) {
+        self.writes.accounts.push((address, account));
+    }
+
+    pub(crate) fn into_writes(self) -> Writes {
+        self.writes
+    }
+
+    fn add_pending(&mut self, address: Address, amount: Amount) -> Result<(), TxError> {
+        if amount.is_zero() {
+            return Ok(());
+        }
+        let settle_height = self
+            .state
+            .height
+            .checked_add(1)
+            .and_then(|h| h.checked_add(self.state.genesis.challenge_window))
+            .ok_or(TxError::Overflow)?;
+        let mut account = self.account(&address);
+        match account.pending.last_mut() {
+            Some(last) if last.settle_height == settle_height => {
+                last.amount = last.amount.checked_add(amount).ok_or(TxError::Overflow)?;
+            }
+            _ => account.pending.push(PendingReward {
+                settle_height,
+                amount,
+            }),
+        }
+        self.set_account(address, account);
+        Ok(())
+    }
+
+    /// Pays `delta` from the pool into pending rewards; returns what the pool could cover.
+    fn pay_from_pool(&mut self, worker: Address, delta: Amount) -> Result<Amount, TxError> {
+        let pool_address = self.state.pool;
+        let mut pool = self.account(&pool_address);
+        let paid = delta.min(pool.balance);
+        pool.balance = pool.balance.checked_sub(paid).ok_or(TxError::Overflow)?;
+        self.set_account(pool_address, pool);
+        self.add_pending(worker, paid)?;
+        Ok(paid)
+    }
+
+    /// A checked receipt: pays `earned(new) - earned(old)`, records what the pool could not
+    /// cover as owed, and raises the session's mark.
+    pub(crate) fn credit(&mut self, receipt: &Receipt) -> Result<(), TxError> {
+        let key = SessionKey::of(receipt);
+        let old = self
+            .state
+            .receipts
+            .get(&key)
+            .map_or(0, |m| m.cumulative_bytes);
+        let genesis = &self.state.genesis;
+        let earned = |bytes| genesis.earned(bytes).ok_or(TxError::Overflow);
+        let delta = earned(receipt.cumulative_bytes)?
+            .checked_sub(earned(old)?)
+            .ok_or(TxError::Overflow)?;
+        let paid = self.pay_from_pool(receipt.worker, delta)?;
+        let unpaid = delta.checked_sub(paid).ok_or(TxError::Overflow)?;
+        if !unpaid.is_zero() {
+            let mut worker = self.account(&receipt.worker);
+            worker.owed = worker.owed.checked_add(unpaid).ok_or(TxError::Overflow)?;
+            self.set_account(receipt.worker, worker);
+        }
+        let mark = ReceiptMark {
+            worker: receipt.worker,
+            cumulative_bytes: receipt.cumulative_bytes,
+        };
+        self.writes.receipt = Some((key, mark));
+        Ok(())
     }
 }
 

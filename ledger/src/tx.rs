@@ -11,7 +11,7 @@ use crate::genesis::Genesis;
 use crate::hash::Hash;
 use crate::intent::{self, Intent};
 use crate::keys::{Address, Keypair, Signature};
-use crate::state::{SessionKey, State};
+use crate::state::{SessionKey, Staged, State, Writes};
 
 /// Largest encoded transaction accepted from outside.
 pub const MAX_TX_BYTES: usize = 2048;
@@ -143,27 +143,38 @@ pub enum TxError {
     SessionWorkerMismatch { stored: Address, got: Address },
 }
 
-/// Signatures a transaction carries, as (signer, message, signature, error if it fails).
-fn signatures(chain_id: &str, tx: &SignedTx) -> Vec<(Address, Vec<u8>, Signature, TxError)> {
-    let mut out = vec![(
-        tx.tx.sender,
-        intent::signing_message(Intent::Transaction, chain_id, &tx.tx),
-        tx.signature,
-        TxError::BadSignature,
-    )];
-    if let TxKind::Credit(signed) = &tx.tx.kind {
-        let receipt = &signed.receipt;
-        out.push((
-            receipt.hub,
-            intent::signing_message(Intent::Receipt, &receipt.chain_id, receipt),
-            signed.signature,
-            TxError::BadReceiptSignature,
-        ));
+/// A transaction that passed `check_stateless` on this chain: well formed, correctly signed.
+/// Only `check_stateless` makes one, so holding one proves the check ran.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerifiedTx(SignedTx);
+
+impl VerifiedTx {
+    pub fn tx(&self) -> &SignedTx {
+        &self.0
     }
-    out
+
+    pub fn into_inner(self) -> SignedTx {
+        self.0
+    }
 }
 
-fn check_format(genesis: &Genesis, tx: &SignedTx) -> Result<(), TxError> {
+/// One signature a transaction carries, ready to verify.
+struct SigCheck {
+    item: ed25519_consensus::batch::Item,
+    error: TxError,
+}
+
+fn sig_check(signer: &Address, message: &[u8], signature: &Signature, error: TxError) -> SigCheck {
+    let key = ed25519_consensus::VerificationKeyBytes::from(*signer.as_bytes());
+    let signature = ed25519_consensus::Signature::from(signature.0);
+    SigCheck {
+        item: (key, signature, message).into(),
+        error,
+    }
+}
+
+/// Format checks; on success, the signatures still to verify.
+fn check_format(genesis: &Genesis, tx: &SignedTx) -> Result<Vec<SigCheck>, TxError> {
     let t = &tx.tx;
     if t.chain_id != genesis.chain_id {
         return Err(TxError::WrongChain {
@@ -171,7 +182,17 @@ fn check_format(genesis: &Genesis, tx: &SignedTx) -> Result<(), TxError> {
             got: t.chain_id.clone(),
         });
     }
-    usable_key(&t.sender).ok_or(TxError::BadSenderKey(t.sender))?;
+    // Under the cofactored rule anyone can sign for a small-order key, so none may send.
+    if t.sender.verifying_key().map_or(true, |k| k.is_weak()) {
+        return Err(TxError::BadSenderKey(t.sender));
+    }
+    let message = intent::signing_message(Intent::Transaction, &genesis.chain_id, t);
+    let mut checks = vec![sig_check(
+        &t.sender,
+        &message,
+        &tx.signature,
+        TxError::BadSignature,
+    )];
     match &t.kind {
         TxKind::Transfer { to, amount } => {
             if amount.is_zero() {
@@ -189,25 +210,36 @@ fn check_format(genesis: &Genesis, tx: &SignedTx) -> Result<(), TxError> {
                     got: r.chain_id.clone(),
                 });
             }
-            usable_key(&r.hub).ok_or(TxError::BadReceiptSignature)?;
             if r.worker == genesis.rewards_pool_address() {
                 return Err(TxError::ReceiptToPool);
             }
+            let message = intent::signing_message(Intent::Receipt, &r.chain_id, r);
+            checks.push(sig_check(
+                &r.hub,
+                &message,
+                &signed.signature,
+                TxError::BadReceiptSignature,
+            ));
         }
     }
-    Ok(())
-}
-
-/// Small-order keys are refused outright so that batch and single verification can never
-/// disagree about a signature.
-fn usable_key(address: &Address) -> Option<ed25519_dalek::VerifyingKey> {
-    address.verifying_key().ok().filter(|k| !k.is_weak())
+    Ok(checks)
 }
 
 /// Stage one: everything that needs no state. Chunks of transactions are checked in parallel
 /// and each chunk's signatures are batch-verified; only a failing batch is re-checked one by
-/// one to find the culprit. Returns one result per transaction, in order.
-pub fn check_stateless(genesis: &Genesis, txs: &[SignedTx]) -> Vec<Result<(), TxError>> {
+/// one to find the culprit. Verification follows ZIP-215 (ed25519-consensus), whose batch
+/// and single checks accept exactly the same signatures, so how transactions happen to be
+/// batched can never change which are valid.
+pub fn check_stateless(genesis: &Genesis, txs: Vec<SignedTx>) -> Vec<Result<VerifiedTx, TxError>> {
+    let results = stateless_results(genesis, &txs);
+    txs.into_iter()
+        .zip(results)
+        .map(|(tx, result)| result.map(|()| VerifiedTx(tx)))
+        .collect()
+}
+
+/// `check_stateless` without taking ownership: one result per transaction, in order.
+pub(crate) fn stateless_results(genesis: &Genesis, txs: &[SignedTx]) -> Vec<Result<(), TxError>> {
     const CHUNK: usize = 64;
     txs.par_chunks(CHUNK)
         .flat_map_iter(|chunk| check_chunk(genesis, chunk))
@@ -215,36 +247,29 @@ pub fn check_stateless(genesis: &Genesis, txs: &[SignedTx]) -> Vec<Result<(), Tx
 }
 
 fn check_chunk(genesis: &Genesis, chunk: &[SignedTx]) -> Vec<Result<(), TxError>> {
-    let mut results: Vec<Result<(), TxError>> =
+    let checks: Vec<Result<Vec<SigCheck>, TxError>> =
         chunk.iter().map(|tx| check_format(genesis, tx)).collect();
-    let sigs: Vec<_> = chunk
-        .iter()
-        .zip(&results)
-        .enumerate()
-        .filter(|(_, (_, r))| r.is_ok())
-        .flat_map(|(i, (tx, _))| {
-            signatures(&genesis.chain_id, tx)
-                .into_iter()
-                .map(move |s| (i, s))
-        })
-        .collect();
-    let keys: Option<Vec<_>> = sigs.iter().map(|(_, (who, ..))| usable_key(who)).collect();
-    let batch_ok = keys.is_some_and(|keys| {
-        let messages: Vec<&[u8]> = sigs.iter().map(|(_, (_, m, ..))| m.as_slice()).collect();
-        let signatures: Vec<_> = sigs
-            .iter()
-            .map(|(_, (_, _, s, _))| ed25519_dalek::Signature::from_bytes(&s.0))
-            .collect();
-        ed25519_dalek::verify_batch(&messages, &signatures, &keys).is_ok()
-    });
-    if !batch_ok {
-        for (i, (who, message, signature, error)) in sigs {
-            if results[i].is_ok() && intent::verify_message(&who, &message, &signature).is_err() {
-                results[i] = Err(error);
-            }
-        }
+    let mut batch = ed25519_consensus::batch::Verifier::new();
+    for check in checks.iter().flatten().flatten() {
+        batch.queue(check.item.clone());
     }
-    results
+    let batch_ok = batch.verify(rand::thread_rng()).is_ok();
+    checks
+        .into_iter()
+        .map(|checks| {
+            let checks = checks?;
+            if batch_ok {
+                return Ok(());
+            }
+            match checks
+                .into_iter()
+                .find(|c| c.item.clone().verify_single().is_err())
+            {
+                Some(failed) => Err(failed.error),
+                None => Ok(()),
+            }
+        })
+        .collect()
 }
 
 /// Stage two: may this transaction run against `state` now?
@@ -302,11 +327,12 @@ pub fn check_stateful(state: &State, tx: &SignedTx) -> Result<(), TxError> {
     Ok(())
 }
 
-/// Stage three: applies a transaction that passed both checks. Overflow is still checked
-/// here; on error the caller discards the partly changed state.
-pub fn execute(state: &mut State, tx: &SignedTx) -> Result<(), TxError> {
+/// Stage three: what a transaction that passed both checks changes. Pure: it reads `state`
+/// and returns the writes; overflow is still checked, and a failure leaves nothing behind.
+pub(crate) fn execute(state: &State, tx: &SignedTx) -> Result<Writes, TxError> {
     let t = &tx.tx;
-    let mut sender = state.account(&t.sender);
+    let mut staged = Staged::new(state);
+    let mut sender = staged.account(&t.sender);
     sender.nonce = sender.nonce.checked_add(1).ok_or(TxError::Overflow)?;
     match &t.kind {
         TxKind::Transfer { to, amount } => {
@@ -314,20 +340,20 @@ pub fn execute(state: &mut State, tx: &SignedTx) -> Result<(), TxError> {
                 .balance
                 .checked_sub(*amount)
                 .ok_or(TxError::Overflow)?;
-            state.set_account(t.sender, sender);
-            let mut receiver = state.account(to);
+            staged.set_account(t.sender, sender);
+            let mut receiver = staged.account(to);
             receiver.balance = receiver
                 .balance
                 .checked_add(*amount)
                 .ok_or(TxError::Overflow)?;
-            state.set_account(*to, receiver);
+            staged.set_account(*to, receiver);
         }
         TxKind::Credit(signed) => {
-            state.set_account(t.sender, sender);
-            state.credit(&signed.receipt)?;
+            staged.set_account(t.sender, sender);
+            staged.credit(&signed.receipt)?;
         }
     }
-    Ok(())
+    Ok(staged.into_writes())
 }
 
 #[cfg(test)]
@@ -405,7 +431,7 @@ pub(crate) mod tests {
             other_chain_receipt,
             to_pool,
         ];
-        let results = check_stateless(&genesis, &txs);
+        let results = stateless_results(&genesis, &txs);
         assert_eq!(results[0], Ok(()));
         assert_eq!(results[1], Err(TxError::BadSignature));
         assert!(matches!(results[2], Err(TxError::WrongChain { .. })));
@@ -417,9 +443,9 @@ pub(crate) mod tests {
         assert_eq!(results[8], Err(TxError::ReceiptToPool));
         // A large all-good batch passes the batch path; one bad one among many is found.
         let mut many: Vec<SignedTx> = (0..200).map(|_| good.clone()).collect();
-        assert!(check_stateless(&genesis, &many).iter().all(Result::is_ok));
+        assert!(stateless_results(&genesis, &many).iter().all(Result::is_ok));
         many[137].signature.0[5] ^= 1;
-        let results = check_stateless(&genesis, &many);
+        let results = stateless_results(&genesis, &many);
         assert_eq!(results.iter().filter(|r| r.is_err()).count(), 1);
         assert_eq!(results[137], Err(TxError::BadSignature));
     }

@@ -11,8 +11,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 use kvasir_ledger::mempool::Mempool;
 use kvasir_ledger::{
-    produce_block, verify_chain, Address, Amount, Genesis, Keypair, Receipt, State, Store, Tx,
-    TxKind,
+    check_stateless, produce_block, verify_chain, Address, Amount, Genesis, Keypair, Receipt,
+    SignedTx, State, Store, Tx, TxKind,
 };
 
 use crate::genesis::{genesis_path, init, key_path, load_template};
@@ -36,10 +36,10 @@ struct DevChain {
 
 impl DevChain {
     /// Produces and durably commits one block holding `txs`; every one must be accepted.
-    fn commit_block(&mut self, txs: Vec<kvasir_ledger::SignedTx>) -> Result<()> {
+    fn commit_block(&mut self, txs: Vec<SignedTx>) -> Result<()> {
         let mut mempool = Mempool::new(txs.len().max(1));
-        for tx in txs {
-            mempool.insert(tx)?;
+        for checked in check_stateless(self.state.genesis(), txs) {
+            mempool.insert(checked?)?;
         }
         let candidates = mempool.candidates(mempool.len());
         let produced = produce_block(&self.state, &candidates, &self.validator, now_ms())?;

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use kvasir_ledger::genesis::{Allocation, Authorities};
 use kvasir_ledger::intent::{signing_message, Intent};
-use kvasir_ledger::tx::check_stateless;
 use kvasir_ledger::{
-    produce_block, Address, Amount, Genesis, Keypair, SignedTx, State, Store, Tx, TxKind,
+    check_stateless, produce_block, Address, Amount, Genesis, Keypair, SignedTx, State, Store, Tx,
+    TxKind, VerifiedTx,
 };
 use rayon::prelude::*;
 
@@ -101,24 +101,29 @@ fn transfers(
         .collect()
 }
 
-/// Raw ed25519 batch verification of the transactions' signatures on all cores.
+/// The reference: ed25519 batch verification (the same ZIP-215 verifier the ledger uses)
+/// of the transactions' signatures on all cores, from message, key and signature bytes.
 fn verify_rate(txs: &[SignedTx]) -> Result<f64> {
-    let items: Vec<_> = txs
+    let messages: Vec<Vec<u8>> = txs
         .iter()
-        .map(|tx| {
-            let message = signing_message(Intent::Transaction, CHAIN_ID, &tx.tx);
-            let signature = ed25519_dalek::Signature::from_bytes(&tx.signature.0);
-            let key = ed25519_dalek::VerifyingKey::from_bytes(tx.tx.sender.as_bytes());
-            key.map(|k| (message, signature, k))
-        })
-        .collect::<Result<_, _>>()?;
+        .map(|tx| signing_message(Intent::Transaction, CHAIN_ID, &tx.tx))
+        .collect();
     let start = Instant::now();
-    let ok = items.par_chunks(64).all(|chunk| {
-        let messages: Vec<&[u8]> = chunk.iter().map(|(m, _, _)| m.as_slice()).collect();
-        let signatures: Vec<_> = chunk.iter().map(|(_, s, _)| *s).collect();
-        let keys: Vec<_> = chunk.iter().map(|(_, _, k)| *k).collect();
-        ed25519_dalek::verify_batch(&messages, &signatures, &keys).is_ok()
-    });
+    let ok = txs
+        .par_chunks(64)
+        .zip(messages.par_chunks(64))
+        .all(|(txs, messages)| {
+            let mut batch = ed25519_consensus::batch::Verifier::new();
+            for (tx, message) in txs.iter().zip(messages) {
+                let key = ed25519_consensus::VerificationKeyBytes::from(*tx.tx.sender.as_bytes());
+                batch.queue((
+                    key,
+                    ed25519_consensus::Signature::from(tx.signature.0),
+                    message,
+                ));
+            }
+            batch.verify(rand::thread_rng()).is_ok()
+        });
     let elapsed = start.elapsed();
     if !ok {
         bail!("a benchmark signature failed to verify");
@@ -126,52 +131,109 @@ fn verify_rate(txs: &[SignedTx]) -> Result<f64> {
     Ok(txs.len() as f64 / elapsed.as_secs_f64())
 }
 
-/// Produces and commits blocks of `block_txs` from `txs`; returns the time of each block.
+/// Runs the whole pipeline over `txs` in blocks of `block_txs`: a checker thread runs the
+/// stateless stage (on all cores) one block ahead, as mempool admission does in the ledger
+/// service, while this thread produces and commits. Returns the time of each block's
+/// produce + commit.
 fn commit_all(
     store: &Store,
     state: &mut State,
     validator: &Keypair,
-    txs: &[SignedTx],
+    txs: Vec<SignedTx>,
     block_txs: usize,
 ) -> Result<Vec<Duration>> {
-    let mut times = Vec::new();
-    for chunk in txs.chunks(block_txs.max(1)) {
-        let start = Instant::now();
-        let produced = produce_block(state, chunk, validator, state.timestamp_ms() + 1000)?;
-        if let Some((_, error)) = produced.rejected.first() {
-            bail!("benchmark transaction rejected: {error}");
+    let genesis = state.genesis().clone();
+    let (sender, receiver) = std::sync::mpsc::sync_channel(1);
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            let mut txs = txs.into_iter().peekable();
+            while txs.peek().is_some() {
+                let chunk: Vec<SignedTx> = txs.by_ref().take(block_txs.max(1)).collect();
+                let checked: Result<Vec<VerifiedTx>, _> =
+                    check_stateless(&genesis, chunk).into_iter().collect();
+                if sender.send(checked).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut times = Vec::new();
+        for chunk in receiver {
+            let chunk = chunk?;
+            let start = Instant::now();
+            let produced = produce_block(state, &chunk, validator, state.timestamp_ms() + 1000)?;
+            if let Some((_, error)) = produced.rejected.first() {
+                bail!("benchmark transaction rejected: {error}");
+            }
+            store.commit(&produced.block, &produced.changes)?;
+            times.push(start.elapsed());
+            *state = produced.state;
         }
-        store.commit(&produced.block, &produced.changes)?;
-        times.push(start.elapsed());
-        *state = produced.state;
-    }
-    Ok(times)
+        Ok(times)
+    })
 }
 
-/// Median time to produce and commit a block of `block_txs` transfers to random existing
-/// accounts, on a chain holding `accounts` accounts.
-fn commit_time_at(
+/// What one chain size costs: median time to apply a block of transfers to random
+/// existing accounts (execution and state root, in memory), median time to commit such a
+/// block to sled, and the plain alternative to an incremental root: building the state and
+/// its root over every account from scratch.
+struct CommitTimes {
+    apply: Duration,
+    sled_commit: Duration,
+    full_rebuild: Duration,
+}
+
+/// Blocks are produced first, on a state with no store open, so sled's background threads
+/// cannot disturb the apply timing; the same blocks are then committed to a fresh store.
+/// Signatures are checked beforehand and warm-up blocks are not timed.
+fn commit_times_at(
     accounts: usize,
     block_txs: usize,
     validator: &Keypair,
     senders: &[Keypair],
-) -> Result<Duration> {
-    let dir = tempfile::tempdir()?;
-    let genesis = bench_genesis(
-        validator,
-        senders,
-        accounts.saturating_sub(senders.len() + 1),
-    );
-    let store = Store::create(dir.path(), &genesis)?;
-    let mut state = store.load_state()?;
-    let filler = accounts.saturating_sub(senders.len() + 1).max(1);
-    let blocks = 5;
-    let txs = transfers(senders, 0, block_txs * blocks, |i| {
+) -> Result<CommitTimes> {
+    const WARM_UP: usize = 3;
+    const TIMED: usize = 9;
+    let filler = accounts.saturating_sub(senders.len()).max(1);
+    let genesis = bench_genesis(validator, senders, filler);
+    let start = Instant::now();
+    let mut state = State::from_genesis(genesis.clone());
+    let full_rebuild = start.elapsed();
+    let txs = transfers(senders, 0, block_txs * (WARM_UP + TIMED), |i| {
         filler_address((i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) as usize % filler)
     });
-    let mut times = commit_all(&store, &mut state, validator, &txs, block_txs)?;
-    times.sort();
-    Ok(times[times.len() / 2])
+    let checked: Vec<VerifiedTx> = check_stateless(&genesis, txs)
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    let mut produced = Vec::new();
+    let mut apply = Vec::new();
+    for chunk in checked.chunks(block_txs) {
+        let start = Instant::now();
+        let block = produce_block(&state, chunk, validator, state.timestamp_ms() + 1000)?;
+        apply.push(start.elapsed());
+        if let Some((_, error)) = block.rejected.first() {
+            bail!("benchmark transaction rejected: {error}");
+        }
+        state = block.state;
+        produced.push((block.block, block.changes));
+    }
+    let dir = tempfile::tempdir()?;
+    let store = Store::create(dir.path(), &genesis)?;
+    let mut sled_commit = Vec::new();
+    for (block, changes) in &produced {
+        let start = Instant::now();
+        store.commit(block, changes)?;
+        sled_commit.push(start.elapsed());
+    }
+    let median = |mut times: Vec<Duration>| {
+        let mut timed = times.split_off(WARM_UP);
+        timed.sort();
+        timed[timed.len() / 2]
+    };
+    Ok(CommitTimes {
+        apply: median(apply),
+        sled_commit: median(sled_commit),
+        full_rebuild,
+    })
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -187,25 +249,30 @@ pub fn run(args: Args) -> Result<()> {
 
     let verify_per_s = verify_rate(&txs)?;
 
+    let copy = txs.clone();
     let start = Instant::now();
-    let checked = check_stateless(&genesis, &txs);
+    let checked = check_stateless(&genesis, copy);
     let checked_tx_per_s = txs.len() as f64 / start.elapsed().as_secs_f64();
     if checked.iter().any(Result::is_err) {
         bail!("a benchmark transaction failed the stateless check");
     }
+    drop(checked);
 
     let dir = tempfile::tempdir()?;
     let store = Store::create(dir.path(), &genesis)?;
     let mut state = store.load_state()?;
+    let count = txs.len();
     let start = Instant::now();
-    commit_all(&store, &mut state, &validator, &txs, args.block_txs)?;
-    let committed_tx_per_s = txs.len() as f64 / start.elapsed().as_secs_f64();
+    commit_all(&store, &mut state, &validator, txs, args.block_txs)?;
+    let committed_tx_per_s = count as f64 / start.elapsed().as_secs_f64();
     let ratio = committed_tx_per_s / verify_per_s;
 
     let commit_block_txs = 1_000;
-    let small = commit_time_at(10_000, commit_block_txs, &validator, &senders)?;
-    let large = commit_time_at(args.large_accounts, commit_block_txs, &validator, &senders)?;
-    let growth = large.as_secs_f64() / small.as_secs_f64();
+    let small = commit_times_at(10_000, commit_block_txs, &validator, &senders)?;
+    let large = commit_times_at(args.large_accounts, commit_block_txs, &validator, &senders)?;
+    let ms = |d: Duration| (d.as_secs_f64() * 1e6).round() / 1e3;
+    let ratio_of =
+        |a: Duration, b: Duration| (a.as_secs_f64() / b.as_secs_f64() * 1e3).round() / 1e3;
     let cores = rayon::current_num_threads();
 
     if args.json {
@@ -218,51 +285,71 @@ pub fn run(args: Args) -> Result<()> {
             "committed_tx_per_s": committed_tx_per_s.round(),
             "ratio": (ratio * 1000.0).round() / 1000.0,
             "commit_block_txs": commit_block_txs,
-            "commit_ms_10k_accounts": small.as_secs_f64() * 1e3,
-            "commit_ms_large_accounts": large.as_secs_f64() * 1e3,
             "large_accounts": args.large_accounts,
-            "commit_growth": (growth * 1000.0).round() / 1000.0,
+            "apply_ms_10k_accounts": ms(small.apply),
+            "apply_ms_large_accounts": ms(large.apply),
+            "apply_growth": ratio_of(large.apply, small.apply),
+            "sled_commit_ms_10k_accounts": ms(small.sled_commit),
+            "sled_commit_ms_large_accounts": ms(large.sled_commit),
+            "sled_commit_growth": ratio_of(large.sled_commit, small.sled_commit),
+            "full_rebuild_ms_large_accounts": ms(large.full_rebuild),
+            "incremental_vs_rebuild": ratio_of(large.apply, large.full_rebuild),
         });
         println!("{value}");
         return Ok(());
     }
+    let n = args.large_accounts;
     println!(
         "kvasir-node bench ledger: {} transfers in blocks of {}, {cores} cores",
         args.txs, args.block_txs
     );
-    println!("{:<44} {:>14}  {}", "figure", "value", "reference");
+    println!("{:<46} {:>12}  reference", "figure", "value");
     println!(
-        "{:<44} {:>12.0}/s  ed25519 batch verify, all cores",
+        "{:<46} {:>10.0}/s  ed25519 batch verify (ZIP-215), all cores",
         "verify_per_s", verify_per_s
     );
     println!(
-        "{:<44} {:>12.0}/s  format + signatures, batched",
-        "checked_tx_per_s (stateless only)", checked_tx_per_s
+        "{:<46} {:>10.0}/s  format + signatures, batched",
+        "checked_tx_per_s (stateless stage only)", checked_tx_per_s
     );
     println!(
-        "{:<44} {:>12.0}/s  checked, applied, committed to sled",
+        "{:<46} {:>10.0}/s  checked, applied, committed to sled",
         "committed_tx_per_s", committed_tx_per_s
     );
     println!(
-        "{:<44} {:>14.3}  target >= 0.5",
+        "{:<46} {:>12.3}  target >= 0.5",
         "ratio = committed / verify", ratio
     );
+    println!();
     println!(
-        "{:<44} {:>12.2}ms",
-        format!("block commit ({commit_block_txs} txs), 10k accounts"),
-        small.as_secs_f64() * 1e3
+        "block of {commit_block_txs} transfers to random accounts   {:>12} {:>12}  growth",
+        "10k accounts",
+        format!("{n} accounts")
     );
     println!(
-        "{:<44} {:>12.2}ms",
-        format!(
-            "block commit ({commit_block_txs} txs), {} accounts",
-            args.large_accounts
-        ),
-        large.as_secs_f64() * 1e3
+        "{:<40} {:>10.2}ms {:>10.2}ms  {:.3}",
+        "  apply (execute + state root)",
+        ms(small.apply),
+        ms(large.apply),
+        ratio_of(large.apply, small.apply)
     );
     println!(
-        "{:<44} {:>14.3}  flat = 1.0",
-        "commit_growth = large / 10k", growth
+        "{:<40} {:>10.2}ms {:>10.2}ms  {:.3}",
+        "  commit to sled (atomic batch + flush)",
+        ms(small.sled_commit),
+        ms(large.sled_commit),
+        ratio_of(large.sled_commit, small.sled_commit)
+    );
+    println!(
+        "{:<40} {:>10.2}ms {:>10.2}ms  {:.3}",
+        "  root over all accounts from scratch",
+        ms(small.full_rebuild),
+        ms(large.full_rebuild),
+        ratio_of(large.full_rebuild, small.full_rebuild)
+    );
+    println!(
+        "incremental apply / rebuild from scratch at {n} accounts: {:.4}",
+        ratio_of(large.apply, large.full_rebuild)
     );
     Ok(())
 }
