@@ -154,7 +154,12 @@ impl Keypair {
     pub fn read_key_file(path: &Path) -> Result<Keypair, KeyFileError> {
         let text = fs::read_to_string(path)
             .map_err(|e| KeyFileError::Io(path.display().to_string(), e))?;
-        let file: KeyFileJson = serde_json::from_str(&text).map_err(KeyFileError::Json)?;
+        Keypair::parse_key_file(&text)
+    }
+
+    /// Parses the contents of a key file.
+    pub fn parse_key_file(text: &str) -> Result<Keypair, KeyFileError> {
+        let file: KeyFileJson = serde_json::from_str(text).map_err(KeyFileError::Json)?;
         let bytes = hex::decode(file.secret_key.trim()).map_err(|_| KeyFileError::BadSecret)?;
         let seed: [u8; 32] = bytes.try_into().map_err(|_| KeyFileError::BadSecret)?;
         let keypair = Keypair::from_seed(&seed);

@@ -15,7 +15,7 @@ use kvasir_ledger::{
     SignedTx, State, Store, Tx, TxKind,
 };
 
-use crate::genesis::{genesis_path, init, key_path, load_template};
+use crate::genesis::{genesis_path, install_dev_chain, key_path};
 
 /// Bytes relayed in the announcement's first internet session.
 const SEED_SESSION_BYTES: u64 = 1_277_952;
@@ -58,7 +58,8 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-fn load_or_create_key(path: &Path) -> Result<Keypair> {
+/// The worker's own wallet key: created on the first run, reused after.
+fn worker_key(path: &Path) -> Result<Keypair> {
     if !path.exists() {
         Keypair::generate().write_key_file(path)?;
     }
@@ -92,16 +93,19 @@ pub fn run(args: Args) -> Result<()> {
     let genesis = if genesis_path(dir).exists() {
         Genesis::load(&genesis_path(dir))?
     } else {
-        init(dir, &load_template(None)?)?
+        install_dev_chain(dir)?
     };
-    let key = |role: &str| load_or_create_key(&key_path(dir, role));
+    let key = |role: &str| {
+        let path = key_path(dir, role);
+        Keypair::read_key_file(&path).with_context(|| format!("reading {}", path.display()))
+    };
     let (validator, gateway, hub, faucet) = (
         key("validator")?,
         key("gateway")?,
         key("hub")?,
         key("faucet")?,
     );
-    let worker = key("worker-1")?.address();
+    let worker = worker_key(&key_path(dir, "worker-1"))?.address();
     let ledger_dir = dir.join("ledger");
     let store = Store::open_or_create(&ledger_dir, &genesis)?;
     let state = store.load_state()?;

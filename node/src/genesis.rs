@@ -27,6 +27,21 @@ pub struct Template {
 
 pub const DEFAULT_TEMPLATE: &str = include_str!("../../genesis/template.json");
 
+/// The published dev chain (`genesis/dev`): its genesis and its publicly known keys.
+pub const DEV_GENESIS: &str = include_str!("../../genesis/dev/genesis.json");
+pub const DEV_KEYS: [(&str, &str); 4] = [
+    (
+        "validator",
+        include_str!("../../genesis/dev/keys/validator.key"),
+    ),
+    (
+        "gateway",
+        include_str!("../../genesis/dev/keys/gateway.key"),
+    ),
+    ("hub", include_str!("../../genesis/dev/keys/hub.key")),
+    ("faucet", include_str!("../../genesis/dev/keys/faucet.key")),
+];
+
 /// The roles whose keys a fresh chain generates, each written to `keys/<role>.key`.
 pub const ROLES: [&str; 4] = ["validator", "gateway", "hub", "faucet"];
 
@@ -87,6 +102,19 @@ pub fn init(out: &Path, template: &Template) -> Result<Genesis> {
     Ok(genesis)
 }
 
+/// Writes the dev chain's genesis and keys into `dir` (keys with mode 0600).
+pub fn install_dev_chain(dir: &Path) -> Result<Genesis> {
+    let genesis = Genesis::from_json(DEV_GENESIS)?;
+    std::fs::create_dir_all(dir.join("keys"))
+        .with_context(|| format!("creating {}", dir.join("keys").display()))?;
+    for (role, text) in DEV_KEYS {
+        Keypair::parse_key_file(text)?.write_key_file(&key_path(dir, role))?;
+    }
+    std::fs::write(genesis_path(dir), DEV_GENESIS)
+        .with_context(|| format!("writing {}", genesis_path(dir).display()))?;
+    Ok(genesis)
+}
+
 pub fn load_template(path: Option<&Path>) -> Result<Template> {
     let text = match path {
         Some(path) => std::fs::read_to_string(path)
@@ -94,4 +122,56 @@ pub fn load_template(path: Option<&Path>) -> Result<Template> {
         None => DEFAULT_TEMPLATE.to_string(),
     };
     serde_json::from_str(&text).context("genesis template is not valid")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dev_genesis_hash_is_the_same_everywhere() {
+        let genesis = Genesis::from_json(DEV_GENESIS).unwrap();
+        assert_eq!(
+            genesis.hash().to_string(),
+            "c2d9c7aa37a4f10f94b45abe1c7d6c451cfb0d5700310f62b1a1f85148d6a6ce"
+        );
+        let roles: Vec<_> = DEV_KEYS.iter().map(|(role, _)| *role).collect();
+        assert_eq!(roles, ROLES);
+        let address = |role| {
+            let text = DEV_KEYS.iter().find(|(r, _)| *r == role).unwrap().1;
+            Keypair::parse_key_file(text).unwrap().address()
+        };
+        assert!(genesis.is_validator(&address("validator")));
+        assert!(genesis.is_gateway(&address("gateway")));
+        assert!(genesis.is_hub(&address("hub")));
+        assert_eq!(genesis.allocations[0].address, address("faucet"));
+    }
+
+    #[test]
+    fn init_writes_a_valid_chain_with_private_keys_and_refuses_to_overwrite() {
+        let dir = tempfile::tempdir().unwrap();
+        let template = load_template(None).unwrap();
+        let genesis = init(dir.path(), &template).unwrap();
+        assert_eq!(Genesis::load(&genesis_path(dir.path())).unwrap(), genesis);
+        for role in ROLES {
+            let path = key_path(dir.path(), role);
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+                assert_eq!(mode & 0o777, 0o600, "{role}");
+            }
+            Keypair::read_key_file(&path).unwrap();
+        }
+        assert!(init(dir.path(), &template).is_err());
+    }
+
+    #[test]
+    fn a_bad_template_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.json");
+        std::fs::write(&path, r#"{"chain_id": "x"}"#).unwrap();
+        assert!(load_template(Some(&path)).is_err());
+        assert!(load_template(Some(&dir.path().join("missing.json"))).is_err());
+    }
 }
