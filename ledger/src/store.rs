@@ -290,3 +290,76 @@ impl Store {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apply::produce_block;
+    use crate::genesis::tests::test_genesis;
+    use crate::tx::check_stateless;
+    use crate::tx::tests::transfer;
+
+    #[test]
+    fn commits_survive_reopening_and_indexes_find_blocks_and_txs() {
+        let dir = tempfile::tempdir().unwrap();
+        let (genesis, keys) = test_genesis();
+        let store = Store::create(dir.path(), &genesis).unwrap();
+        let mut state = store.load_state().unwrap();
+        assert_eq!(state.root(), State::from_genesis(genesis.clone()).root());
+        let tx = transfer(&keys.alice, 0, keys.bob.address(), "2");
+        let checked: Vec<_> = check_stateless(&genesis, vec![tx.clone()])
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        let produced = produce_block(&state, &checked, &keys.validator, 10).unwrap();
+        store.commit(&produced.block, &produced.changes).unwrap();
+        // The same block again, or one skipping a height, is refused.
+        assert!(matches!(
+            store.commit(&produced.block, &produced.changes),
+            Err(StoreError::OutOfOrder { head: 1, got: 1 })
+        ));
+        state = produced.state;
+        drop(store);
+
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.head().unwrap(), 1);
+        let loaded = store.load_state().unwrap();
+        assert_eq!(loaded.root(), state.root());
+        assert!(loaded.accounts().eq(state.accounts()));
+        assert_eq!(store.height_of(&produced.block.hash()).unwrap(), Some(1));
+        assert_eq!(
+            store.tx_location(&tx.hash()).unwrap(),
+            Some(TxLocation {
+                height: 1,
+                index: 0
+            })
+        );
+        assert_eq!(store.tx_location(&Hash::ZERO).unwrap(), None);
+        assert_eq!(store.block(1).unwrap().unwrap(), produced.block);
+        assert_eq!(store.block(2).unwrap(), None);
+    }
+
+    #[test]
+    fn a_ledger_holds_one_chain() {
+        let dir = tempfile::tempdir().unwrap();
+        let (genesis, _) = test_genesis();
+        drop(Store::create(dir.path(), &genesis).unwrap());
+        assert!(matches!(
+            Store::create(dir.path(), &genesis),
+            Err(StoreError::AlreadyInitialised(_))
+        ));
+        let mut other = genesis.clone();
+        other.chain_id = "another-chain".into();
+        assert!(matches!(
+            Store::open_or_create(dir.path(), &other),
+            Err(StoreError::GenesisMismatch { .. })
+        ));
+        assert!(Store::open_or_create(dir.path(), &genesis).is_ok());
+        let missing = dir.path().join("missing");
+        assert!(matches!(
+            Store::open(&missing),
+            Err(StoreError::NotInitialised(_))
+        ));
+        assert!(!missing.exists(), "opening must not create a ledger");
+    }
+}

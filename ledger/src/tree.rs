@@ -72,7 +72,7 @@ impl StateTree {
             return;
         }
         // Stable sort keeps equal keys in order, so dedup keeping the last is "later wins".
-        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        entries.sort_by_key(|entry| entry.0);
         entries.reverse();
         entries.dedup_by(|later, earlier| later.0 == earlier.0);
         entries.reverse();

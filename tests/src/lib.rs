@@ -1,1 +1,56 @@
+//! Helpers for the cross-crate scenarios in `tests/tests/`: they run the real
+//! `kvasir-node` and `kvasir-wallet` binaries as separate processes.
 
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+/// Path of a workspace binary, built (once per test process) in the same profile as the
+/// running test, so a scenario never runs a stale binary.
+pub fn bin(name: &str) -> PathBuf {
+    static PROFILE_DIR: OnceLock<PathBuf> = OnceLock::new();
+    let dir = PROFILE_DIR.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test executable path");
+        // target/<profile>/deps/<test> -> target/<profile>
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target dir")
+            .to_path_buf();
+        let release = profile_dir.file_name().is_some_and(|n| n == "release");
+        let mut cargo = Command::new(env!("CARGO"));
+        cargo
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "kvasir-node",
+                "-p",
+                "kvasir-wallet",
+            ])
+            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."));
+        if release {
+            cargo.arg("--release");
+        }
+        let status = cargo.status().expect("running cargo build");
+        assert!(status.success(), "building the binaries failed");
+        profile_dir
+    });
+    dir.join(name)
+}
+
+/// Runs a workspace binary to completion and returns its output.
+pub fn run(name: &str, args: &[&str]) -> Output {
+    Command::new(bin(name))
+        .args(args)
+        .output()
+        .expect("starting binary")
+}
+
+pub fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+pub fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
