@@ -56,9 +56,9 @@ fn finish(state: &mut State, height: u64) -> Result<ChangeSet, TxError> {
 pub fn apply_block(parent: &State, block: &Block) -> Result<(State, ChangeSet), BlockError> {
     let genesis = parent.genesis();
     let header = &block.header;
-    if header.chain_id != genesis.chain_id {
+    if header.chain_id != genesis.params.chain_id {
         return Err(BlockError::WrongChain {
-            expected: genesis.chain_id.clone(),
+            expected: genesis.params.chain_id.clone(),
             got: header.chain_id.clone(),
         });
     }
@@ -81,7 +81,7 @@ pub fn apply_block(parent: &State, block: &Block) -> Result<(State, ChangeSet), 
     intent::verify(
         &header.proposer,
         Intent::Block,
-        &genesis.chain_id,
+        &genesis.params.chain_id,
         header,
         &block.signature,
     )
@@ -92,16 +92,16 @@ pub fn apply_block(parent: &State, block: &Block) -> Result<(State, ChangeSet), 
             got: header.timestamp_ms,
         });
     }
-    if block.txs.len() > genesis.max_block_txs as usize {
+    if block.txs.len() > genesis.params.max_block_txs as usize {
         return Err(BlockError::TooManyTxs {
-            limit: genesis.max_block_txs,
+            limit: genesis.params.max_block_txs,
             got: block.txs.len(),
         });
     }
     let size = block.to_bytes().len() as u64;
-    if size > genesis.max_block_bytes {
+    if size > genesis.params.max_block_bytes {
         return Err(BlockError::TooLarge {
-            limit: genesis.max_block_bytes,
+            limit: genesis.params.max_block_bytes,
             got: size,
         });
     }
@@ -162,11 +162,11 @@ pub fn produce_block(
     // Header, signature and length prefixes; generous so a full block never exceeds the limit.
     let mut size = 512u64;
     for tx in candidates.iter().map(VerifiedTx::tx) {
-        if txs.len() >= genesis.max_block_txs as usize {
+        if txs.len() >= genesis.params.max_block_txs as usize {
             break;
         }
         let tx_size = tx.to_bytes().len() as u64;
-        if size + tx_size > genesis.max_block_bytes {
+        if size + tx_size > genesis.params.max_block_bytes {
             break;
         }
         match run_tx(&mut state, tx) {
@@ -280,7 +280,7 @@ mod tests {
     #[test]
     fn the_announcement_session_pays_0_008945664_kvr_pending_then_settles() {
         let (genesis, keys) = test_genesis();
-        let window = genesis.challenge_window;
+        let window = genesis.params.challenge_window;
         let state = State::from_genesis(genesis);
         let worker = keys.worker.address();
         let state = block_of(
@@ -404,7 +404,7 @@ mod tests {
     #[test]
     fn an_empty_pool_records_owed_and_a_refill_pays_it() {
         let (mut genesis, keys) = test_genesis();
-        genesis.rewards_pool = Amount::from_base_units(1_000_000);
+        genesis.params.rewards_pool = Amount::from_base_units(1_000_000);
         let pool = genesis.rewards_pool_address();
         let state = State::from_genesis(genesis.clone());
         let worker = keys.worker.address();
@@ -547,7 +547,7 @@ mod tests {
         fn money_is_conserved_and_invalid_txs_change_nothing(ops in proptest::collection::vec(op(), 1..60)) {
             let (mut genesis, keys) = test_genesis();
             // A small pool, so that owed claims and refills happen too.
-            genesis.rewards_pool = Amount::from_base_units(2_000_000);
+            genesis.params.rewards_pool = Amount::from_base_units(2_000_000);
             let supply = u128::from(genesis.total_supply().base_units());
             let users = [&keys.alice, &keys.bob, &keys.worker, &keys.gateway];
             let pool = genesis.rewards_pool_address();
@@ -567,7 +567,7 @@ mod tests {
                         let sender = users[from];
                         let nonce = state.account(&sender.address()).nonce.wrapping_add_signed(nonce_skew.into());
                         let to = users.get(to).map_or(pool, |k| k.address());
-                        Tx { chain_id: g.chain_id.clone(), sender: sender.address(), nonce,
+                        Tx { chain_id: g.params.chain_id.clone(), sender: sender.address(), nonce,
                              kind: TxKind::Transfer { to, amount: Amount::from_base_units(units) } }.sign(sender)
                     }
                     Op::Credit { by_gateway, real_hub, session, worker, bytes } => {

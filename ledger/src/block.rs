@@ -73,7 +73,7 @@ impl Block {
         proposer: &Keypair,
     ) -> Block {
         let header = BlockHeader {
-            chain_id: parent.genesis().chain_id.clone(),
+            chain_id: parent.genesis().params.chain_id.clone(),
             height: parent.height() + 1,
             prev_hash: parent.block_hash(),
             timestamp_ms,
@@ -99,7 +99,7 @@ pub fn genesis_block(genesis: &Genesis) -> Block {
 pub(crate) fn genesis_block_with_root(genesis: &Genesis, state_root: Hash) -> Block {
     Block {
         header: BlockHeader {
-            chain_id: genesis.chain_id.clone(),
+            chain_id: genesis.params.chain_id.clone(),
             height: 0,
             prev_hash: genesis.hash(),
             timestamp_ms: genesis.genesis_time_ms,
@@ -109,5 +109,41 @@ pub(crate) fn genesis_block_with_root(genesis: &Genesis, state_root: Hash) -> Bl
         },
         signature: Signature([0; 64]),
         txs: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::genesis::tests::test_genesis;
+    use proptest::prelude::*;
+
+    #[test]
+    fn decoding_refuses_oversize_truncated_and_trailing_bytes() {
+        let (genesis, _) = test_genesis();
+        let bytes = genesis_block(&genesis).to_bytes();
+        assert_eq!(
+            Block::from_bytes(&bytes, 1 << 20).unwrap(),
+            genesis_block(&genesis)
+        );
+        assert!(Block::from_bytes(&bytes, bytes.len() as u64 - 1).is_err());
+        for cut in 0..bytes.len() {
+            assert!(Block::from_bytes(&bytes[..cut], 1 << 20).is_err());
+        }
+        let mut trailing = bytes.clone();
+        trailing.push(0);
+        assert!(Block::from_bytes(&trailing, 1 << 20).is_err());
+        // A transaction count far beyond the bytes present must fail, not allocate.
+        let mut huge = bytes.clone();
+        let count_at = huge.len() - 4;
+        huge[count_at..].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(Block::from_bytes(&huge, 1 << 20).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn decoding_random_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let _ = Block::from_bytes(&bytes, 1 << 20);
+        }
     }
 }

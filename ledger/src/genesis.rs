@@ -18,9 +18,18 @@ pub const MAX_CHAIN_ID_LEN: usize = 64;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, BorshSerialize, BorshDeserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Genesis {
-    pub chain_id: String,
     /// Milliseconds since the Unix epoch; the timestamp of block 0.
     pub genesis_time_ms: u64,
+    pub params: ChainParams,
+    pub allocations: Vec<Allocation>,
+    pub authorities: Authorities,
+}
+
+/// The rules of a chain, as a template for new chains also carries them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, BorshSerialize, BorshDeserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChainParams {
+    pub chain_id: String,
     /// Bytes of metered dispatch traffic in one reward unit.
     pub unit_bytes: u64,
     /// KVR paid per unit of metered traffic.
@@ -32,8 +41,6 @@ pub struct Genesis {
     pub max_block_bytes: u64,
     /// Initial balance of the rewards pool that credits are paid from.
     pub rewards_pool: Amount,
-    pub allocations: Vec<Allocation>,
-    pub authorities: Authorities,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, BorshSerialize, BorshDeserialize)]
@@ -98,20 +105,20 @@ impl Genesis {
     }
 
     pub fn validate(&self) -> Result<(), GenesisError> {
-        let id_ok = !self.chain_id.is_empty()
-            && self.chain_id.len() <= MAX_CHAIN_ID_LEN
-            && self
-                .chain_id
+        let id = &self.params.chain_id;
+        let id_ok = !id.is_empty()
+            && id.len() <= MAX_CHAIN_ID_LEN
+            && id
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
         if !id_ok {
             return Err(GenesisError::BadChainId);
         }
         for (name, value) in [
-            ("unit_bytes", self.unit_bytes),
-            ("block_interval_ms", self.block_interval_ms),
-            ("max_block_txs", u64::from(self.max_block_txs)),
-            ("max_block_bytes", self.max_block_bytes),
+            ("unit_bytes", self.params.unit_bytes),
+            ("block_interval_ms", self.params.block_interval_ms),
+            ("max_block_txs", u64::from(self.params.max_block_txs)),
+            ("max_block_bytes", self.params.max_block_bytes),
         ] {
             if value == 0 {
                 return Err(GenesisError::Zero(name));
@@ -119,7 +126,7 @@ impl Genesis {
         }
         let pool = self.rewards_pool_address();
         let mut seen = BTreeSet::new();
-        let mut supply = self.rewards_pool;
+        let mut supply = self.params.rewards_pool;
         for allocation in &self.allocations {
             if allocation.address == pool {
                 return Err(GenesisError::AllocationToPool);
@@ -151,7 +158,7 @@ impl Genesis {
     /// no transaction can spend from it: only credits draw on it.
     pub fn rewards_pool_address(&self) -> Address {
         let mut hasher = blake3::Hasher::new_derive_key("kvasir rewards pool v1");
-        hasher.update(self.chain_id.as_bytes());
+        hasher.update(self.params.chain_id.as_bytes());
         Address::from_bytes(*hasher.finalize().as_bytes())
     }
 
@@ -159,7 +166,7 @@ impl Genesis {
     pub fn total_supply(&self) -> Amount {
         self.allocations
             .iter()
-            .try_fold(self.rewards_pool, |sum, a| sum.checked_add(a.amount))
+            .try_fold(self.params.rewards_pool, |sum, a| sum.checked_add(a.amount))
             .unwrap_or(Amount::MAX)
     }
 
@@ -178,8 +185,9 @@ impl Genesis {
     /// `earned(c) = floor(c * reward_per_unit / unit_bytes)` in base units, from a cumulative
     /// byte counter. `None` when the result does not fit an amount.
     pub fn earned(&self, cumulative_bytes: u64) -> Option<Amount> {
-        let product = u128::from(cumulative_bytes) * u128::from(self.reward_per_unit.base_units());
-        let units = product / u128::from(self.unit_bytes.max(1));
+        let product =
+            u128::from(cumulative_bytes) * u128::from(self.params.reward_per_unit.base_units());
+        let units = product / u128::from(self.params.unit_bytes.max(1));
         u64::try_from(units).ok().map(Amount::from_base_units)
     }
 }
@@ -193,15 +201,17 @@ pub(crate) mod tests {
     pub fn test_genesis() -> (Genesis, TestKeys) {
         let keys = TestKeys::new();
         let genesis = Genesis {
-            chain_id: "kvasir-test".into(),
             genesis_time_ms: 1_764_000_000_000,
-            unit_bytes: 1_000_000,
-            reward_per_unit: Amount::parse("0.007").unwrap(),
-            challenge_window: 3,
-            block_interval_ms: 1000,
-            max_block_txs: 10_000,
-            max_block_bytes: 8 << 20,
-            rewards_pool: Amount::parse("1000").unwrap(),
+            params: ChainParams {
+                chain_id: "kvasir-test".into(),
+                unit_bytes: 1_000_000,
+                reward_per_unit: Amount::parse("0.007").unwrap(),
+                challenge_window: 3,
+                block_interval_ms: 1000,
+                max_block_txs: 10_000,
+                max_block_bytes: 8 << 20,
+                rewards_pool: Amount::parse("1000").unwrap(),
+            },
             allocations: vec![
                 Allocation {
                     address: keys.alice.address(),
@@ -262,7 +272,7 @@ pub(crate) mod tests {
         let b = Genesis::from_json(&compact).unwrap();
         assert_eq!(a.hash(), b.hash());
         let mut other = genesis.clone();
-        other.challenge_window += 1;
+        other.params.challenge_window += 1;
         assert_ne!(other.hash(), genesis.hash());
     }
 
@@ -270,10 +280,10 @@ pub(crate) mod tests {
     fn invalid_genesis_is_rejected() {
         let (genesis, keys) = test_genesis();
         let mut g = genesis.clone();
-        g.chain_id = "Bad Chain".into();
+        g.params.chain_id = "Bad Chain".into();
         assert!(matches!(g.validate(), Err(GenesisError::BadChainId)));
         let mut g = genesis.clone();
-        g.unit_bytes = 0;
+        g.params.unit_bytes = 0;
         assert!(matches!(
             g.validate(),
             Err(GenesisError::Zero("unit_bytes"))

@@ -108,7 +108,7 @@ impl State {
         let mut accounts = vec![(
             pool,
             Account {
-                balance: genesis.rewards_pool,
+                balance: genesis.params.rewards_pool,
                 ..Account::default()
             },
         )];
@@ -381,7 +381,7 @@ impl<'a> Staged<'a> {
             .state
             .height
             .checked_add(1)
-            .and_then(|h| h.checked_add(self.state.genesis.challenge_window))
+            .and_then(|h| h.checked_add(self.state.genesis.params.challenge_window))
             .ok_or(TxError::Overflow)?;
         let mut account = self.account(&address);
         match account.pending.last_mut() {
@@ -441,7 +441,7 @@ impl<'a> Staged<'a> {
 impl std::fmt::Debug for State {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("State")
-            .field("chain_id", &self.genesis.chain_id)
+            .field("chain_id", &self.genesis.params.chain_id)
             .field("height", &self.height)
             .field("block_hash", &self.block_hash)
             .field("root", &self.root())

@@ -349,7 +349,7 @@ mod tests {
             Err(StoreError::AlreadyInitialised(_))
         ));
         let mut other = genesis.clone();
-        other.chain_id = "another-chain".into();
+        other.params.chain_id = "another-chain".into();
         assert!(matches!(
             Store::open_or_create(dir.path(), &other),
             Err(StoreError::GenesisMismatch { .. })

@@ -176,9 +176,9 @@ fn sig_check(signer: &Address, message: &[u8], signature: &Signature, error: TxE
 /// Format checks; on success, the signatures still to verify.
 fn check_format(genesis: &Genesis, tx: &SignedTx) -> Result<Vec<SigCheck>, TxError> {
     let t = &tx.tx;
-    if t.chain_id != genesis.chain_id {
+    if t.chain_id != genesis.params.chain_id {
         return Err(TxError::WrongChain {
-            expected: genesis.chain_id.clone(),
+            expected: genesis.params.chain_id.clone(),
             got: t.chain_id.clone(),
         });
     }
@@ -186,7 +186,7 @@ fn check_format(genesis: &Genesis, tx: &SignedTx) -> Result<Vec<SigCheck>, TxErr
     if t.sender.verifying_key().map_or(true, |k| k.is_weak()) {
         return Err(TxError::BadSenderKey(t.sender));
     }
-    let message = intent::signing_message(Intent::Transaction, &genesis.chain_id, t);
+    let message = intent::signing_message(Intent::Transaction, &genesis.params.chain_id, t);
     let mut checks = vec![sig_check(
         &t.sender,
         &message,
@@ -204,9 +204,9 @@ fn check_format(genesis: &Genesis, tx: &SignedTx) -> Result<Vec<SigCheck>, TxErr
         }
         TxKind::Credit(signed) => {
             let r = &signed.receipt;
-            if r.chain_id != genesis.chain_id {
+            if r.chain_id != genesis.params.chain_id {
                 return Err(TxError::ReceiptWrongChain {
-                    expected: genesis.chain_id.clone(),
+                    expected: genesis.params.chain_id.clone(),
                     got: r.chain_id.clone(),
                 });
             }

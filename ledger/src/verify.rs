@@ -51,7 +51,7 @@ pub fn verify_chain(
     if store.block_bytes(0)?.as_deref() != Some(expected_zero.as_slice()) {
         return Err(bad(0, "block 0 does not match the stored genesis".into()));
     }
-    let max_bytes = genesis.max_block_bytes;
+    let max_bytes = genesis.params.max_block_bytes;
     let mut state = State::from_genesis(genesis);
     let mut transactions = 0u64;
     for height in 1..=head {

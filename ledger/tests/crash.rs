@@ -64,7 +64,7 @@ fn crash_child_commits_blocks_forever() {
                 amount: Amount::from_base_units(1 + i),
             };
             let tx = Tx {
-                chain_id: genesis.chain_id.clone(),
+                chain_id: genesis.params.chain_id.clone(),
                 sender: faucet.address(),
                 nonce: nonce(&faucet) + i,
                 kind,
@@ -73,7 +73,7 @@ fn crash_child_commits_blocks_forever() {
         }
         for session in 0..3u64 {
             let receipt = Receipt {
-                chain_id: genesis.chain_id.clone(),
+                chain_id: genesis.params.chain_id.clone(),
                 hub: hub.address(),
                 session_id: session,
                 worker: Address::from_bytes([session as u8 + 1; 32]),
@@ -81,7 +81,7 @@ fn crash_child_commits_blocks_forever() {
             };
             let kind = TxKind::Credit(receipt.sign(&hub));
             let tx = Tx {
-                chain_id: genesis.chain_id.clone(),
+                chain_id: genesis.params.chain_id.clone(),
                 sender: gateway.address(),
                 nonce: nonce(&gateway) + session,
                 kind,

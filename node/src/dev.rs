@@ -117,7 +117,7 @@ pub fn run(args: Args) -> Result<()> {
 
     println!(
         "Kvasir dev chain {} (genesis {}) in {}",
-        genesis.chain_id,
+        genesis.params.chain_id,
         genesis.hash(),
         dir.display()
     );
@@ -130,7 +130,7 @@ pub fn run(args: Args) -> Result<()> {
         .count() as u64
         + 1;
     let receipt = Receipt {
-        chain_id: genesis.chain_id.clone(),
+        chain_id: genesis.params.chain_id.clone(),
         hub: hub.address(),
         session_id,
         worker,
@@ -144,19 +144,19 @@ pub fn run(args: Args) -> Result<()> {
     );
     println!(
         "  {} units x {} per unit = {earned}",
-        units_text(SEED_SESSION_BYTES, genesis.unit_bytes),
-        genesis.reward_per_unit
+        units_text(SEED_SESSION_BYTES, genesis.params.unit_bytes),
+        genesis.params.reward_per_unit
     );
     let nonce = |who: &Keypair| chain.state.account(&who.address()).nonce;
     let credit = Tx {
-        chain_id: genesis.chain_id.clone(),
+        chain_id: genesis.params.chain_id.clone(),
         sender: gateway.address(),
         nonce: nonce(&gateway),
         kind: TxKind::Credit(receipt.sign(&hub)),
     }
     .sign(&gateway);
     let tip = Tx {
-        chain_id: genesis.chain_id.clone(),
+        chain_id: genesis.params.chain_id.clone(),
         sender: faucet.address(),
         nonce: nonce(&faucet),
         kind: TxKind::Transfer {
@@ -171,13 +171,13 @@ pub fn run(args: Args) -> Result<()> {
         chain.state.height()
     );
     println!("  worker: {}", describe(&chain.state, &worker));
-    for _ in 0..genesis.challenge_window {
+    for _ in 0..genesis.params.challenge_window {
         chain.commit_block(Vec::new())?;
     }
     println!(
         "blocks up to {}: the {}-block challenge window passes",
         chain.state.height(),
-        genesis.challenge_window
+        genesis.params.challenge_window
     );
     println!("  worker: {}", describe(&chain.state, &worker));
     let report = verify_chain(&chain.store, |_, _| {})?;

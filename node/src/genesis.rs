@@ -5,22 +5,15 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
-use kvasir_ledger::genesis::{Allocation, Authorities};
+use kvasir_ledger::genesis::{Allocation, Authorities, ChainParams};
 use kvasir_ledger::{Amount, Genesis, Keypair};
 use serde::Deserialize;
 
-/// The parameters of a new chain; `genesis/template.json` is the default.
+/// A new chain's parameters; `genesis/template.json` is the default.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Template {
-    pub chain_id: String,
-    pub unit_bytes: u64,
-    pub reward_per_unit: Amount,
-    pub challenge_window: u64,
-    pub block_interval_ms: u64,
-    pub max_block_txs: u32,
-    pub max_block_bytes: u64,
-    pub rewards_pool: Amount,
+    pub params: ChainParams,
     /// Initial balance of the faucet account, for transfers on a dev chain.
     pub faucet: Amount,
 }
@@ -64,28 +57,17 @@ pub fn init(out: &Path, template: &Template) -> Result<Genesis> {
     }
     std::fs::create_dir_all(out.join("keys"))
         .with_context(|| format!("creating {}", out.join("keys").display()))?;
-    let mut keys = Vec::new();
-    for role in ROLES {
-        let keypair = Keypair::generate();
+    let keys: [Keypair; ROLES.len()] = std::array::from_fn(|_| Keypair::generate());
+    for (role, keypair) in ROLES.iter().zip(&keys) {
         keypair.write_key_file(&key_path(out, role))?;
-        keys.push(keypair.address());
     }
-    let [validator, gateway, hub, faucet] = keys[..] else {
-        unreachable!("one key per role")
-    };
+    let [validator, gateway, hub, faucet] = keys.map(|k| k.address());
     let genesis_time_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
     let genesis = Genesis {
-        chain_id: template.chain_id.clone(),
         genesis_time_ms,
-        unit_bytes: template.unit_bytes,
-        reward_per_unit: template.reward_per_unit,
-        challenge_window: template.challenge_window,
-        block_interval_ms: template.block_interval_ms,
-        max_block_txs: template.max_block_txs,
-        max_block_bytes: template.max_block_bytes,
-        rewards_pool: template.rewards_pool,
+        params: template.params.clone(),
         allocations: vec![Allocation {
             address: faucet,
             amount: template.faucet,
@@ -133,7 +115,7 @@ mod tests {
         let genesis = Genesis::from_json(DEV_GENESIS).unwrap();
         assert_eq!(
             genesis.hash().to_string(),
-            "c2d9c7aa37a4f10f94b45abe1c7d6c451cfb0d5700310f62b1a1f85148d6a6ce"
+            "556f12c63ddb562b2f192ca3dd73622133c60feda8e8428147ad0b7a0d70c0bd"
         );
         let roles: Vec<_> = DEV_KEYS.iter().map(|(role, _)| *role).collect();
         assert_eq!(roles, ROLES);

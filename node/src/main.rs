@@ -66,14 +66,14 @@ fn main() -> ExitCode {
             .map(|g| {
                 if json {
                     let value = serde_json::json!({
-                        "chain_id": g.chain_id,
+                        "chain_id": g.params.chain_id,
                         "genesis_hash": g.hash().to_string(),
                         "genesis": genesis::genesis_path(&out),
                         "keys": genesis::ROLES.map(|r| genesis::key_path(&out, r)),
                     });
                     println!("{value}");
                 } else {
-                    println!("chain {} genesis {}", g.chain_id, g.hash());
+                    println!("chain {} genesis {}", g.params.chain_id, g.hash());
                     println!("wrote {}", genesis::genesis_path(&out).display());
                     for role in genesis::ROLES {
                         println!(

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use kvasir_ledger::genesis::{Allocation, Authorities};
+use kvasir_ledger::genesis::{Allocation, Authorities, ChainParams};
 use kvasir_ledger::intent::{signing_message, Intent};
 use kvasir_ledger::{
     check_stateless, produce_block, Address, Amount, Genesis, Keypair, SignedTx, State, Store, Tx,
@@ -58,15 +58,17 @@ fn bench_genesis(validator: &Keypair, senders: &[Keypair], filler: usize) -> Gen
         amount: Amount::from_base_units(1),
     }));
     Genesis {
-        chain_id: CHAIN_ID.into(),
         genesis_time_ms: 0,
-        unit_bytes: 1_000_000,
-        reward_per_unit: Amount::from_base_units(7_000_000),
-        challenge_window: 10,
-        block_interval_ms: 1000,
-        max_block_txs: 100_000,
-        max_block_bytes: 256 << 20,
-        rewards_pool: Amount::parse("1000").unwrap_or_default(),
+        params: ChainParams {
+            chain_id: CHAIN_ID.into(),
+            unit_bytes: 1_000_000,
+            reward_per_unit: Amount::from_base_units(7_000_000),
+            challenge_window: 10,
+            block_interval_ms: 1000,
+            max_block_txs: 100_000,
+            max_block_bytes: 256 << 20,
+            rewards_pool: Amount::parse("1000").unwrap_or_default(),
+        },
         allocations,
         authorities: Authorities {
             validators: vec![validator.address()],
