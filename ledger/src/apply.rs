@@ -229,13 +229,7 @@ mod tests {
             worker,
             cumulative_bytes: bytes,
         };
-        Tx {
-            chain_id: "kvasir-test".into(),
-            sender: sender.address(),
-            nonce,
-            kind: TxKind::Credit(receipt.sign(hub)),
-        }
-        .sign(sender)
+        TxKind::Credit(receipt.sign(hub)).signed("kvasir-test", sender, nonce)
     }
 
     fn with_nonce(state: &State, keys: &TestKeys, mut tx: SignedTx) -> SignedTx {

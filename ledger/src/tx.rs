@@ -54,6 +54,19 @@ pub enum TxKind {
     Credit(SignedReceipt),
 }
 
+impl TxKind {
+    /// This action as the transaction `nonce` of `sender` on `chain_id`, signed by `sender`.
+    pub fn signed(self, chain_id: &str, sender: &Keypair, nonce: u64) -> SignedTx {
+        Tx {
+            chain_id: chain_id.to_string(),
+            sender: sender.address(),
+            nonce,
+            kind: self,
+        }
+        .sign(sender)
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, BorshSerialize, BorshDeserialize)]
 pub struct Tx {
     pub chain_id: String,
@@ -363,16 +376,8 @@ pub(crate) mod tests {
     use proptest::prelude::*;
 
     pub fn transfer(from: &Keypair, nonce: u64, to: Address, amount: &str) -> SignedTx {
-        Tx {
-            chain_id: "kvasir-test".into(),
-            sender: from.address(),
-            nonce,
-            kind: TxKind::Transfer {
-                to,
-                amount: Amount::parse(amount).unwrap(),
-            },
-        }
-        .sign(from)
+        let amount = Amount::parse(amount).unwrap();
+        TxKind::Transfer { to, amount }.signed("kvasir-test", from, nonce)
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use kvasir_ledger::mempool::Mempool;
 use kvasir_ledger::{
     check_stateless, produce_block, verify_chain, Address, Amount, Genesis, Hash, Keypair, Receipt,
-    Store, StoreError, Tx, TxKind,
+    Store, StoreError, TxKind,
 };
 use rand::{Rng, SeedableRng};
 
@@ -63,13 +63,7 @@ fn crash_child_commits_blocks_forever() {
                 to,
                 amount: Amount::from_base_units(1 + i),
             };
-            let tx = Tx {
-                chain_id: genesis.params.chain_id.clone(),
-                sender: faucet.address(),
-                nonce: nonce(&faucet) + i,
-                kind,
-            };
-            txs.push(tx.sign(&faucet));
+            txs.push(kind.signed(&genesis.params.chain_id, &faucet, nonce(&faucet) + i));
         }
         for session in 0..3u64 {
             let receipt = Receipt {
@@ -80,13 +74,11 @@ fn crash_child_commits_blocks_forever() {
                 cumulative_bytes: height * 100_003 + session,
             };
             let kind = TxKind::Credit(receipt.sign(&hub));
-            let tx = Tx {
-                chain_id: genesis.params.chain_id.clone(),
-                sender: gateway.address(),
-                nonce: nonce(&gateway) + session,
-                kind,
-            };
-            txs.push(tx.sign(&gateway));
+            txs.push(kind.signed(
+                &genesis.params.chain_id,
+                &gateway,
+                nonce(&gateway) + session,
+            ));
         }
         let mut mempool = Mempool::new(txs.len());
         for checked in check_stateless(&genesis, txs) {

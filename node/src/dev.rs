@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use kvasir_ledger::mempool::Mempool;
 use kvasir_ledger::{
     check_stateless, produce_block, verify_chain, Address, Amount, Genesis, Keypair, Receipt,
-    SignedTx, State, Store, Tx, TxKind,
+    SignedTx, State, Store, TxKind,
 };
 
 use crate::genesis::{genesis_path, install_dev_chain, key_path};
@@ -148,23 +148,13 @@ pub fn run(args: Args) -> Result<()> {
         genesis.params.reward_per_unit
     );
     let nonce = |who: &Keypair| chain.state.account(&who.address()).nonce;
-    let credit = Tx {
-        chain_id: genesis.params.chain_id.clone(),
-        sender: gateway.address(),
-        nonce: nonce(&gateway),
-        kind: TxKind::Credit(receipt.sign(&hub)),
+    let chain_id = &genesis.params.chain_id;
+    let credit = TxKind::Credit(receipt.sign(&hub)).signed(chain_id, &gateway, nonce(&gateway));
+    let tip = TxKind::Transfer {
+        to: worker,
+        amount: Amount::parse("1")?,
     }
-    .sign(&gateway);
-    let tip = Tx {
-        chain_id: genesis.params.chain_id.clone(),
-        sender: faucet.address(),
-        nonce: nonce(&faucet),
-        kind: TxKind::Transfer {
-            to: worker,
-            amount: Amount::parse("1")?,
-        },
-    }
-    .sign(&faucet);
+    .signed(chain_id, &faucet, nonce(&faucet));
     chain.commit_block(vec![credit, tip])?;
     println!(
         "block {}: gateway credit + faucet transfer of 1 KVR committed",

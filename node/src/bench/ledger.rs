@@ -9,7 +9,7 @@ use anyhow::{bail, Result};
 use kvasir_ledger::genesis::{Allocation, Authorities, ChainParams};
 use kvasir_ledger::intent::{signing_message, Intent};
 use kvasir_ledger::{
-    check_stateless, produce_block, Address, Amount, Genesis, Keypair, SignedTx, State, Store, Tx,
+    check_stateless, produce_block, Address, Amount, Genesis, Keypair, SignedTx, State, Store,
     TxKind, VerifiedTx,
 };
 use rayon::prelude::*;
@@ -89,16 +89,12 @@ fn transfers(
         .into_par_iter()
         .map(|i| {
             let sender = &senders[i % senders.len()];
-            Tx {
-                chain_id: CHAIN_ID.into(),
-                sender: sender.address(),
-                nonce: first_nonce + (i / senders.len()) as u64,
-                kind: TxKind::Transfer {
-                    to: to(i),
-                    amount: Amount::from_base_units(1),
-                },
+            let nonce = first_nonce + (i / senders.len()) as u64;
+            TxKind::Transfer {
+                to: to(i),
+                amount: Amount::from_base_units(1),
             }
-            .sign(sender)
+            .signed(CHAIN_ID, sender, nonce)
         })
         .collect()
 }
