@@ -3,6 +3,7 @@
 mod bench;
 mod dev;
 mod genesis;
+mod model;
 mod verify;
 
 use std::path::PathBuf;
@@ -29,6 +30,11 @@ enum Command {
     /// Create a chain.
     #[command(subcommand)]
     Genesis(GenesisCommand),
+    /// Synthetic checkpoints.
+    #[command(subcommand)]
+    Model(model::ModelCommand),
+    /// Generate text with a checkpoint, every expert local.
+    Generate(model::GenerateArgs),
     /// Replay a stored chain from genesis, checking every signature, hash link, tx root and
     /// state root.
     VerifyChain(verify::Args),
@@ -83,6 +89,8 @@ fn main() -> ExitCode {
                     }
                 }
             }),
+        Command::Model(command) => model::synth(command),
+        Command::Generate(args) => model::generate_command(args),
         Command::VerifyChain(args) => verify::run(args),
         Command::Bench(bench) => bench::run(bench),
     };

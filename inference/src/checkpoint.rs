@@ -1,0 +1,156 @@
+//! A Hugging Face checkpoint directory: `model.safetensors`, or shards listed by
+//! `model.safetensors.index.json`, memory-mapped. Every lookup checks the shape the config
+//! implies and names the tensor in its error.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use memmap2::Mmap;
+use safetensors::SafeTensors;
+use serde::Deserialize;
+
+use crate::weights::{DType, Weight};
+use crate::LoadError;
+
+struct Entry {
+    file: usize,
+    start: usize,
+    end: usize,
+    dtype: DType,
+    shape: Vec<usize>,
+}
+
+pub struct Checkpoint {
+    maps: Vec<Arc<Mmap>>,
+    entries: HashMap<String, Entry>,
+}
+
+#[derive(Deserialize)]
+struct Index {
+    weight_map: HashMap<String, String>,
+}
+
+impl Checkpoint {
+    pub fn open(dir: &Path) -> Result<Checkpoint, LoadError> {
+        let index_path = dir.join("model.safetensors.index.json");
+        let files: Vec<PathBuf> = if index_path.exists() {
+            let text =
+                std::fs::read_to_string(&index_path).map_err(|e| LoadError::io(&index_path, e))?;
+            let index: Index = serde_json::from_str(&text).map_err(|e| LoadError::Format {
+                file: index_path.display().to_string(),
+                reason: e.to_string(),
+            })?;
+            let mut shards: Vec<&String> = index.weight_map.values().collect();
+            shards.sort();
+            shards.dedup();
+            for shard in &shards {
+                if shard.contains('/') || shard.contains("..") {
+                    return Err(LoadError::Format {
+                        file: index_path.display().to_string(),
+                        reason: format!("shard name {shard:?} leaves the checkpoint directory"),
+                    });
+                }
+            }
+            shards.into_iter().map(|s| dir.join(s)).collect()
+        } else {
+            vec![dir.join("model.safetensors")]
+        };
+        let mut checkpoint = Checkpoint {
+            maps: Vec::new(),
+            entries: HashMap::new(),
+        };
+        for path in files {
+            checkpoint.add_file(&path)?;
+        }
+        Ok(checkpoint)
+    }
+
+    fn add_file(&mut self, path: &Path) -> Result<(), LoadError> {
+        let file = File::open(path).map_err(|e| LoadError::io(path, e))?;
+        // Safety: the checkpoint is treated as read-only input; a file truncated while
+        // mapped is outside what this process can defend against.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| LoadError::io(path, e))?;
+        let format = |reason: String| LoadError::Format {
+            file: path.display().to_string(),
+            reason,
+        };
+        let (header_len, metadata) =
+            SafeTensors::read_metadata(&map).map_err(|e| format(e.to_string()))?;
+        let data_start = 8 + header_len;
+        let index = self.maps.len();
+        for (name, info) in metadata.tensors() {
+            let dtype = match info.dtype {
+                safetensors::Dtype::F32 => DType::F32,
+                safetensors::Dtype::BF16 => DType::BF16,
+                safetensors::Dtype::F16 => DType::F16,
+                other => {
+                    return Err(LoadError::DType {
+                        name,
+                        dtype: format!("{other:?}"),
+                    })
+                }
+            };
+            let (start, end) = (
+                data_start + info.data_offsets.0,
+                data_start + info.data_offsets.1,
+            );
+            if end > map.len() || start > end {
+                return Err(format(format!("tensor {name} lies outside the file")));
+            }
+            self.entries.insert(
+                name,
+                Entry {
+                    file: index,
+                    start,
+                    end,
+                    dtype,
+                    shape: info.shape.clone(),
+                },
+            );
+        }
+        self.maps.push(Arc::new(map));
+        Ok(())
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+
+    /// The tensor `name`, which must have exactly `shape`; viewed as `rows x cols` with the
+    /// last dimension as columns.
+    pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Weight, LoadError> {
+        let entry = self
+            .entries
+            .get(name)
+            .ok_or_else(|| LoadError::Missing(name.to_string()))?;
+        if entry.shape != shape {
+            return Err(LoadError::Shape {
+                name: name.to_string(),
+                expected: shape.to_vec(),
+                found: entry.shape.clone(),
+            });
+        }
+        let cols = shape.last().copied().unwrap_or(1);
+        let rows = shape.iter().rev().skip(1).product();
+        let map = self.maps[entry.file].clone();
+        Ok(Weight::mapped(
+            map,
+            entry.start,
+            entry.end,
+            entry.dtype,
+            rows,
+            cols,
+        ))
+    }
+
+    /// Bytes of every tensor whose name satisfies `filter`.
+    pub fn bytes_where(&self, filter: impl Fn(&str) -> bool) -> usize {
+        self.entries
+            .iter()
+            .filter(|(n, _)| filter(n))
+            .map(|(_, e)| e.end - e.start)
+            .sum()
+    }
+}

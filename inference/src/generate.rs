@@ -1,0 +1,157 @@
+//! Generation: sequences with their own KV cache and sampler, decoded together in batches
+//! that sequences can join and leave between steps.
+
+use crate::kernels::cpu::softmax;
+use crate::model::qwen_moe::{ForwardError, KvCache, Model, Step};
+use crate::moe::ExpertExecutor;
+
+/// How the next token is chosen: greedy when `temperature` is 0, else sampled from the
+/// softmax at that temperature with a seeded generator (same seed, same tokens).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampling {
+    pub temperature: f32,
+    pub seed: u64,
+}
+
+impl Sampling {
+    pub const GREEDY: Sampling = Sampling {
+        temperature: 0.0,
+        seed: 0,
+    };
+}
+
+/// SplitMix64: tiny, seedable, the same sequence everywhere.
+struct Rng(u64);
+
+impl Rng {
+    fn next_f32(&mut self) -> f32 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 24) as f32
+    }
+}
+
+/// One sequence being generated.
+pub struct Sequence {
+    cache: KvCache,
+    /// Tokens to feed on the next step: the prompt first, then each new token.
+    pending: Vec<u32>,
+    generated: Vec<u32>,
+    max_new: usize,
+    eos: Option<u32>,
+    sampling: Sampling,
+    rng: Rng,
+    last_logits: Vec<f32>,
+}
+
+impl Sequence {
+    pub fn new(model: &Model, prompt: &[u32], max_new: usize, sampling: Sampling) -> Sequence {
+        Sequence {
+            cache: model.new_cache(),
+            pending: prompt.to_vec(),
+            generated: Vec::new(),
+            max_new,
+            eos: model.config().eos_token_id,
+            sampling,
+            rng: Rng(sampling.seed),
+            last_logits: Vec::new(),
+        }
+    }
+
+    pub fn generated(&self) -> &[u32] {
+        &self.generated
+    }
+
+    /// Logits of the last step.
+    pub fn last_logits(&self) -> &[f32] {
+        &self.last_logits
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.pending.is_empty()
+            || self.generated.len() >= self.max_new
+            || self.generated.last().is_some_and(|t| Some(*t) == self.eos)
+    }
+
+    fn choose(&mut self, logits: &[f32]) -> u32 {
+        if self.sampling.temperature <= 0.0 {
+            // Greedy; the lowest id wins a tie.
+            let mut best = 0;
+            for (i, v) in logits.iter().enumerate() {
+                if *v > logits[best] {
+                    best = i;
+                }
+            }
+            return best as u32;
+        }
+        let mut probs: Vec<f32> = logits
+            .iter()
+            .map(|l| l / self.sampling.temperature)
+            .collect();
+        softmax(&mut probs);
+        let target = self.rng.next_f32();
+        let mut cumulative = 0f32;
+        for (i, p) in probs.iter().enumerate() {
+            cumulative += p;
+            if target < cumulative {
+                return i as u32;
+            }
+        }
+        (probs.len() - 1) as u32
+    }
+}
+
+/// One decode step for every unfinished sequence in `batch`: a single forward pass over
+/// all their pending tokens, then one new token each.
+pub fn step(
+    model: &Model,
+    experts: &dyn ExpertExecutor,
+    batch: &mut [&mut Sequence],
+) -> Result<(), ForwardError> {
+    let mut active: Vec<&mut Sequence> = batch
+        .iter_mut()
+        .filter(|s| !s.is_done())
+        .map(|s| &mut **s)
+        .collect();
+    if active.is_empty() {
+        return Ok(());
+    }
+    let pending: Vec<Vec<u32>> = active
+        .iter_mut()
+        .map(|s| std::mem::take(&mut s.pending))
+        .collect();
+    let mut steps: Vec<Step<'_>> = active
+        .iter_mut()
+        .zip(&pending)
+        .map(|(s, tokens)| Step {
+            cache: &mut s.cache,
+            tokens,
+        })
+        .collect();
+    let logits = model.forward(&mut steps, experts)?;
+    drop(steps);
+    for (sequence, logits) in active.into_iter().zip(logits) {
+        let next = sequence.choose(&logits);
+        sequence.last_logits = logits;
+        sequence.generated.push(next);
+        sequence.pending = vec![next];
+    }
+    Ok(())
+}
+
+/// Generates up to `max_new` tokens after `prompt` for one sequence.
+pub fn generate(
+    model: &Model,
+    experts: &dyn ExpertExecutor,
+    prompt: &[u32],
+    max_new: usize,
+    sampling: Sampling,
+) -> Result<Sequence, ForwardError> {
+    let mut sequence = Sequence::new(model, prompt, max_new, sampling);
+    while !sequence.is_done() {
+        step(model, experts, &mut [&mut sequence])?;
+    }
+    Ok(sequence)
+}

@@ -1,0 +1,211 @@
+//! CPU kernels. Determinism rules: every output element is reduced in one fixed order that
+//! depends only on the vector length (never on threads, row count or blocking), no fused
+//! multiply-add is implied, and transcendental functions are this module's own code rather
+//! than the platform's libm, which differs between systems.
+
+use rayon::prelude::*;
+
+use crate::weights::Weight;
+
+/// Lanes of the fixed-order dot product: 16 partial sums, combined pairwise at the end.
+const LANES: usize = 16;
+
+/// `sum(a[i] * b[i])` in the one fixed order every kernel uses.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let mut acc = [0f32; LANES];
+    let chunks = a.len() / LANES;
+    for c in 0..chunks {
+        let (x, y) = (
+            &a[c * LANES..(c + 1) * LANES],
+            &b[c * LANES..(c + 1) * LANES],
+        );
+        for l in 0..LANES {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for l in 0..width {
+            acc[l] += acc[l + width];
+        }
+    }
+    let mut sum = acc[0];
+    for i in chunks * LANES..a.len() {
+        sum += a[i] * b[i];
+    }
+    sum
+}
+
+/// Output columns handed to one task; fixed so work splitting never depends on the caller.
+const COLUMNS_PER_TASK: usize = 16;
+
+/// `out[r][j] = dot(x[r], w[j])` for `x` of `rows x k` and `w` of `n x k` (the layout of a
+/// Hugging Face Linear weight), giving `out` of `rows x n`. Columns are spread over threads;
+/// each weight row is widened to f32 once and reused for every input row, so a batch costs
+/// one pass over the weights.
+pub fn matmul_t(x: &[f32], rows: usize, w: &Weight, out: &mut [f32]) {
+    let (n, k) = (w.rows(), w.cols());
+    assert_eq!(x.len(), rows * k, "matmul_t input shape");
+    assert_eq!(out.len(), rows * n, "matmul_t output shape");
+    let mut transposed = vec![0f32; n * rows];
+    transposed
+        .par_chunks_mut(COLUMNS_PER_TASK * rows)
+        .enumerate()
+        .for_each(|(task, block)| {
+            let mut wrow = vec![0f32; k];
+            for (c, column) in block.chunks_mut(rows).enumerate() {
+                w.row_f32(task * COLUMNS_PER_TASK + c, &mut wrow);
+                for (r, value) in column.iter_mut().enumerate() {
+                    *value = dot(&x[r * k..(r + 1) * k], &wrow);
+                }
+            }
+        });
+    for j in 0..n {
+        for r in 0..rows {
+            out[r * n + j] = transposed[j * rows + r];
+        }
+    }
+}
+
+/// `exp(x)` in f32 without libm: `2^k * p(r)` with `x = k ln2 + r`, `|r| <= ln2 / 2`, and a
+/// degree-6 polynomial for `e^r`. Relative error about 2e-7; the same bits everywhere.
+pub fn exp(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    if x > 88.72 {
+        return f32::INFINITY;
+    }
+    if x < -103.97 {
+        return 0.0;
+    }
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    let k = (x * std::f32::consts::LOG2_E).round();
+    let r = (x - k * LN2_HI) - k * LN2_LO;
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (0.166_666_67
+                    + r * (0.041_666_668 + r * (0.008_333_334 + r * 0.001_388_889)))));
+    // 2^k through the exponent bits, in two steps near the ends of the range (k runs from
+    // -150 to 128) so each factor stays a normal number.
+    let k = k as i32;
+    let (k1, k2) = match k {
+        i32::MIN..=-121 => (k + 60, -60),
+        121.. => (k - 60, 60),
+        _ => (k, 0),
+    };
+    let scale = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
+    p * scale(k1) * scale(k2)
+}
+
+/// `x * sigmoid(x)`.
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + exp(-x))
+}
+
+/// In-place softmax over `values` (max-subtracted, fixed-order sum).
+pub fn softmax(values: &mut [f32]) {
+    let max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for v in values.iter_mut() {
+        *v = exp(*v - max);
+        sum += *v;
+    }
+    for v in values.iter_mut() {
+        *v /= sum;
+    }
+}
+
+/// RMSNorm of each `width`-long row of `x` into `out`, in f32 as transformers computes it.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let width = weight.len();
+    for (row, dst) in x.chunks(width).zip(out.chunks_mut(width)) {
+        let mean_square = dot(row, row) / width as f32;
+        let scale = 1.0 / (mean_square + eps).sqrt();
+        for ((d, v), w) in dst.iter_mut().zip(row).zip(weight) {
+            *d = w * (v * scale);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn exp_is_accurate() {
+        // Normal results to 1e-6 relative; subnormal ones (below e^-87) carry fewer bits.
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let (ours, reference) = (exp(x) as f64, (x as f64).exp());
+            assert!(
+                ((ours - reference) / reference).abs() < 1e-6,
+                "exp({x}) = {ours}, want {reference}"
+            );
+            x += 0.37;
+        }
+        for x in [88.7f32, -95.0, -103.0] {
+            let (ours, reference) = (exp(x) as f64, (x as f64).exp());
+            let tolerance = if x < -87.0 { 2e-45 } else { reference * 1e-6 };
+            assert!(
+                (ours - reference).abs() <= tolerance,
+                "exp({x}) = {ours}, want {reference}"
+            );
+        }
+        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp(-200.0), 0.0);
+        assert_eq!(exp(100.0), f32::INFINITY);
+        assert!(exp(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn matmul_matches_a_plain_loop_in_value() {
+        let (rows, k, n) = (5, 37, 23);
+        let x: Vec<f32> = (0..rows * k)
+            .map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0)
+            .collect();
+        let wv: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 5 % 11) as f32 - 5.0) / 16.0)
+            .collect();
+        let w = Weight::from_f32(wv.clone(), n, k);
+        let mut out = vec![0f32; rows * n];
+        matmul_t(&x, rows, &w, &mut out);
+        for r in 0..rows {
+            for j in 0..n {
+                let plain: f64 = (0..k)
+                    .map(|i| x[r * k + i] as f64 * wv[j * k + i] as f64)
+                    .sum();
+                assert!((out[r * n + j] as f64 - plain).abs() < 1e-4);
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn a_row_gives_the_same_bits_in_any_batch_and_on_any_thread_count(
+            seed in any::<u32>(), rows in 1usize..9, k in 1usize..70, n in 1usize..40,
+        ) {
+            let value = |i: usize| (((i as u32).wrapping_mul(2_654_435_761) ^ seed) % 2001) as f32 / 1000.0 - 1.0;
+            let x: Vec<f32> = (0..rows * k).map(value).collect();
+            let w = Weight::from_f32((0..n * k).map(|i| value(i + 99_991)).collect(), n, k);
+            let mut batch = vec![0f32; rows * n];
+            matmul_t(&x, rows, &w, &mut batch);
+            let single_thread = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+            for r in 0..rows {
+                let mut alone = vec![0f32; n];
+                single_thread.install(|| matmul_t(&x[r * k..(r + 1) * k], 1, &w, &mut alone));
+                prop_assert_eq!(
+                    bytemuck::cast_slice::<f32, u8>(&alone),
+                    bytemuck::cast_slice::<f32, u8>(&batch[r * n..(r + 1) * n])
+                );
+            }
+        }
+    }
+}

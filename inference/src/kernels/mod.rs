@@ -1,0 +1,4 @@
+//! Numeric kernels, apart from any model. `cpu` is the reference backend: bit-exact for a
+//! given row whatever the thread count, the other rows in the call, or the CPU it runs on.
+
+pub mod cpu;

@@ -1,0 +1,3 @@
+//! Model families, one file each.
+
+pub mod qwen_moe;

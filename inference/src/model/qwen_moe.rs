@@ -1,0 +1,342 @@
+//! Qwen3-MoE (and Qwen2-MoE) as transformers publishes it: weight names mirror the
+//! checkpoint. The backbone holds embeddings, attention, norms and routers; routed experts
+//! are reached through an `ExpertExecutor`.
+
+use rayon::prelude::*;
+
+use crate::checkpoint::Checkpoint;
+use crate::config::Config;
+use crate::kernels::cpu::{dot, matmul_t, rms_norm, softmax};
+use crate::moe::{ExpertError, ExpertExecutor, MoeBlock, SwiGlu};
+use crate::weights::Weight;
+use crate::LoadError;
+
+struct Attention {
+    q: Weight,
+    k: Weight,
+    v: Weight,
+    o: Weight,
+    /// Qwen2-MoE's q/k/v biases.
+    bias: Option<[Vec<f32>; 3]>,
+    /// Qwen3's per-head RMSNorm of q and k, before RoPE.
+    qk_norm: Option<[Vec<f32>; 2]>,
+}
+
+enum Mlp {
+    Dense(SwiGlu),
+    Moe(MoeBlock),
+}
+
+struct Layer {
+    input_norm: Vec<f32>,
+    post_norm: Vec<f32>,
+    attention: Attention,
+    mlp: Mlp,
+}
+
+pub struct Model {
+    config: Config,
+    embed: Weight,
+    layers: Vec<Layer>,
+    norm: Vec<f32>,
+    lm_head: Weight,
+    /// `inv_freq` of the rotary embedding, as transformers computes it in f32.
+    inv_freq: Vec<f32>,
+}
+
+/// One sequence's keys and values so far, per layer: `positions x kv_heads x head_dim`.
+#[derive(Clone, Default)]
+pub struct KvCache {
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+    len: usize,
+}
+
+impl KvCache {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// New tokens for one sequence in a forward pass.
+pub struct Step<'a> {
+    pub cache: &'a mut KvCache,
+    pub tokens: &'a [u32],
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    #[error(transparent)]
+    Expert(#[from] ExpertError),
+    #[error("token id {0} is outside the vocabulary")]
+    BadToken(u32),
+    #[error("position {0} is beyond max_position_embeddings")]
+    TooLong(usize),
+}
+
+impl Model {
+    /// Loads everything but the routed experts.
+    pub fn load(checkpoint: &Checkpoint, config: Config) -> Result<Model, LoadError> {
+        let (h, hd) = (config.hidden_size, config.head_dim());
+        let (heads, kv) = (config.num_attention_heads, config.num_key_value_heads);
+        let vector = |name: &str, len: usize| checkpoint.tensor(name, &[len]).map(|w| w.to_f32());
+        let mut layers = Vec::new();
+        for i in 0..config.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let a = format!("{p}.self_attn");
+            let bias = if config.qkv_bias() {
+                Some([
+                    vector(&format!("{a}.q_proj.bias"), heads * hd)?,
+                    vector(&format!("{a}.k_proj.bias"), kv * hd)?,
+                    vector(&format!("{a}.v_proj.bias"), kv * hd)?,
+                ])
+            } else {
+                None
+            };
+            let qk_norm = if config.is_qwen2() {
+                None
+            } else {
+                Some([
+                    vector(&format!("{a}.q_norm.weight"), hd)?,
+                    vector(&format!("{a}.k_norm.weight"), hd)?,
+                ])
+            };
+            let attention = Attention {
+                q: checkpoint.tensor(&format!("{a}.q_proj.weight"), &[heads * hd, h])?,
+                k: checkpoint.tensor(&format!("{a}.k_proj.weight"), &[kv * hd, h])?,
+                v: checkpoint.tensor(&format!("{a}.v_proj.weight"), &[kv * hd, h])?,
+                o: checkpoint.tensor(&format!("{a}.o_proj.weight"), &[h, heads * hd])?,
+                bias,
+                qk_norm,
+            };
+            let mlp = if config.is_moe_layer(i) {
+                Mlp::Moe(MoeBlock::load(checkpoint, &config, i)?)
+            } else {
+                Mlp::Dense(SwiGlu::load(
+                    checkpoint,
+                    &format!("{p}.mlp"),
+                    h,
+                    config.intermediate_size,
+                )?)
+            };
+            layers.push(Layer {
+                input_norm: vector(&format!("{p}.input_layernorm.weight"), h)?,
+                post_norm: vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                attention,
+                mlp,
+            });
+        }
+        let embed = checkpoint.tensor("model.embed_tokens.weight", &[config.vocab_size, h])?;
+        let lm_head = if config.tie_word_embeddings {
+            embed.clone()
+        } else {
+            checkpoint.tensor("lm_head.weight", &[config.vocab_size, h])?
+        };
+        let theta = config.rope_theta() as f32;
+        let inv_freq = (0..hd / 2)
+            .map(|i| 1.0 / theta.powf((2 * i) as f32 / hd as f32))
+            .collect();
+        Ok(Model {
+            norm: vector("model.norm.weight", h)?,
+            config,
+            embed,
+            layers,
+            lm_head,
+            inv_freq,
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Weight bytes read per token by the backbone's dense parts (attention, norms, routers,
+    /// dense layers, shared experts, one embedding row and the lm head).
+    pub fn dense_bytes_per_token(&self) -> usize {
+        let h = self.config.hidden_size;
+        let per_layer: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                let a = &l.attention;
+                a.q.byte_len()
+                    + a.k.byte_len()
+                    + a.v.byte_len()
+                    + a.o.byte_len()
+                    + 2 * h * 4
+                    + match &l.mlp {
+                        Mlp::Dense(m) => m.byte_len(),
+                        Mlp::Moe(_) => self.config.num_experts * h * self.embed.dtype().size(),
+                    }
+            })
+            .sum();
+        per_layer + self.lm_head.byte_len() + h * self.embed.dtype().size()
+    }
+
+    pub fn new_cache(&self) -> KvCache {
+        let layers = self.config.num_hidden_layers;
+        KvCache {
+            keys: vec![Vec::new(); layers],
+            values: vec![Vec::new(); layers],
+            len: 0,
+        }
+    }
+
+    /// Runs the new tokens of every sequence in `steps` through the model as one batch,
+    /// appending to their caches, and returns each sequence's logits for its last token.
+    /// A sequence's logits are the same bits whatever else is in the batch.
+    pub fn forward(
+        &self,
+        steps: &mut [Step<'_>],
+        experts: &dyn ExpertExecutor,
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        let c = &self.config;
+        let h = c.hidden_size;
+        let eps = c.rms_norm_eps as f32;
+        // Row r of the batch is token `offset` of sequence `seq`, at absolute `position`.
+        let mut rows = Vec::new();
+        for (seq, step) in steps.iter().enumerate() {
+            for (offset, token) in step.tokens.iter().enumerate() {
+                if *token as usize >= c.vocab_size {
+                    return Err(ForwardError::BadToken(*token));
+                }
+                let position = step.cache.len + offset;
+                if position >= c.max_position_embeddings {
+                    return Err(ForwardError::TooLong(position));
+                }
+                rows.push((seq, *token, position));
+            }
+        }
+        let n = rows.len();
+        let mut x = vec![0f32; n * h];
+        for ((_, token, _), row) in rows.iter().zip(x.chunks_mut(h)) {
+            self.embed.row_f32(*token as usize, row);
+        }
+        let mut normed = vec![0f32; n * h];
+        for (index, layer) in self.layers.iter().enumerate() {
+            rms_norm(&x, &layer.input_norm, eps, &mut normed);
+            let attended = self.attention(index, layer, &normed, &rows, steps);
+            for (a, b) in x.iter_mut().zip(&attended) {
+                *a += b;
+            }
+            rms_norm(&x, &layer.post_norm, eps, &mut normed);
+            let mlp = match &layer.mlp {
+                Mlp::Dense(m) => m.forward(&normed, n),
+                Mlp::Moe(block) => block.forward(&normed, n, experts)?,
+            };
+            for (a, b) in x.iter_mut().zip(&mlp) {
+                *a += b;
+            }
+        }
+        for step in steps.iter_mut() {
+            step.cache.len += step.tokens.len();
+        }
+        // Logits of each sequence's last new token.
+        let mut last = Vec::new();
+        let mut row = 0;
+        for step in steps.iter() {
+            row += step.tokens.len();
+            last.extend_from_slice(&x[(row - 1) * h..row * h]);
+        }
+        let count = steps.len();
+        let mut final_norm = vec![0f32; count * h];
+        rms_norm(&last, &self.norm, eps, &mut final_norm);
+        let mut logits = vec![0f32; count * c.vocab_size];
+        matmul_t(&final_norm, count, &self.lm_head, &mut logits);
+        Ok(logits.chunks(c.vocab_size).map(<[f32]>::to_vec).collect())
+    }
+
+    /// Self-attention of layer `index` for the batch rows; appends their keys and values.
+    fn attention(
+        &self,
+        index: usize,
+        layer: &Layer,
+        x: &[f32],
+        rows: &[(usize, u32, usize)],
+        steps: &mut [Step<'_>],
+    ) -> Vec<f32> {
+        let c = &self.config;
+        let (hd, heads, kv) = (c.head_dim(), c.num_attention_heads, c.num_key_value_heads);
+        let n = rows.len();
+        let a = &layer.attention;
+        let project = |w: &Weight, bias: Option<&Vec<f32>>| {
+            let mut out = vec![0f32; n * w.rows()];
+            matmul_t(x, n, w, &mut out);
+            if let Some(bias) = bias {
+                for row in out.chunks_mut(w.rows()) {
+                    for (v, b) in row.iter_mut().zip(bias) {
+                        *v += b;
+                    }
+                }
+            }
+            out
+        };
+        let bias = |i: usize| a.bias.as_ref().map(|b| &b[i]);
+        let mut q = project(&a.q, bias(0));
+        let mut k = project(&a.k, bias(1));
+        let v = project(&a.v, bias(2));
+        let eps = c.rms_norm_eps as f32;
+        for (r, (_, _, position)) in rows.iter().enumerate() {
+            let q_row = &mut q[r * heads * hd..(r + 1) * heads * hd];
+            let k_row = &mut k[r * kv * hd..(r + 1) * kv * hd];
+            if let Some([q_norm, k_norm]) = &a.qk_norm {
+                let normed = |row: &mut [f32], weight: &[f32]| {
+                    let copy = row.to_vec();
+                    rms_norm(&copy, weight, eps, row);
+                };
+                normed(q_row, q_norm);
+                normed(k_row, k_norm);
+            }
+            for head in q_row.chunks_mut(hd).chain(k_row.chunks_mut(hd)) {
+                self.rotate(head, *position);
+            }
+        }
+        // Append this layer's keys and values to each sequence's cache, in row order.
+        for (r, (seq, _, _)) in rows.iter().enumerate() {
+            let cache = &mut *steps[*seq].cache;
+            cache.keys[index].extend_from_slice(&k[r * kv * hd..(r + 1) * kv * hd]);
+            cache.values[index].extend_from_slice(&v[r * kv * hd..(r + 1) * kv * hd]);
+        }
+        let scale = 1.0 / (hd as f32).sqrt();
+        let group = heads / kv;
+        let steps: &[Step<'_>] = steps;
+        let mut out = vec![0f32; n * heads * hd];
+        // Each (row, head) output is computed whole by one task, in position order.
+        out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
+            let (r, head) = (i / heads, i % heads);
+            let (seq, _, position) = rows[r];
+            let cache = &steps[seq].cache;
+            let (keys, values) = (&cache.keys[index], &cache.values[index]);
+            let at = |p: usize| (p * kv + head / group) * hd;
+            let query = &q[(r * heads + head) * hd..(r * heads + head + 1) * hd];
+            let mut scores: Vec<f32> = (0..=position)
+                .map(|p| dot(query, &keys[at(p)..at(p) + hd]) * scale)
+                .collect();
+            softmax(&mut scores);
+            for (p, weight) in scores.iter().enumerate() {
+                for (o, v) in o.iter_mut().zip(&values[at(p)..at(p) + hd]) {
+                    *o += weight * v;
+                }
+            }
+        });
+        let mut projected = vec![0f32; n * c.hidden_size];
+        matmul_t(&out, n, &a.o, &mut projected);
+        projected
+    }
+
+    /// Rotate-half RoPE of one head at `position`, as transformers applies it.
+    fn rotate(&self, head: &mut [f32], position: usize) {
+        let half = head.len() / 2;
+        for (i, inv_freq) in self.inv_freq.iter().enumerate() {
+            let angle = (position as f32 * inv_freq) as f64;
+            let (sin, cos) = (angle.sin() as f32, angle.cos() as f32);
+            let (x1, x2) = (head[i], head[i + half]);
+            head[i] = x1 * cos - x2 * sin;
+            head[i + half] = x2 * cos + x1 * sin;
+        }
+    }
+}

@@ -1,0 +1,32 @@
+//! `tokenizer.json` through the `tokenizers` crate (pure-Rust features only).
+
+use std::path::Path;
+
+use crate::LoadError;
+
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+}
+
+impl Tokenizer {
+    pub fn load(dir: &Path) -> Result<Tokenizer, LoadError> {
+        let path = dir.join("tokenizer.json");
+        let inner = tokenizers::Tokenizer::from_file(&path)
+            .map_err(|e| LoadError::Tokenizer(format!("{}: {e}", path.display())))?;
+        Ok(Tokenizer { inner })
+    }
+
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, LoadError> {
+        let encoding = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| LoadError::Tokenizer(e.to_string()))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> Result<String, LoadError> {
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| LoadError::Tokenizer(e.to_string()))
+    }
+}

@@ -1,0 +1,143 @@
+//! Weights as stored: f32, bf16 or f16, memory-mapped from safetensors where alignment
+//! allows (bf16 stays bf16 in memory and is widened inside kernels), owned otherwise.
+
+use std::sync::Arc;
+
+use half::{bf16, f16};
+use memmap2::Mmap;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DType {
+    F32,
+    BF16,
+    F16,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::BF16 | DType::F16 => 2,
+        }
+    }
+}
+
+#[derive(Clone)]
+enum Storage {
+    Mapped {
+        map: Arc<Mmap>,
+        start: usize,
+        end: usize,
+    },
+    /// u32 words so f32 and u16 views are always aligned.
+    Owned(Arc<Vec<u32>>, usize),
+}
+
+/// A tensor viewed as a matrix of `rows x cols` (a vector is one row).
+#[derive(Clone)]
+pub struct Weight {
+    storage: Storage,
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+}
+
+impl Weight {
+    /// A view of `map[start..end]`, copied to owned memory if it is misaligned for `dtype`.
+    pub(crate) fn mapped(
+        map: Arc<Mmap>,
+        start: usize,
+        end: usize,
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+    ) -> Weight {
+        let bytes = &map[start..end];
+        if bytes.as_ptr().align_offset(dtype.size()) == 0 {
+            return Weight {
+                storage: Storage::Mapped { map, start, end },
+                dtype,
+                rows,
+                cols,
+            };
+        }
+        Weight::owned_bytes(bytes, dtype, rows, cols)
+    }
+
+    fn owned_bytes(bytes: &[u8], dtype: DType, rows: usize, cols: usize) -> Weight {
+        let mut words = vec![0u32; bytes.len().div_ceil(4)];
+        bytemuck::cast_slice_mut::<u32, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
+        Weight {
+            storage: Storage::Owned(Arc::new(words), bytes.len()),
+            dtype,
+            rows,
+            cols,
+        }
+    }
+
+    pub fn from_f32(values: Vec<f32>, rows: usize, cols: usize) -> Weight {
+        assert_eq!(values.len(), rows * cols, "weight shape");
+        let len = values.len() * 4;
+        let words: Vec<u32> = values.into_iter().map(f32::to_bits).collect();
+        Weight {
+            storage: Storage::Owned(Arc::new(words), len),
+            dtype: DType::F32,
+            rows,
+            cols,
+        }
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes this weight occupies as stored.
+    pub fn byte_len(&self) -> usize {
+        self.rows * self.cols * self.dtype.size()
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match &self.storage {
+            Storage::Mapped { map, start, end } => &map[*start..*end],
+            Storage::Owned(words, len) => &bytemuck::cast_slice::<u32, u8>(words)[..*len],
+        }
+    }
+
+    /// Row `row` widened to f32 into `out` (exact for every stored dtype).
+    pub fn row_f32(&self, row: usize, out: &mut [f32]) {
+        let (start, end) = (row * self.cols, (row + 1) * self.cols);
+        let bytes = self.bytes();
+        match self.dtype {
+            DType::F32 => out.copy_from_slice(&bytemuck::cast_slice::<u8, f32>(bytes)[start..end]),
+            DType::BF16 => {
+                let halves = bytemuck::cast_slice::<u8, u16>(bytes);
+                for (o, h) in out.iter_mut().zip(&halves[start..end]) {
+                    *o = bf16::from_bits(*h).to_f32();
+                }
+            }
+            DType::F16 => {
+                let halves = bytemuck::cast_slice::<u8, u16>(bytes);
+                for (o, h) in out.iter_mut().zip(&halves[start..end]) {
+                    *o = f16::from_bits(*h).to_f32();
+                }
+            }
+        }
+    }
+
+    /// The whole tensor widened to f32 (for small tensors: norms, biases, embeddings rows).
+    pub fn to_f32(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        for (r, chunk) in out.chunks_mut(self.cols.max(1)).enumerate() {
+            self.row_f32(r, chunk);
+        }
+        out
+    }
+}

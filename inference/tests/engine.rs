@@ -1,0 +1,198 @@
+//! The engine over real synthetic checkpoints, written and read through the real loader.
+
+use std::path::Path;
+
+use kvasir_inference::checkpoint::Checkpoint;
+use kvasir_inference::config::Config;
+use kvasir_inference::generate::{generate, step, Sampling, Sequence};
+use kvasir_inference::model::qwen_moe::Model;
+use kvasir_inference::moe::{ExpertExecutor, LocalExperts, SplitExperts};
+use kvasir_inference::synth::{preset, synthesize};
+use kvasir_inference::tokenizer::Tokenizer;
+use kvasir_inference::LoadError;
+
+fn synth(preset_name: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    synthesize(dir.path(), preset(preset_name).unwrap(), |_, _| {}).unwrap();
+    dir
+}
+
+fn load(dir: &Path, keep: impl Fn(usize, usize) -> bool) -> (Model, LocalExperts) {
+    let config = Config::load(dir).unwrap();
+    let checkpoint = Checkpoint::open(dir).unwrap();
+    let experts = LocalExperts::load(&checkpoint, &config, keep).unwrap();
+    (Model::load(&checkpoint, config).unwrap(), experts)
+}
+
+fn bits(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|v| v.to_bits()).collect()
+}
+
+fn files_hash(dir: &Path) -> String {
+    let mut hasher = blake3::Hasher::new();
+    for name in ["config.json", "model.safetensors", "tokenizer.json"] {
+        hasher.update(name.as_bytes());
+        hasher.update(&std::fs::read(dir.join(name)).unwrap());
+    }
+    hasher.finalize().to_hex().to_string()
+}
+
+#[test]
+fn synthesis_is_byte_for_byte_reproducible() {
+    let (a, b) = (synth("tiny"), synth("tiny"));
+    assert_eq!(files_hash(a.path()), files_hash(b.path()));
+    // The same bytes on every machine, not only twice here.
+    assert_eq!(
+        files_hash(a.path()),
+        TINY_HASH,
+        "the tiny preset's bytes changed"
+    );
+}
+
+const TINY_HASH: &str = "3362f46bc4f0aa292f0c46f7044efc1ee69b90dbb46712618e953d55fe82c236";
+
+#[test]
+fn the_tokenizer_round_trips_text() {
+    let dir = synth("tiny");
+    let tokenizer = Tokenizer::load(dir.path()).unwrap();
+    let text = "The capital of France is Paris. ¿Qué? 42";
+    let ids = tokenizer.encode(text).unwrap();
+    assert!(ids.len() < text.len(), "BPE merges shorten common text");
+    assert_eq!(tokenizer.decode(&ids).unwrap(), text);
+}
+
+#[test]
+fn output_bits_do_not_depend_on_thread_count() {
+    let dir = synth("tiny");
+    let (model, experts) = load(dir.path(), |_, _| true);
+    let prompt = [5, 17, 99, 3, 250, 7];
+    let run = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| generate(&model, &experts, &prompt, 12, Sampling::GREEDY).unwrap())
+    };
+    let (one, two, four) = (run(1), run(2), run(4));
+    assert_eq!(one.generated(), two.generated());
+    assert_eq!(bits(one.last_logits()), bits(two.last_logits()));
+    assert_eq!(bits(one.last_logits()), bits(four.last_logits()));
+}
+
+#[test]
+fn a_sequence_gives_the_same_bits_alone_or_in_a_changing_batch() {
+    let dir = synth("tiny");
+    let (model, experts) = load(dir.path(), |_, _| true);
+    let prompts: [&[u32]; 3] = [&[5, 17, 99, 3], &[200, 1, 2, 3, 4, 5, 6], &[42]];
+    let alone: Vec<Sequence> = prompts
+        .iter()
+        .map(|p| generate(&model, &experts, p, 10, Sampling::GREEDY).unwrap())
+        .collect();
+    // The second sequence joins after two steps and the third after four; the first
+    // leaves early because it asked for fewer tokens.
+    let mut a = Sequence::new(&model, prompts[0], 10, Sampling::GREEDY);
+    let mut b = Sequence::new(&model, prompts[1], 10, Sampling::GREEDY);
+    let mut c = Sequence::new(&model, prompts[2], 10, Sampling::GREEDY);
+    for _ in 0..2 {
+        step(&model, &experts, &mut [&mut a]).unwrap();
+    }
+    for _ in 0..2 {
+        step(&model, &experts, &mut [&mut a, &mut b]).unwrap();
+    }
+    while !(a.is_done() && b.is_done() && c.is_done()) {
+        step(&model, &experts, &mut [&mut a, &mut b, &mut c]).unwrap();
+    }
+    for (batched, alone) in [a, b, c].iter().zip(&alone) {
+        assert_eq!(batched.generated(), alone.generated());
+        assert_eq!(bits(batched.last_logits()), bits(alone.last_logits()));
+    }
+}
+
+#[test]
+fn experts_split_between_two_executors_give_identical_tokens_and_logits() {
+    for preset_name in ["tiny", "tiny-qwen2"] {
+        let dir = synth(preset_name);
+        let (model, all) = load(dir.path(), |_, _| true);
+        let checkpoint = Checkpoint::open(dir.path()).unwrap();
+        let config = Config::load(dir.path()).unwrap();
+        let even = LocalExperts::load(&checkpoint, &config, |_, e| e % 2 == 0).unwrap();
+        let odd = LocalExperts::load(&checkpoint, &config, |l, e| e % 2 == 1 || l == 0).unwrap();
+        assert!(!even.holds(0, 1) && odd.holds(0, 1));
+        let split = SplitExperts::new(vec![&even, &odd]);
+        let prompt = [9, 8, 7, 6, 5];
+        let reference = generate(&model, &all, &prompt, 16, Sampling::GREEDY).unwrap();
+        let divided = generate(&model, &split, &prompt, 16, Sampling::GREEDY).unwrap();
+        assert_eq!(reference.generated(), divided.generated(), "{preset_name}");
+        assert_eq!(
+            bits(reference.last_logits()),
+            bits(divided.last_logits()),
+            "{preset_name}"
+        );
+        // An executor missing experts is an error, not a wrong answer.
+        assert!(generate(&model, &even, &prompt, 4, Sampling::GREEDY).is_err());
+    }
+}
+
+#[test]
+fn seeded_sampling_repeats_and_differs_by_seed() {
+    let dir = synth("tiny");
+    let (model, experts) = load(dir.path(), |_, _| true);
+    let sample = |seed| {
+        let sampling = Sampling {
+            temperature: 1.0,
+            seed,
+        };
+        generate(&model, &experts, &[1, 2, 3], 24, sampling)
+            .unwrap()
+            .generated()
+            .to_vec()
+    };
+    assert_eq!(sample(7), sample(7));
+    assert_ne!(sample(7), sample(8));
+}
+
+#[test]
+fn bad_checkpoints_are_named_errors() {
+    let dir = synth("tiny");
+    let path = dir.path();
+    // The config disagrees with the tensors: the error names the tensor and both shapes.
+    let config = std::fs::read_to_string(path.join("config.json")).unwrap();
+    std::fs::write(
+        path.join("config.json"),
+        config.replace("\"intermediate_size\": 96", "\"intermediate_size\": 97"),
+    )
+    .unwrap();
+    let checkpoint = Checkpoint::open(path).unwrap();
+    match Model::load(&checkpoint, Config::load(path).unwrap()) {
+        Err(LoadError::Shape {
+            name,
+            expected,
+            found,
+        }) => {
+            assert_eq!(name, "model.layers.1.mlp.gate_proj.weight");
+            assert_eq!((expected, found), (vec![97, 64], vec![96, 64]));
+        }
+        Err(other) => panic!("wrong error: {other}"),
+        Ok(_) => panic!("a wrong shape loaded"),
+    }
+    assert!(
+        matches!(checkpoint.tensor("model.nope", &[1]), Err(LoadError::Missing(name)) if name == "model.nope")
+    );
+    // Not safetensors at all, truncated, or empty.
+    let weights = std::fs::read(path.join("model.safetensors")).unwrap();
+    for broken in [
+        b"garbage".to_vec(),
+        weights[..weights.len() / 2].to_vec(),
+        Vec::new(),
+    ] {
+        std::fs::write(path.join("model.safetensors"), &broken).unwrap();
+        assert!(matches!(
+            Checkpoint::open(path),
+            Err(LoadError::Format { .. })
+        ));
+    }
+    std::fs::write(path.join("config.json"), "{\"vocab_size\": \"many\"}").unwrap();
+    assert!(matches!(Config::load(path), Err(LoadError::Config(_))));
+    std::fs::remove_file(path.join("model.safetensors")).unwrap();
+    assert!(matches!(Checkpoint::open(path), Err(LoadError::Io(..))));
+}
