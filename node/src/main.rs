@@ -30,7 +30,7 @@ enum Command {
     /// Create a chain.
     #[command(subcommand)]
     Genesis(GenesisCommand),
-    /// Synthetic checkpoints.
+    /// Synthetic checkpoints in the Hugging Face format.
     #[command(subcommand)]
     Model(model::ModelCommand),
     /// Generate text with a checkpoint, every expert local.

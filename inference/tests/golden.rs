@@ -1,0 +1,75 @@
+//! Agreement with Hugging Face transformers itself: `inference/golden/make_golden.py`
+//! computed reference logits and greedy tokens for the synthetic presets; this engine must
+//! match them (f32 weights, max abs logit difference <= 1e-3, identical greedy tokens).
+
+use std::path::Path;
+
+use kvasir_inference::checkpoint::Checkpoint;
+use kvasir_inference::config::Config;
+use kvasir_inference::generate::{generate, Sampling};
+use kvasir_inference::model::qwen_moe::Model;
+use kvasir_inference::moe::LocalExperts;
+use kvasir_inference::synth::{preset, synthesize};
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+struct Golden {
+    prompt_ids: Vec<u32>,
+    last_logits: Vec<f32>,
+    greedy_tokens: Vec<u32>,
+    transformers: String,
+}
+
+fn check(preset_name: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("golden/{preset_name}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let golden: Golden = serde_json::from_str(&text).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    synthesize(dir.path(), preset(preset_name).unwrap(), |_, _| {}).unwrap();
+    let config = Config::load(dir.path()).unwrap();
+    let checkpoint = Checkpoint::open(dir.path()).unwrap();
+    let experts = LocalExperts::load(&checkpoint, &config, |_, _| true).unwrap();
+    let model = Model::load(&checkpoint, config).unwrap();
+
+    let prefill = generate(&model, &experts, &golden.prompt_ids, 1, Sampling::GREEDY).unwrap();
+    let ours = prefill.last_logits();
+    assert_eq!(ours.len(), golden.last_logits.len());
+    let max_diff = ours
+        .iter()
+        .zip(&golden.last_logits)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    eprintln!(
+        "{preset_name}: max |logit difference| from transformers {} = {max_diff:e}",
+        golden.transformers
+    );
+    assert!(
+        max_diff <= 1e-3,
+        "{preset_name}: max |logit difference| {max_diff} over 1e-3"
+    );
+
+    let tokens = golden.greedy_tokens.len();
+    let greedy = generate(
+        &model,
+        &experts,
+        &golden.prompt_ids,
+        tokens,
+        Sampling::GREEDY,
+    )
+    .unwrap();
+    assert_eq!(
+        greedy.generated(),
+        golden.greedy_tokens,
+        "{preset_name}: greedy tokens differ from transformers"
+    );
+}
+
+#[test]
+fn qwen3_moe_with_a_dense_layer_matches_transformers() {
+    check("tiny");
+}
+
+#[test]
+fn qwen2_moe_with_shared_expert_and_tied_embeddings_matches_transformers() {
+    check("tiny-qwen2");
+}

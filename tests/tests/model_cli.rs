@@ -1,0 +1,88 @@
+//! The inference engine's command line over real processes: synthesis and generation as the
+//! README shows them, and clear errors for bad input.
+
+use kvasir_tests::{run, stderr, stdout};
+
+#[test]
+fn synth_then_generate_greedy_is_reproducible_and_reports_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny");
+    let model = model.to_str().unwrap();
+    let synth = run(
+        "kvasir-node",
+        &["model", "synth", "--out", model, "--preset", "tiny"],
+    );
+    assert!(synth.status.success(), "{}", stderr(&synth));
+    let args = [
+        "generate",
+        "--model",
+        model,
+        "--prompt",
+        "The capital of France is",
+        "--tokens",
+        "8",
+        "--json",
+    ];
+    let first = run("kvasir-node", &args);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let value: serde_json::Value = serde_json::from_str(&stdout(&first)).unwrap();
+    assert_eq!(value["token_ids"].as_array().unwrap().len(), 8);
+    assert!(!value["prompt_ids"].as_array().unwrap().is_empty());
+    assert!(value["tokens_per_s"].as_f64().unwrap() > 0.0);
+    let second = run("kvasir-node", &args);
+    let again: serde_json::Value = serde_json::from_str(&stdout(&second)).unwrap();
+    assert_eq!(
+        value["token_ids"], again["token_ids"],
+        "greedy generation must repeat exactly"
+    );
+    let text = run(
+        "kvasir-node",
+        &[
+            "generate", "--model", model, "--prompt", "Hello", "--tokens", "4",
+        ],
+    );
+    assert!(
+        text.status.success() && stdout(&text).starts_with("Hello"),
+        "{}",
+        stdout(&text)
+    );
+}
+
+#[test]
+fn bad_input_is_a_one_line_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x");
+    let out = out.to_str().unwrap();
+    let unknown = run(
+        "kvasir-node",
+        &["model", "synth", "--out", out, "--preset", "huge"],
+    );
+    assert!(!unknown.status.success());
+    assert!(
+        stderr(&unknown).contains("unknown preset \"huge\""),
+        "{}",
+        stderr(&unknown)
+    );
+    let missing = run(
+        "kvasir-node",
+        &["generate", "--model", out, "--prompt", "hi"],
+    );
+    assert!(!missing.status.success());
+    assert!(
+        stderr(&missing).starts_with("error: loading"),
+        "{}",
+        stderr(&missing)
+    );
+    assert_eq!(
+        stderr(&missing).trim_end().lines().count(),
+        1,
+        "{}",
+        stderr(&missing)
+    );
+    let empty = run("kvasir-node", &["generate", "--model", out, "--prompt", ""]);
+    assert!(
+        stderr(&empty).contains("--prompt must not be empty"),
+        "{}",
+        stderr(&empty)
+    );
+}
