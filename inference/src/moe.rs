@@ -125,6 +125,15 @@ impl LocalExperts {
         self.experts.len()
     }
 
+    /// Weight bytes read by one evaluation of the largest expert held.
+    pub fn expert_bytes(&self) -> usize {
+        self.experts
+            .values()
+            .map(SwiGlu::byte_len)
+            .max()
+            .unwrap_or(0)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.experts.is_empty()
     }
