@@ -3,8 +3,14 @@
 
 use std::sync::Arc;
 
-use half::{bf16, f16};
+use half::f16;
 use memmap2::Mmap;
+
+/// bf16 is the top half of an f32: widening is an exact shift (NaNs included).
+#[inline(always)]
+pub fn widen_bf16(bits: u16) -> f32 {
+    f32::from_bits(u32::from(bits) << 16)
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DType {
@@ -120,7 +126,7 @@ impl Weight {
             DType::BF16 => {
                 let halves = bytemuck::cast_slice::<u8, u16>(bytes);
                 for (o, h) in out.iter_mut().zip(&halves[start..end]) {
-                    *o = bf16::from_bits(*h).to_f32();
+                    *o = widen_bf16(*h);
                 }
             }
             DType::F16 => {
@@ -132,6 +138,13 @@ impl Weight {
         }
     }
 
+    /// Row `row` as raw bf16 bits, when stored as bf16 (kernels widen it on the fly).
+    pub fn row_bf16(&self, row: usize) -> Option<&[u16]> {
+        (self.dtype == DType::BF16).then(|| {
+            &bytemuck::cast_slice::<u8, u16>(self.bytes())[row * self.cols..(row + 1) * self.cols]
+        })
+    }
+
     /// The whole tensor widened to f32 (for small tensors: norms, biases, embeddings rows).
     pub fn to_f32(&self) -> Vec<f32> {
         let mut out = vec![0f32; self.rows * self.cols];
@@ -139,5 +152,26 @@ impl Weight {
             self.row_f32(r, chunk);
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::bf16;
+
+    #[test]
+    fn bf16_widening_is_exact_for_every_bit_pattern() {
+        let bits: Vec<u16> = (0..=u16::MAX).collect();
+        let weight = Weight::owned_bytes(bytemuck::cast_slice(&bits), DType::BF16, 1, bits.len());
+        let mut out = vec![0f32; bits.len()];
+        weight.row_f32(0, &mut out);
+        for (h, o) in bits.iter().zip(&out) {
+            let reference = bf16::from_bits(*h).to_f32();
+            assert!(
+                reference.to_bits() == o.to_bits() || (reference.is_nan() && o.is_nan()),
+                "{h:#06x}"
+            );
+        }
     }
 }

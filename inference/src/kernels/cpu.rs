@@ -5,7 +5,7 @@
 
 use rayon::prelude::*;
 
-use crate::weights::Weight;
+use crate::weights::{widen_bf16, Weight};
 
 /// Lanes of the fixed-order dot product.
 const LANES: usize = 16;
@@ -33,6 +33,33 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     }
     tail.fold(acc[0], |sum, (x, y)| sum + x * y)
 }
+
+/// `dot(a, widened b)` for a bf16 row `b`, widening inside the loop: the same products in
+/// the same order as `dot` on the widened row (widening is exact), so the same bits.
+#[inline(always)]
+fn dot_bf16(a: &[f32], b: &[u16]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let mut acc = [0f32; LANES];
+    let (xs, ys) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail = xs.remainder().iter().zip(ys.remainder());
+    for (x, y) in xs.zip(ys) {
+        for l in 0..LANES {
+            acc[l] += x[l] * widen_bf16(y[l]);
+        }
+    }
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for l in 0..width {
+            acc[l] += acc[l + width];
+        }
+    }
+    tail.fold(acc[0], |sum, (x, y)| sum + x * widen_bf16(*y))
+}
+
+/// Below this many input rows a bf16 weight row is widened inside the dot product; above
+/// it, widening once into a buffer and reusing it for every row is cheaper.
+const FUSED_BF16_MAX_ROWS: usize = 2;
 
 /// Output columns handed to one task; fixed so work splitting never depends on the caller.
 const COLUMNS_PER_TASK: usize = 16;
@@ -92,6 +119,15 @@ fn column_block(x: &[f32], rows: usize, w: &Weight, first: usize, block: &mut [f
     let mut wrow = vec![0f32; k];
     let row = |r: usize| &x[r * k..(r + 1) * k];
     for (c, column) in block.chunks_mut(rows).enumerate() {
+        if let Some(bits) = w
+            .row_bf16(first + c)
+            .filter(|_| rows <= FUSED_BF16_MAX_ROWS)
+        {
+            for (r, value) in column.iter_mut().enumerate() {
+                *value = dot_bf16(row(r), bits);
+            }
+            continue;
+        }
         w.row_f32(first + c, &mut wrow);
         for (r, value) in column.iter_mut().enumerate() {
             *value = dot(row(r), &wrow);
@@ -217,6 +253,13 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn fused_bf16_dot_gives_the_bits_of_widen_then_dot(a in proptest::collection::vec(-4f32..4.0, 0..100), seed in any::<u16>()) {
+            let b: Vec<u16> = (0..a.len()).map(|i| half::bf16::from_f32(((i as u16 ^ seed) % 509) as f32 / 127.0 - 2.0).to_bits()).collect();
+            let widened: Vec<f32> = b.iter().map(|h| widen_bf16(*h)).collect();
+            prop_assert_eq!(dot_bf16(&a, &b).to_bits(), dot(&a, &widened).to_bits());
+        }
+
         #[test]
         #[cfg(target_arch = "x86_64")]
         fn the_avx2_build_gives_the_baseline_bits(seed in any::<u32>(), rows in 1usize..11, k in 1usize..90) {
