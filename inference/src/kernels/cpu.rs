@@ -57,6 +57,45 @@ fn dot_bf16(a: &[f32], b: &[u16]) -> f32 {
     tail.fold(acc[0], |sum, (x, y)| sum + x * widen_bf16(*y))
 }
 
+/// `dot` of four rows against one weight row, sharing its loads; each result has the bits
+/// `dot` gives that row alone.
+#[inline(always)]
+fn dot4(a: [&[f32]; 4], b: &[f32]) -> [f32; 4] {
+    let (mut s0, mut s1, mut s2, mut s3) =
+        ([0f32; LANES], [0f32; LANES], [0f32; LANES], [0f32; LANES]);
+    let chunks = b.len() / LANES;
+    let (x0, x1, x2, x3) = (
+        a[0].chunks_exact(LANES),
+        a[1].chunks_exact(LANES),
+        a[2].chunks_exact(LANES),
+        a[3].chunks_exact(LANES),
+    );
+    for ((((y, r0), r1), r2), r3) in b.chunks_exact(LANES).zip(x0).zip(x1).zip(x2).zip(x3) {
+        for l in 0..LANES {
+            s0[l] += r0[l] * y[l];
+            s1[l] += r1[l] * y[l];
+            s2[l] += r2[l] * y[l];
+            s3[l] += r3[l] * y[l];
+        }
+    }
+    let finish = |mut acc: [f32; LANES], row: &[f32]| {
+        let mut width = LANES;
+        while width > 1 {
+            width /= 2;
+            for l in 0..width {
+                acc[l] += acc[l + width];
+            }
+        }
+        (chunks * LANES..b.len()).fold(acc[0], |sum, i| sum + row[i] * b[i])
+    };
+    [
+        finish(s0, a[0]),
+        finish(s1, a[1]),
+        finish(s2, a[2]),
+        finish(s3, a[3]),
+    ]
+}
+
 /// Below this many input rows a bf16 weight row is widened inside the dot product; above
 /// it, widening once into a buffer and reusing it for every row is cheaper.
 const FUSED_BF16_MAX_ROWS: usize = 2;
@@ -129,7 +168,12 @@ fn column_block(x: &[f32], rows: usize, w: &Weight, first: usize, block: &mut [f
             continue;
         }
         w.row_f32(first + c, &mut wrow);
-        for (r, value) in column.iter_mut().enumerate() {
+        let tiled = rows / 4 * 4;
+        for r in (0..tiled).step_by(4) {
+            let sums = dot4([row(r), row(r + 1), row(r + 2), row(r + 3)], &wrow);
+            column[r..r + 4].copy_from_slice(&sums);
+        }
+        for (r, value) in column.iter_mut().enumerate().skip(tiled) {
             *value = dot(row(r), &wrow);
         }
     }
