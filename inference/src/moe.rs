@@ -68,6 +68,8 @@ pub struct ExpertRequest {
 pub enum ExpertError {
     #[error("no executor holds expert {expert} of layer {layer}")]
     NotHeld { layer: usize, expert: usize },
+    #[error("expert evaluation failed on the device: {0}")]
+    Device(String),
     #[error("expert {expert} of layer {layer} returned {got} values, expected {expected}")]
     WrongShape {
         layer: usize,

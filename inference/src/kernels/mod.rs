@@ -1,4 +1,7 @@
 //! Numeric kernels, apart from any model. `cpu` is the reference backend: bit-exact for a
 //! given row whatever the thread count, the other rows in the call, or the CPU it runs on.
+//! `cuda` (feature `cuda`) runs experts on an NVIDIA GPU with the same arithmetic.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
