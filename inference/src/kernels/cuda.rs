@@ -131,9 +131,7 @@ impl CudaExperts {
         for layer in (0..config.num_hidden_layers).filter(|l| config.is_moe_layer(*l)) {
             for expert in (0..config.num_experts).filter(|e| keep(layer, *e)) {
                 let prefix = format!("model.layers.{layer}.mlp.experts.{expert}");
-                let upload = |name: &str,
-                                  shape: [usize; 2]|
-                 -> Result<CudaSlice<f32>, CudaError> {
+                let upload = |name: &str, shape: [usize; 2]| -> Result<CudaSlice<f32>, CudaError> {
                     let weight = checkpoint.tensor(&format!("{prefix}.{name}.weight"), &shape)?;
                     stream.memcpy_stod(&weight.to_f32()).map_err(driver)
                 };
