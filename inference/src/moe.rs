@@ -151,20 +151,31 @@ impl ExpertExecutor for LocalExperts {
         layer: usize,
         requests: &[ExpertRequest],
     ) -> Result<Vec<Vec<f32>>, ExpertError> {
-        requests
-            .iter()
-            .map(|r| {
-                let weights = self
-                    .experts
-                    .get(&(layer, r.expert))
-                    .ok_or(ExpertError::NotHeld {
-                        layer,
-                        expert: r.expert,
-                    })?;
-                Ok(weights.forward(&r.rows, r.rows.len() / self.hidden.max(1)))
-            })
-            .collect()
+        let rows = |r: &[f32]| r.len() / self.hidden.max(1);
+        evaluate_held(&self.experts, layer, requests, |w, r| {
+            Ok(w.forward(r, rows(r)))
+        })
     }
+}
+
+/// Evaluates each request with the expert `held` under `(layer, expert)`, or reports the
+/// first one not held: the shared body of executors that keep experts in a map.
+pub(crate) fn evaluate_held<E>(
+    held: &HashMap<(usize, usize), E>,
+    layer: usize,
+    requests: &[ExpertRequest],
+    eval: impl Fn(&E, &[f32]) -> Result<Vec<f32>, ExpertError>,
+) -> Result<Vec<Vec<f32>>, ExpertError> {
+    requests
+        .iter()
+        .map(|r| {
+            let expert = held.get(&(layer, r.expert)).ok_or(ExpertError::NotHeld {
+                layer,
+                expert: r.expert,
+            })?;
+            eval(expert, &r.rows)
+        })
+        .collect()
 }
 
 /// Several executors as one: each expert goes to the first part that holds it, and each

@@ -10,6 +10,19 @@ use crate::weights::{widen_bf16, Weight};
 /// Lanes of the fixed-order dot product.
 const LANES: usize = 16;
 
+/// The lanes' partial sums folded pairwise: 8, 4, 2, 1.
+#[inline(always)]
+fn fold_lanes(mut acc: [f32; LANES]) -> f32 {
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for l in 0..width {
+            acc[l] += acc[l + width];
+        }
+    }
+    acc[0]
+}
+
 /// `sum(a[i] * b[i])` in the one fixed order every kernel uses: lane `l` of 16 sums the
 /// products at `i = 16c + l` in ascending `c`, the lanes are folded pairwise (8, 4, 2, 1),
 /// and the tail past the last full 16 is added in order.
@@ -24,14 +37,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
             acc[l] += x[l] * y[l];
         }
     }
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for l in 0..width {
-            acc[l] += acc[l + width];
-        }
-    }
-    tail.fold(acc[0], |sum, (x, y)| sum + x * y)
+    tail.fold(fold_lanes(acc), |sum, (x, y)| sum + x * y)
 }
 
 /// `dot(a, widened b)` for a bf16 row `b`, widening inside the loop: the same products in
@@ -47,14 +53,7 @@ fn dot_bf16(a: &[f32], b: &[u16]) -> f32 {
             acc[l] += x[l] * widen_bf16(y[l]);
         }
     }
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for l in 0..width {
-            acc[l] += acc[l + width];
-        }
-    }
-    tail.fold(acc[0], |sum, (x, y)| sum + x * widen_bf16(*y))
+    tail.fold(fold_lanes(acc), |sum, (x, y)| sum + x * widen_bf16(*y))
 }
 
 /// `dot` of four rows against one weight row, sharing its loads; each result has the bits
@@ -78,15 +77,8 @@ fn dot4(a: [&[f32]; 4], b: &[f32]) -> [f32; 4] {
             s3[l] += r3[l] * y[l];
         }
     }
-    let finish = |mut acc: [f32; LANES], row: &[f32]| {
-        let mut width = LANES;
-        while width > 1 {
-            width /= 2;
-            for l in 0..width {
-                acc[l] += acc[l + width];
-            }
-        }
-        (chunks * LANES..b.len()).fold(acc[0], |sum, i| sum + row[i] * b[i])
+    let finish = |acc: [f32; LANES], row: &[f32]| {
+        (chunks * LANES..b.len()).fold(fold_lanes(acc), |sum, i| sum + row[i] * b[i])
     };
     [
         finish(s0, a[0]),

@@ -13,7 +13,7 @@ use cudarc::driver::{
 
 use crate::checkpoint::Checkpoint;
 use crate::config::Config;
-use crate::moe::{ExpertError, ExpertExecutor, ExpertRequest};
+use crate::moe::{evaluate_held, ExpertError, ExpertExecutor, ExpertRequest};
 
 const KERNELS: &str = r#"
 extern "C" __global__ void matmul_t(const float* x, const float* w, float* out, int rows, int k, int n) {
@@ -213,19 +213,9 @@ impl ExpertExecutor for CudaExperts {
         layer: usize,
         requests: &[ExpertRequest],
     ) -> Result<Vec<Vec<f32>>, ExpertError> {
-        requests
-            .iter()
-            .map(|r| {
-                let expert = self
-                    .experts
-                    .get(&(layer, r.expert))
-                    .ok_or(ExpertError::NotHeld {
-                        layer,
-                        expert: r.expert,
-                    })?;
-                self.forward(expert, &r.rows)
-                    .map_err(|e| ExpertError::Device(e.to_string()))
-            })
-            .collect()
+        evaluate_held(&self.experts, layer, requests, |expert, rows| {
+            self.forward(expert, rows)
+                .map_err(|e| ExpertError::Device(e.to_string()))
+        })
     }
 }
