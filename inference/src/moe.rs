@@ -5,6 +5,8 @@
 
 use std::collections::HashMap;
 
+use rayon::prelude::*;
+
 use crate::checkpoint::Checkpoint;
 use crate::config::Config;
 use crate::kernels::cpu::{exp, matmul_t, silu, softmax};
@@ -159,15 +161,17 @@ impl ExpertExecutor for LocalExperts {
 }
 
 /// Evaluates each request with the expert `held` under `(layer, expert)`, or reports the
-/// first one not held: the shared body of executors that keep experts in a map.
-pub(crate) fn evaluate_held<E>(
+/// first one not held: the shared body of executors that keep experts in a map. Requests
+/// run in parallel (one join per layer step rather than one per matrix product); results
+/// keep request order, and each is a pure function of its rows.
+pub(crate) fn evaluate_held<E: Sync>(
     held: &HashMap<(usize, usize), E>,
     layer: usize,
     requests: &[ExpertRequest],
-    eval: impl Fn(&E, &[f32]) -> Result<Vec<f32>, ExpertError>,
+    eval: impl Fn(&E, &[f32]) -> Result<Vec<f32>, ExpertError> + Sync,
 ) -> Result<Vec<Vec<f32>>, ExpertError> {
     requests
-        .iter()
+        .par_iter()
         .map(|r| {
             let expert = held.get(&(layer, r.expert)).ok_or(ExpertError::NotHeld {
                 layer,
