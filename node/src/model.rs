@@ -10,7 +10,7 @@ use kvasir_inference::checkpoint::Checkpoint;
 use kvasir_inference::config::Config;
 use kvasir_inference::generate::{generate, Sampling};
 use kvasir_inference::model::qwen_moe::Model;
-use kvasir_inference::moe::LocalExperts;
+use kvasir_inference::moe::{ExpertExecutor, LocalExperts};
 use kvasir_inference::synth::{preset, synthesize};
 use kvasir_inference::tokenizer::Tokenizer;
 
@@ -43,9 +43,18 @@ pub struct GenerateArgs {
     temperature: f32,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Where the experts run: cpu, or cuda (GPU 0; needs a build with `--features cuda`).
+    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
+    backend: Backend,
     /// Print one JSON object with token ids and timings.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    Cpu,
+    Cuda,
 }
 
 pub fn synth(command: ModelCommand) -> Result<()> {
@@ -80,13 +89,44 @@ pub fn load_local(dir: &Path) -> Result<(Model, LocalExperts, Tokenizer)> {
     Ok((model, experts, tokenizer))
 }
 
+/// Every expert on the chosen backend.
+fn load_experts(dir: &Path, backend: Backend) -> Result<Box<dyn ExpertExecutor>> {
+    let config = Config::load(dir)?;
+    let checkpoint = Checkpoint::open(dir)?;
+    match backend {
+        Backend::Cpu => Ok(Box::new(LocalExperts::load(
+            &checkpoint,
+            &config,
+            |_, _| true,
+        )?)),
+        #[cfg(feature = "cuda")]
+        Backend::Cuda => {
+            use kvasir_inference::kernels::cuda::CudaExperts;
+            Ok(Box::new(CudaExperts::load(
+                &checkpoint,
+                &config,
+                0,
+                |_, _| true,
+            )?))
+        }
+        #[cfg(not(feature = "cuda"))]
+        Backend::Cuda => {
+            bail!("this kvasir-node was built without CUDA; rebuild with --features cuda")
+        }
+    }
+}
+
 pub fn generate_command(args: GenerateArgs) -> Result<()> {
     if args.prompt.is_empty() {
         bail!("--prompt must not be empty");
     }
     let start = Instant::now();
-    let (model, experts, tokenizer) =
-        load_local(&args.model).with_context(|| format!("loading {}", args.model.display()))?;
+    let loading = || format!("loading {}", args.model.display());
+    let config = Config::load(&args.model).with_context(loading)?;
+    let checkpoint = Checkpoint::open(&args.model).with_context(loading)?;
+    let model = Model::load(&checkpoint, config).with_context(loading)?;
+    let tokenizer = Tokenizer::load(&args.model).with_context(loading)?;
+    let experts = load_experts(&args.model, args.backend).with_context(loading)?;
     let load_s = start.elapsed().as_secs_f64();
     let prompt = tokenizer.encode(&args.prompt)?;
     let sampling = Sampling {
@@ -94,7 +134,7 @@ pub fn generate_command(args: GenerateArgs) -> Result<()> {
         seed: args.seed,
     };
     let start = Instant::now();
-    let sequence = generate(&model, &experts, &prompt, args.tokens, sampling)?;
+    let sequence = generate(&model, experts.as_ref(), &prompt, args.tokens, sampling)?;
     let seconds = start.elapsed().as_secs_f64();
     let text = tokenizer.decode(sequence.generated())?;
     if args.json {
@@ -105,6 +145,7 @@ pub fn generate_command(args: GenerateArgs) -> Result<()> {
             "load_s": load_s,
             "generate_s": seconds,
             "tokens_per_s": sequence.generated().len() as f64 / seconds,
+            "backend": format!("{:?}", args.backend).to_lowercase(),
         });
         println!("{value}");
     } else {
