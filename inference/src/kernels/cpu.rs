@@ -28,32 +28,29 @@ fn fold_lanes(mut acc: [f32; LANES]) -> f32 {
 /// and the tail past the last full 16 is added in order.
 #[inline(always)]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    debug_assert_eq!(a.len(), b.len());
-    let mut acc = [0f32; LANES];
-    let (xs, ys) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let tail = xs.remainder().iter().zip(ys.remainder());
-    for (x, y) in xs.zip(ys) {
-        for l in 0..LANES {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    tail.fold(fold_lanes(acc), |sum, (x, y)| sum + x * y)
+    dot_widened(a, b, |v| v)
 }
 
 /// `dot(a, widened b)` for a bf16 row `b`, widening inside the loop: the same products in
 /// the same order as `dot` on the widened row (widening is exact), so the same bits.
 #[inline(always)]
 fn dot_bf16(a: &[f32], b: &[u16]) -> f32 {
+    dot_widened(a, b, widen_bf16)
+}
+
+/// The fixed-order dot product, with `widen` turning each stored weight into an f32.
+#[inline(always)]
+fn dot_widened<T: Copy>(a: &[f32], b: &[T], widen: impl Fn(T) -> f32) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     let mut acc = [0f32; LANES];
     let (xs, ys) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
     let tail = xs.remainder().iter().zip(ys.remainder());
     for (x, y) in xs.zip(ys) {
         for l in 0..LANES {
-            acc[l] += x[l] * widen_bf16(y[l]);
+            acc[l] += x[l] * widen(y[l]);
         }
     }
-    tail.fold(fold_lanes(acc), |sum, (x, y)| sum + x * widen_bf16(*y))
+    tail.fold(fold_lanes(acc), |sum, (x, y)| sum + x * widen(*y))
 }
 
 /// `dot` of four rows against one weight row, sharing its loads; each result has the bits
