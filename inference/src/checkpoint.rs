@@ -114,10 +114,6 @@ impl Checkpoint {
         Ok(())
     }
 
-    pub fn contains(&self, name: &str) -> bool {
-        self.entries.contains_key(name)
-    }
-
     /// The tensor `name`, which must have exactly `shape`; viewed as `rows x cols` with the
     /// last dimension as columns.
     pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Weight, LoadError> {
@@ -143,14 +139,5 @@ impl Checkpoint {
             rows,
             cols,
         ))
-    }
-
-    /// Bytes of every tensor whose name satisfies `filter`.
-    pub fn bytes_where(&self, filter: impl Fn(&str) -> bool) -> usize {
-        self.entries
-            .iter()
-            .filter(|(n, _)| filter(n))
-            .map(|(_, e)| e.end - e.start)
-            .sum()
     }
 }

@@ -125,10 +125,6 @@ impl LocalExperts {
         })
     }
 
-    pub fn len(&self) -> usize {
-        self.experts.len()
-    }
-
     /// Weight bytes read by one evaluation of the largest expert held.
     pub fn expert_bytes(&self) -> usize {
         self.experts
@@ -136,10 +132,6 @@ impl LocalExperts {
             .map(SwiGlu::byte_len)
             .max()
             .unwrap_or(0)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.experts.is_empty()
     }
 }
 

@@ -27,18 +27,6 @@ pub enum VerifyError {
     StateMismatch { height: u64 },
 }
 
-impl VerifyError {
-    /// The first bad height, where one block is to blame.
-    pub fn height(&self) -> Option<u64> {
-        match self {
-            VerifyError::BadBlock { height, .. } | VerifyError::StateMismatch { height } => {
-                Some(*height)
-            }
-            VerifyError::Store(_) => None,
-        }
-    }
-}
-
 /// Replays the whole chain in `store`. `progress(done, total)` is called after each block.
 pub fn verify_chain(
     store: &Store,

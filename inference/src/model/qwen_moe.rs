@@ -52,16 +52,6 @@ pub struct KvCache {
     len: usize,
 }
 
-impl KvCache {
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
-
 /// New tokens for one sequence in a forward pass.
 pub struct Step<'a> {
     pub cache: &'a mut KvCache,
