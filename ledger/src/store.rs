@@ -36,6 +36,8 @@ pub enum StoreError {
     OutOfOrder { head: u64, got: u64 },
     #[error("storage is corrupt: {0}")]
     Corrupt(String),
+    #[error("ledger at {0} is in use by another process")]
+    InUse(String),
 }
 
 /// Where a transaction was included.
@@ -47,6 +49,27 @@ pub struct TxLocation {
 
 pub struct Store {
     db: sled::Db,
+}
+
+/// Opens the sled database. sled releases its file lock from a background thread shortly
+/// after the last handle is dropped, so a lock that is still held is retried briefly before
+/// the ledger is reported as in use.
+fn open_db(path: &Path) -> Result<sled::Db, StoreError> {
+    const ATTEMPTS: u32 = 40;
+    let locked = |e: &sled::Error| matches!(e, sled::Error::Io(io) if io.to_string().contains("could not acquire lock"));
+    for _ in 1..ATTEMPTS {
+        match sled::open(path) {
+            Err(e) if locked(&e) => std::thread::sleep(std::time::Duration::from_millis(50)),
+            other => return Ok(other?),
+        }
+    }
+    sled::open(path).map_err(|e| {
+        if locked(&e) {
+            StoreError::InUse(path.display().to_string())
+        } else {
+            StoreError::Sled(e)
+        }
+    })
 }
 
 fn key(prefix: &[u8], rest: &[u8]) -> Vec<u8> {
@@ -79,9 +102,7 @@ fn be_u64(what: &str, bytes: &[u8]) -> Result<u64, StoreError> {
 impl Store {
     /// Creates a new ledger at `path` holding `genesis` and block 0.
     pub fn create(path: &Path, genesis: &Genesis) -> Result<Store, StoreError> {
-        let store = Store {
-            db: sled::open(path)?,
-        };
+        let store = Store { db: open_db(path)? };
         if store.db.contains_key(GENESIS)? {
             return Err(StoreError::AlreadyInitialised(path.display().to_string()));
         }
@@ -105,9 +126,7 @@ impl Store {
         if !path.exists() {
             return Err(not_there());
         }
-        let store = Store {
-            db: sled::open(path)?,
-        };
+        let store = Store { db: open_db(path)? };
         if !store.db.contains_key(GENESIS)? {
             return Err(not_there());
         }
@@ -361,5 +380,9 @@ mod tests {
             Err(StoreError::NotInitialised(_))
         ));
         assert!(!missing.exists(), "opening must not create a ledger");
+        // A second handle while the first is open: refused with a clear error.
+        let held = Store::open(dir.path()).unwrap();
+        assert!(matches!(Store::open(dir.path()), Err(StoreError::InUse(_))));
+        drop(held);
     }
 }
