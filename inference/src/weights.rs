@@ -70,7 +70,7 @@ impl Weight {
         Weight::owned_bytes(bytes, dtype, rows, cols)
     }
 
-    fn owned_bytes(bytes: &[u8], dtype: DType, rows: usize, cols: usize) -> Weight {
+    pub(crate) fn owned_bytes(bytes: &[u8], dtype: DType, rows: usize, cols: usize) -> Weight {
         let mut words = vec![0u32; bytes.len().div_ceil(4)];
         bytemuck::cast_slice_mut::<u32, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
         Weight {

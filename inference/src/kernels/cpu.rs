@@ -8,11 +8,11 @@ use rayon::prelude::*;
 use crate::weights::{widen_bf16, Weight};
 
 /// Lanes of the fixed-order dot product.
-const LANES: usize = 16;
+pub(super) const LANES: usize = 16;
 
 /// The lanes' partial sums folded pairwise: 8, 4, 2, 1.
 #[inline(always)]
-fn fold_lanes(mut acc: [f32; LANES]) -> f32 {
+pub(super) fn fold_lanes(mut acc: [f32; LANES]) -> f32 {
     let mut width = LANES;
     while width > 1 {
         width /= 2;
@@ -87,7 +87,7 @@ fn dot4(a: [&[f32]; 4], b: &[f32]) -> [f32; 4] {
 
 /// Below this many input rows a bf16 weight row is widened inside the dot product; above
 /// it, widening once into a buffer and reusing it for every row is cheaper.
-const FUSED_BF16_MAX_ROWS: usize = 2;
+pub(super) const FUSED_BF16_MAX_ROWS: usize = 2;
 
 /// Output columns handed to one task; fixed so work splitting never depends on the caller.
 const COLUMNS_PER_TASK: usize = 16;
@@ -110,7 +110,7 @@ pub fn matmul_t(x: &[f32], rows: usize, w: &Weight, out: &mut [f32]) {
             #[cfg(target_arch = "x86_64")]
             if avx2 {
                 // Safety: the CPU supports AVX2 (checked at run time).
-                return unsafe { column_block_avx2(x, rows, w, first, block) };
+                return unsafe { super::avx2::column_block(x, rows, w, first, block) };
             }
             let _ = avx2;
             column_block(x, rows, w, first, block);
@@ -130,14 +130,6 @@ fn has_avx2() -> bool {
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
-}
-
-/// The same code compiled for AVX2. Only element-wise IEEE multiplies and adds in the same
-/// order (no fused multiply-add is enabled), so every bit matches the baseline build.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn column_block_avx2(x: &[f32], rows: usize, w: &Weight, first: usize, block: &mut [f32]) {
-    column_block(x, rows, w, first, block)
 }
 
 /// Columns `first..` of the product, stored column by column in `block`.
@@ -295,17 +287,24 @@ mod tests {
 
         #[test]
         #[cfg(target_arch = "x86_64")]
-        fn the_avx2_build_gives_the_baseline_bits(seed in any::<u32>(), rows in 1usize..11, k in 1usize..90) {
-            prop_assume!(has_avx2());
+        fn the_avx2_kernel_gives_the_portable_bits(seed in any::<u32>(), rows in 1usize..11, k in 1usize..90, n in 1usize..20, first in 0usize..3) {
+            prop_assume!(has_avx2() && first < n);
             let value = |i: usize| (((i as u32).wrapping_mul(2_246_822_519) ^ seed) % 4001) as f32 / 997.0 - 2.0;
             let x: Vec<f32> = (0..rows * k).map(value).collect();
-            let n = COLUMNS_PER_TASK;
-            let w = Weight::from_f32((0..n * k).map(|i| value(i + 7)).collect(), n, k);
-            let (mut baseline, mut avx2) = (vec![0f32; n * rows], vec![0f32; n * rows]);
-            column_block(&x, rows, &w, 0, &mut baseline);
-            // Safety: prop_assume above checked the CPU has AVX2.
-            unsafe { column_block_avx2(&x, rows, &w, 0, &mut avx2) };
-            prop_assert_eq!(bytemuck::cast_slice::<f32, u8>(&baseline), bytemuck::cast_slice::<f32, u8>(&avx2));
+            let values: Vec<f32> = (0..n * k).map(|i| value(i + 7)).collect();
+            let bits: Vec<u16> = values.iter().map(|v| half::bf16::from_f32(*v).to_bits()).collect();
+            let weights = [
+                Weight::from_f32(values, n, k),
+                Weight::owned_bytes(bytemuck::cast_slice(&bits), crate::weights::DType::BF16, n, k),
+            ];
+            for w in &weights {
+                let block = (n - first) * rows;
+                let (mut baseline, mut avx2) = (vec![0f32; block], vec![0f32; block]);
+                column_block(&x, rows, w, first, &mut baseline);
+                // Safety: prop_assume above checked the CPU has AVX2.
+                unsafe { super::super::avx2::column_block(&x, rows, w, first, &mut avx2) };
+                prop_assert_eq!(bytemuck::cast_slice::<f32, u8>(&baseline), bytemuck::cast_slice::<f32, u8>(&avx2));
+            }
         }
 
         #[test]
