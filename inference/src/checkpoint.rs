@@ -114,6 +114,23 @@ impl Checkpoint {
         Ok(())
     }
 
+    /// Every tensor's name, dtype, shape and place, one line each in name order: what two
+    /// copies of a checkpoint must agree on to hold the same weights layout.
+    pub fn layout(&self) -> String {
+        let mut names: Vec<&String> = self.entries.keys().collect();
+        names.sort();
+        names
+            .into_iter()
+            .map(|name| {
+                let e = &self.entries[name];
+                format!(
+                    "{name} {:?} {:?} {} {}..{}\n",
+                    e.dtype, e.shape, e.file, e.start, e.end
+                )
+            })
+            .collect()
+    }
+
     /// The tensor `name`, which must have exactly `shape`; viewed as `rows x cols` with the
     /// last dimension as columns.
     pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Weight, LoadError> {

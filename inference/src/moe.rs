@@ -62,6 +62,9 @@ impl SwiGlu {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ExpertRequest {
     pub expert: usize,
+    /// Which token of the layer step each row is (a remote executor sends a token routed to
+    /// several of a worker's experts once).
+    pub tokens: Vec<usize>,
     /// `n x hidden`, row-major.
     pub rows: Vec<f32>,
 }
@@ -315,6 +318,7 @@ impl MoeBlock {
             .filter(|(_, tokens)| !tokens.is_empty())
             .map(|(expert, tokens)| ExpertRequest {
                 expert,
+                tokens: tokens.iter().map(|(t, _)| *t).collect(),
                 rows: tokens
                     .iter()
                     .flat_map(|(t, _)| &x[t * hidden..(t + 1) * hidden])

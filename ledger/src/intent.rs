@@ -17,6 +17,8 @@ pub enum Intent {
     Transaction = 1,
     Receipt = 2,
     Block = 3,
+    /// A worker's or backbone's answer to a hub's challenge.
+    SwarmHello = 4,
 }
 
 /// The exact bytes that are signed for `payload` under `intent` on chain `chain_id`.

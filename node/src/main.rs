@@ -1,10 +1,19 @@
 //! `kvasir-node`: one binary, one subcommand per role.
 
+mod backbone;
 mod bench;
 mod dev;
+mod gateway;
 mod genesis;
+mod hub;
+mod link;
 mod model;
+mod registry;
+mod spec;
+mod tls;
 mod verify;
+mod wire;
+mod worker;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -38,6 +47,14 @@ enum Command {
     /// Replay a stored chain from genesis, checking every signature, hash link, tx root and
     /// state root.
     VerifyChain(verify::Args),
+    /// Serve experts: one outbound wss:// link to the gateway, no listening socket.
+    Worker(worker::Args),
+    /// The public TLS port: worker upgrades spliced raw to the hub, the REST API otherwise.
+    Gateway(gateway::Args),
+    /// LAN-only relay between backbone and workers; meters and signs receipts.
+    Hub(hub::Args),
+    /// Generate with experts dispatched to workers through the hub.
+    Backbone(backbone::Args),
     /// Measure a hot path next to its reference.
     #[command(subcommand)]
     Bench(bench::Bench),
@@ -61,6 +78,14 @@ enum GenesisCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Logs go to stderr (stdout is for results); RUST_LOG overrides the level.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
     let result = match cli.command {
         Command::Dev(args) => dev::run(args),
         Command::Genesis(GenesisCommand::Init {
@@ -93,6 +118,10 @@ fn main() -> ExitCode {
         Command::Generate(args) => model::generate_command(args),
         Command::VerifyChain(args) => verify::run(args),
         Command::Bench(bench) => bench::run(bench),
+        Command::Worker(args) => worker::run(args),
+        Command::Gateway(args) => gateway::run(args),
+        Command::Hub(args) => hub::run(args),
+        Command::Backbone(args) => backbone::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

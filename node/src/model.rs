@@ -89,67 +89,124 @@ pub fn load_local(dir: &Path) -> Result<(Model, LocalExperts, Tokenizer)> {
     Ok((model, experts, tokenizer))
 }
 
-/// Every expert on the chosen backend.
-fn load_experts(dir: &Path, backend: Backend) -> Result<Box<dyn ExpertExecutor>> {
+/// The experts `keep` selects, on the chosen backend; only their weights are read.
+pub fn load_experts(
+    dir: &Path,
+    backend: Backend,
+    keep: impl Fn(usize, usize) -> bool,
+) -> Result<Box<dyn ExpertExecutor + Send>> {
     let config = Config::load(dir)?;
     let checkpoint = Checkpoint::open(dir)?;
     match backend {
-        Backend::Cpu => Ok(Box::new(LocalExperts::load(
-            &checkpoint,
-            &config,
-            |_, _| true,
-        )?)),
+        Backend::Cpu => Ok(Box::new(LocalExperts::load(&checkpoint, &config, keep)?)),
         #[cfg(feature = "cuda")]
         Backend::Cuda => {
             use kvasir_inference::kernels::cuda::CudaExperts;
-            Ok(Box::new(CudaExperts::load(
-                &checkpoint,
-                &config,
-                0,
-                |_, _| true,
-            )?))
+            Ok(Box::new(CudaExperts::load(&checkpoint, &config, 0, keep)?))
         }
         #[cfg(not(feature = "cuda"))]
         Backend::Cuda => {
+            let _ = keep;
             bail!("this kvasir-node was built without CUDA; rebuild with --features cuda")
         }
     }
 }
 
-pub fn generate_command(args: GenerateArgs) -> Result<()> {
-    if args.prompt.is_empty() {
+/// What identifies a model to the swarm: workers and backbone must agree on it. The hash of
+/// config.json and of the tensors' layout (names, shapes, dtypes, offsets).
+pub fn model_id(dir: &Path) -> Result<String> {
+    let mut hasher = blake3::Hasher::new();
+    let config = dir.join("config.json");
+    hasher
+        .update(&std::fs::read(&config).with_context(|| format!("reading {}", config.display()))?);
+    hasher.update(Checkpoint::open(dir)?.layout().as_bytes());
+    Ok(hasher.finalize().to_hex()[..32].to_string())
+}
+
+/// A generation's result, printed the same way by `generate` and `backbone`.
+pub struct Generation {
+    pub prompt_ids: Vec<u32>,
+    pub token_ids: Vec<u32>,
+    pub text: String,
+    pub seconds: f64,
+    /// blake3 of the last step's logits as little-endian f32 bytes: equal hashes, equal bits.
+    pub logits_blake3: String,
+}
+
+pub fn run_generation(
+    model: &Model,
+    tokenizer: &Tokenizer,
+    experts: &dyn ExpertExecutor,
+    prompt: &str,
+    tokens: usize,
+    sampling: Sampling,
+) -> Result<Generation> {
+    if prompt.is_empty() {
         bail!("--prompt must not be empty");
     }
+    let prompt_ids = tokenizer.encode(prompt)?;
+    let start = Instant::now();
+    let sequence = generate(model, experts, &prompt_ids, tokens, sampling)?;
+    let seconds = start.elapsed().as_secs_f64();
+    let logits: Vec<u8> = sequence
+        .last_logits()
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    Ok(Generation {
+        text: tokenizer.decode(sequence.generated())?,
+        token_ids: sequence.generated().to_vec(),
+        prompt_ids,
+        seconds,
+        logits_blake3: blake3::hash(&logits).to_hex().to_string(),
+    })
+}
+
+impl Generation {
+    /// The JSON object scripts read, with `extra` fields merged in.
+    pub fn to_json(&self, extra: serde_json::Value) -> serde_json::Value {
+        let mut value = serde_json::json!({
+            "prompt_ids": self.prompt_ids,
+            "token_ids": self.token_ids,
+            "text": self.text,
+            "generate_s": self.seconds,
+            "tokens_per_s": self.token_ids.len() as f64 / self.seconds,
+            "logits_blake3": self.logits_blake3,
+        });
+        if let (Some(map), serde_json::Value::Object(more)) = (value.as_object_mut(), extra) {
+            map.extend(more);
+        }
+        value
+    }
+}
+
+pub fn generate_command(args: GenerateArgs) -> Result<()> {
     let start = Instant::now();
     let loading = || format!("loading {}", args.model.display());
     let config = Config::load(&args.model).with_context(loading)?;
     let checkpoint = Checkpoint::open(&args.model).with_context(loading)?;
     let model = Model::load(&checkpoint, config).with_context(loading)?;
     let tokenizer = Tokenizer::load(&args.model).with_context(loading)?;
-    let experts = load_experts(&args.model, args.backend).with_context(loading)?;
+    let experts = load_experts(&args.model, args.backend, |_, _| true).with_context(loading)?;
     let load_s = start.elapsed().as_secs_f64();
-    let prompt = tokenizer.encode(&args.prompt)?;
     let sampling = Sampling {
         temperature: args.temperature,
         seed: args.seed,
     };
-    let start = Instant::now();
-    let sequence = generate(&model, experts.as_ref(), &prompt, args.tokens, sampling)?;
-    let seconds = start.elapsed().as_secs_f64();
-    let text = tokenizer.decode(sequence.generated())?;
+    let generation = run_generation(
+        &model,
+        &tokenizer,
+        experts.as_ref(),
+        &args.prompt,
+        args.tokens,
+        sampling,
+    )?;
     if args.json {
-        let value = serde_json::json!({
-            "prompt_ids": prompt,
-            "token_ids": sequence.generated(),
-            "text": text,
-            "load_s": load_s,
-            "generate_s": seconds,
-            "tokens_per_s": sequence.generated().len() as f64 / seconds,
-            "backend": format!("{:?}", args.backend).to_lowercase(),
-        });
-        println!("{value}");
+        let backend = format!("{:?}", args.backend).to_lowercase();
+        let extra = serde_json::json!({"load_s": load_s, "backend": backend});
+        println!("{}", generation.to_json(extra));
     } else {
-        println!("{}{}", args.prompt, text);
+        println!("{}{}", args.prompt, generation.text);
     }
     Ok(())
 }

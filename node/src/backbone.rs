@@ -1,0 +1,447 @@
+//! `kvasir-node backbone`: runs attention, norms and the router, and dispatches the experts
+//! named by `--remote` to the workers that hold them, through the hub.
+//!
+//! Per layer step, `RemoteExperts` sends one request per worker first, computes the local
+//! experts while those are in flight, then collects the answers. A worker that fails, leaves
+//! or stalls past the timeout has its experts computed locally instead (every expert is
+//! also held locally), so the output never changes and nothing hangs; a stalled session is
+//! not used again, and a worker that reconnects is a new session and is used again.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use kvasir_inference::checkpoint::Checkpoint;
+use kvasir_inference::config::Config;
+use kvasir_inference::generate::Sampling;
+use kvasir_inference::model::qwen_moe::Model;
+use kvasir_inference::moe::{ExpertError, ExpertExecutor, ExpertRequest, LocalExperts};
+use kvasir_inference::tokenizer::Tokenizer;
+use kvasir_ledger::keys::Keypair;
+use tokio::sync::mpsc;
+use tokio_rustls::rustls::ClientConfig;
+use tokio_tungstenite::tungstenite::Bytes;
+
+use crate::link::{self, next_message};
+use crate::model::{model_id, run_generation};
+use crate::spec::ExpertSpec;
+use crate::tls;
+use crate::wire::{DirectoryEntry, Hello, Message, Request, Role};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Checkpoint directory (every expert is loaded too, as the fallback).
+    #[arg(long)]
+    model: PathBuf,
+    /// The hub's listener, e.g. ws://127.0.0.1:7101.
+    #[arg(long, default_value = "ws://127.0.0.1:7101")]
+    hub: String,
+    /// The backbone's key file (the hub is configured with its address).
+    #[arg(long)]
+    key: PathBuf,
+    /// Experts served by workers: comma-separated LAYERS:EXPERTS items, each side a number,
+    /// a range a-b or *; `0:*` is all of layer 0, `*:*` every expert.
+    #[arg(long, default_value = "*:*")]
+    remote: ExpertSpec,
+    #[arg(long)]
+    prompt: String,
+    #[arg(long, default_value_t = 32)]
+    tokens: usize,
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// A remote answer later than this is given up on and computed locally.
+    #[arg(long, default_value_t = 5000)]
+    dispatch_timeout_ms: u64,
+    /// How long to wait for workers covering `--remote` before generating anyway.
+    #[arg(long, default_value_t = 10_000)]
+    wait_ms: u64,
+    /// Print one JSON object (token ids, logits hash, dispatch counts).
+    #[arg(long)]
+    json: bool,
+}
+
+/// The backbone's end of its hub link, shared by the link task and the executor.
+#[derive(Default)]
+struct LinkState {
+    tx: Option<mpsc::UnboundedSender<Bytes>>,
+    directory: Vec<DirectoryEntry>,
+    pending: HashMap<u64, std_mpsc::Sender<Result<Vec<f32>, String>>>,
+    next_id: u64,
+}
+
+#[derive(Clone, Copy, Default, Debug)]
+pub struct DispatchStats {
+    /// Requests sent to workers (one per worker per layer step).
+    pub remote_requests: u64,
+    /// Expert evaluations answered by workers.
+    pub remote_evaluations: u64,
+    /// Requests computed locally after their worker failed, left or stalled.
+    pub fallbacks: u64,
+}
+
+/// An expert executor that sends the `remote` experts to workers through the hub.
+pub struct RemoteExperts {
+    local: LocalExperts,
+    remote: ExpertSpec,
+    model_id: String,
+    hidden: usize,
+    timeout: Duration,
+    link: Arc<Mutex<LinkState>>,
+    shunned: Mutex<HashSet<u64>>,
+    stats: Mutex<DispatchStats>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One worker's share of a layer step.
+struct Dispatch {
+    session: u64,
+    /// Indices into the step's requests.
+    members: Vec<usize>,
+    answer: Option<std_mpsc::Receiver<Result<Vec<f32>, String>>>,
+    id: u64,
+}
+
+impl RemoteExperts {
+    /// The live session that serves `(layer, expert)`: the lowest-numbered one holding it.
+    fn session_for(
+        &self,
+        directory: &[DirectoryEntry],
+        layer: usize,
+        expert: usize,
+    ) -> Option<u64> {
+        if !self.remote.contains(layer, expert) {
+            return None;
+        }
+        let shunned = lock(&self.shunned);
+        directory
+            .iter()
+            .filter(|e| e.model_id == self.model_id && !shunned.contains(&e.session))
+            .filter(|e| e.experts.contains(&(layer as u16, expert as u16)))
+            .map(|e| e.session)
+            .min()
+    }
+
+    /// Whether every remote expert of `config` is held by some live worker.
+    fn covered(&self, config: &Config) -> bool {
+        let link = lock(&self.link);
+        self.remote.resolve(config).iter().all(|(l, e)| {
+            self.session_for(&link.directory, *l as usize, *e as usize)
+                .is_some()
+        })
+    }
+
+    /// Sends each worker its share; returns the shares and the requests left to do locally.
+    fn send(&self, layer: usize, requests: &[ExpertRequest]) -> (Vec<Dispatch>, Vec<usize>) {
+        let mut link = lock(&self.link);
+        let mut groups: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+        let mut local = Vec::new();
+        for (i, request) in requests.iter().enumerate() {
+            match self.session_for(&link.directory, layer, request.expert) {
+                Some(session) if link.tx.is_some() => groups.entry(session).or_default().push(i),
+                _ => local.push(i),
+            }
+        }
+        let mut dispatches = Vec::new();
+        for (session, members) in groups {
+            link.next_id += 1;
+            let id = link.next_id;
+            let frame = Message::Request(self.request(session, id, layer, requests, &members));
+            let (answer_tx, answer) = std_mpsc::channel();
+            link.pending.insert(id, answer_tx);
+            let sent = link
+                .tx
+                .as_ref()
+                .is_some_and(|tx| tx.send(frame.encode().into()).is_ok());
+            dispatches.push(Dispatch {
+                session,
+                members,
+                answer: sent.then_some(answer),
+                id,
+            });
+        }
+        (dispatches, local)
+    }
+
+    /// The wire request for `members`: each token's row once, and per expert its row indices.
+    fn request(
+        &self,
+        session: u64,
+        id: u64,
+        layer: usize,
+        requests: &[ExpertRequest],
+        members: &[usize],
+    ) -> Request {
+        let hidden = self.hidden;
+        let mut slot: BTreeMap<usize, u32> = BTreeMap::new();
+        let mut rows = Vec::new();
+        let experts = members
+            .iter()
+            .map(|&i| {
+                let request = &requests[i];
+                let indices = request
+                    .tokens
+                    .iter()
+                    .zip(request.rows.chunks(hidden))
+                    .map(|(token, row)| {
+                        *slot.entry(*token).or_insert_with(|| {
+                            rows.extend_from_slice(row);
+                            (rows.len() / hidden - 1) as u32
+                        })
+                    })
+                    .collect();
+                (request.expert as u16, indices)
+            })
+            .collect();
+        Request {
+            session,
+            id,
+            layer: layer as u16,
+            hidden: hidden as u32,
+            rows,
+            experts,
+        }
+    }
+
+    /// Waits for one worker's answer until `deadline`; its partials, split per member.
+    fn collect(
+        &self,
+        dispatch: &Dispatch,
+        requests: &[ExpertRequest],
+        deadline: Instant,
+    ) -> Option<Vec<Vec<f32>>> {
+        let answer = dispatch.answer.as_ref()?;
+        let waited = answer.recv_timeout(deadline.saturating_duration_since(Instant::now()));
+        lock(&self.link).pending.remove(&dispatch.id);
+        let partials = match waited {
+            Ok(Ok(partials)) => partials,
+            Ok(Err(message)) => {
+                tracing::warn!("worker failed request {}: {message}", dispatch.id);
+                return None;
+            }
+            Err(std_mpsc::RecvTimeoutError::Timeout) => {
+                lock(&self.shunned).insert(dispatch.session);
+                tracing::warn!(
+                    "session {} stalled on request {}; not using it again",
+                    dispatch.session,
+                    dispatch.id
+                );
+                return None;
+            }
+            Err(std_mpsc::RecvTimeoutError::Disconnected) => return None,
+        };
+        let sizes: Vec<usize> = dispatch
+            .members
+            .iter()
+            .map(|&i| requests[i].rows.len())
+            .collect();
+        if partials.len() != sizes.iter().sum::<usize>() {
+            return None;
+        }
+        let mut rest = &partials[..];
+        Some(
+            sizes
+                .into_iter()
+                .map(|n| {
+                    let (head, tail) = rest.split_at(n);
+                    rest = tail;
+                    head.to_vec()
+                })
+                .collect(),
+        )
+    }
+
+    pub fn stats(&self) -> DispatchStats {
+        *lock(&self.stats)
+    }
+}
+
+impl ExpertExecutor for RemoteExperts {
+    fn holds(&self, layer: usize, expert: usize) -> bool {
+        self.local.holds(layer, expert)
+    }
+
+    fn evaluate(
+        &self,
+        layer: usize,
+        requests: &[ExpertRequest],
+    ) -> Result<Vec<Vec<f32>>, ExpertError> {
+        let deadline = Instant::now() + self.timeout;
+        let (dispatches, local) = self.send(layer, requests);
+        let mut results: Vec<Option<Vec<f32>>> = vec![None; requests.len()];
+        let subset = |members: &[usize]| -> Vec<ExpertRequest> {
+            members.iter().map(|&i| requests[i].clone()).collect()
+        };
+        // Local experts while the remote ones are in flight.
+        for (i, partial) in local
+            .iter()
+            .zip(self.local.evaluate(layer, &subset(&local))?)
+        {
+            results[*i] = Some(partial);
+        }
+        let mut stats = DispatchStats::default();
+        for dispatch in &dispatches {
+            stats.remote_requests += 1;
+            let partials = match self.collect(dispatch, requests, deadline) {
+                Some(partials) => {
+                    stats.remote_evaluations += dispatch.members.len() as u64;
+                    partials
+                }
+                None => {
+                    stats.fallbacks += 1;
+                    self.local.evaluate(layer, &subset(&dispatch.members))?
+                }
+            };
+            for (i, partial) in dispatch.members.iter().zip(partials) {
+                results[*i] = Some(partial);
+            }
+        }
+        let mut total = lock(&self.stats);
+        total.remote_requests += stats.remote_requests;
+        total.remote_evaluations += stats.remote_evaluations;
+        total.fallbacks += stats.fallbacks;
+        Ok(results.into_iter().map(Option::unwrap_or_default).collect())
+    }
+}
+
+/// Keeps the hub link up: dial, authenticate, read answers and directories, redial.
+async fn maintain_link(url: String, key: Keypair, model_id: String, state: Arc<Mutex<LinkState>>) {
+    let mut backoff = Duration::from_millis(100);
+    let tls = match tls::client(None) {
+        Ok(tls) => tls,
+        Err(e) => return tracing::error!("TLS setup: {e:#}"),
+    };
+    loop {
+        match hub_session(&url, &tls, &key, &model_id, &state).await {
+            Ok(()) => backoff = Duration::from_millis(100),
+            Err(e) => tracing::warn!("hub link: {e:#}"),
+        }
+        {
+            let mut link = lock(&state);
+            link.tx = None;
+            link.directory.clear();
+            // Dropping the senders tells every waiting step to compute locally.
+            link.pending.clear();
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+async fn hub_session(
+    url: &str,
+    tls: &Arc<ClientConfig>,
+    key: &Keypair,
+    model_id: &str,
+    state: &Arc<Mutex<LinkState>>,
+) -> Result<()> {
+    let (tx, mut source) = link::dial(url, tls).await?;
+    let Message::Challenge(challenge) = next_message(&mut source).await? else {
+        bail!("the hub did not open with a challenge");
+    };
+    let hello = Hello::answer(
+        &challenge,
+        key,
+        Role::Backbone,
+        model_id.into(),
+        "cpu".into(),
+        vec![],
+    );
+    let _ = tx.send(Message::Hello(hello).encode().into());
+    let Message::Welcome(_) = next_message(&mut source).await? else {
+        bail!("the hub refused this backbone");
+    };
+    lock(state).tx = Some(tx);
+    tracing::info!("attached to the hub at {url}");
+    loop {
+        match next_message(&mut source).await? {
+            Message::Directory(directory) => lock(state).directory = directory.sessions,
+            Message::Response(response) => {
+                if let Some(answer) = lock(state).pending.remove(&response.id) {
+                    let _ = answer.send(Ok(response.partials));
+                }
+            }
+            Message::Failure(failure) => {
+                if let Some(answer) = lock(state).pending.remove(&failure.id) {
+                    let _ = answer.send(Err(failure.message));
+                }
+            }
+            _ => bail!("unexpected message from the hub"),
+        }
+    }
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let loading = || format!("loading {}", args.model.display());
+    let config = Config::load(&args.model).with_context(loading)?;
+    let checkpoint = Checkpoint::open(&args.model).with_context(loading)?;
+    let local = LocalExperts::load(&checkpoint, &config, |_, _| true).with_context(loading)?;
+    let model = Model::load(&checkpoint, config.clone()).with_context(loading)?;
+    let tokenizer = Tokenizer::load(&args.model).with_context(loading)?;
+    let key = Keypair::read_key_file(&args.key)?;
+    let link = Arc::new(Mutex::new(LinkState::default()));
+    let experts = RemoteExperts {
+        local,
+        remote: args.remote.clone(),
+        model_id: model_id(&args.model)?,
+        hidden: config.hidden_size,
+        timeout: Duration::from_millis(args.dispatch_timeout_ms),
+        link: link.clone(),
+        shunned: Mutex::new(HashSet::new()),
+        stats: Mutex::new(DispatchStats::default()),
+    };
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.spawn(maintain_link(
+        args.hub.clone(),
+        key,
+        experts.model_id.clone(),
+        link,
+    ));
+    let waiting = Instant::now();
+    while !experts.covered(&config) {
+        if waiting.elapsed() > Duration::from_millis(args.wait_ms) {
+            tracing::warn!(
+                "no workers cover --remote {}; uncovered experts run locally",
+                args.remote
+            );
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let sampling = Sampling {
+        temperature: args.temperature,
+        seed: args.seed,
+    };
+    let generation = run_generation(
+        &model,
+        &tokenizer,
+        &experts,
+        &args.prompt,
+        args.tokens,
+        sampling,
+    )?;
+    let stats = experts.stats();
+    if args.json {
+        let extra = serde_json::json!({
+            "remote_requests": stats.remote_requests,
+            "remote_evaluations": stats.remote_evaluations,
+            "fallbacks": stats.fallbacks,
+        });
+        println!("{}", generation.to_json(extra));
+    } else {
+        println!("{}{}", args.prompt, generation.text);
+        eprintln!(
+            "{} remote requests, {} expert evaluations remote, {} computed locally after a worker failed",
+            stats.remote_requests, stats.remote_evaluations, stats.fallbacks
+        );
+    }
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    Ok(())
+}

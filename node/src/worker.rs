@@ -1,0 +1,169 @@
+//! `kvasir-node worker`: holds a slice of experts and evaluates them for the rows it is sent.
+//! It opens one outbound `wss://` connection to the gateway and listens on no socket; it
+//! answers the hub's challenge with its wallet key, announces what it holds, then serves
+//! requests until the link drops, and reconnects with backoff.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use kvasir_inference::config::Config;
+use kvasir_inference::moe::{ExpertExecutor, ExpertRequest};
+use kvasir_ledger::keys::Keypair;
+use tokio_rustls::rustls::ClientConfig;
+
+use crate::link::{self, next_message};
+use crate::model::{load_experts, model_id, Backend};
+use crate::spec::ExpertSpec;
+use crate::tls;
+use crate::wire::{ExpertId, Failure, Hello, Message, Request, Response, Role};
+
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The gateway's swarm URL: wss://HOST[:PORT]/swarm (ws:// for a hub on the same LAN).
+    #[arg(long)]
+    gateway: String,
+    /// The wallet key that signs the hub's challenge and is paid for the work.
+    #[arg(long, env = "KVASIR_KEYFILE")]
+    keyfile: PathBuf,
+    /// Checkpoint directory; only the held experts' weights are read.
+    #[arg(long)]
+    model: PathBuf,
+    /// Experts to hold, e.g. `0:*` or `1-3:0-15` (see `--help` of `backbone --remote`).
+    #[arg(long)]
+    experts: ExpertSpec,
+    /// PEM certificate to trust for the gateway (a dev gateway's self-signed one).
+    #[arg(long)]
+    ca: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
+    backend: Backend,
+}
+
+struct Worker {
+    key: Keypair,
+    model_id: String,
+    backend: String,
+    hidden: usize,
+    held: Vec<ExpertId>,
+    experts: Box<dyn ExpertExecutor + Send>,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let key = Keypair::read_key_file(&args.keyfile)?;
+    let config = Config::load(&args.model)?;
+    let held = args.experts.resolve(&config);
+    if held.is_empty() {
+        bail!("--experts {} selects no expert of this model", args.experts);
+    }
+    let spec = args.experts.clone();
+    let experts = load_experts(&args.model, args.backend, |l, e| spec.contains(l, e))
+        .with_context(|| format!("loading experts from {}", args.model.display()))?;
+    let worker = Arc::new(Worker {
+        key,
+        model_id: model_id(&args.model)?,
+        backend: format!("{:?}", args.backend).to_lowercase(),
+        hidden: config.hidden_size,
+        held,
+        experts,
+    });
+    println!(
+        "worker {} holds {} experts ({})",
+        worker.key.address(),
+        worker.held.len(),
+        args.experts
+    );
+    let tls = tls::client(args.ca.as_deref())?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async {
+        let mut backoff = Duration::from_millis(250);
+        loop {
+            match session(&worker, &args.gateway, &tls).await {
+                Ok(served) => {
+                    tracing::warn!("link closed after {served} requests");
+                    if served > 0 {
+                        backoff = Duration::from_millis(250);
+                    }
+                }
+                Err(e) => tracing::warn!("link failed: {e:#}"),
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    })
+}
+
+/// One connection: dial, authenticate, serve until it ends. Returns requests served.
+async fn session(worker: &Arc<Worker>, url: &str, tls: &Arc<ClientConfig>) -> Result<u64> {
+    let (tx, mut source) = link::dial(url, tls).await?;
+    let Message::Challenge(challenge) = next_message(&mut source).await? else {
+        bail!("the hub did not open with a challenge");
+    };
+    let hello = Hello::answer(
+        &challenge,
+        &worker.key,
+        Role::Worker,
+        worker.model_id.clone(),
+        worker.backend.clone(),
+        worker.held.clone(),
+    );
+    let _ = tx.send(Message::Hello(hello).encode().into());
+    let Message::Welcome(welcome) = next_message(&mut source).await? else {
+        bail!("the hub refused this worker");
+    };
+    println!("worker session {} open", welcome.session);
+    let mut served = 0;
+    loop {
+        let Message::Request(request) = next_message(&mut source).await? else {
+            bail!("the hub sent something other than a request");
+        };
+        let worker = worker.clone();
+        let answer = tokio::task::spawn_blocking(move || worker.answer(request)).await?;
+        if tx.send(answer.encode().into()).is_err() {
+            return Ok(served);
+        }
+        served += 1;
+    }
+}
+
+impl Worker {
+    /// The response to `request`, or a failure saying why there is none.
+    fn answer(&self, request: Request) -> Message {
+        let id = request.id;
+        match self.evaluate(request) {
+            Ok(partials) => Message::Response(Response { id, partials }),
+            Err(e) => Message::Failure(Failure {
+                id,
+                message: format!("{e:#}"),
+            }),
+        }
+    }
+
+    fn evaluate(&self, request: Request) -> Result<Vec<f32>> {
+        let hidden = request.hidden as usize;
+        if hidden != self.hidden {
+            bail!("rows are {hidden} wide, this model's are {}", self.hidden);
+        }
+        let layer = request.layer as usize;
+        let requests: Vec<ExpertRequest> = request
+            .experts
+            .iter()
+            .map(|(expert, indices)| ExpertRequest {
+                expert: *expert as usize,
+                tokens: indices.iter().map(|i| *i as usize).collect(),
+                rows: indices
+                    .iter()
+                    .flat_map(|i| {
+                        let start = *i as usize * hidden;
+                        &request.rows[start..start + hidden]
+                    })
+                    .copied()
+                    .collect(),
+            })
+            .collect();
+        let partials = self.experts.evaluate(layer, &requests)?;
+        Ok(partials.concat())
+    }
+}
