@@ -1,24 +1,10 @@
 //! `kvasir-node`: one binary, one subcommand per role.
 
-mod backbone;
-mod bench;
-mod dev;
-mod gateway;
-mod genesis;
-mod hub;
-mod link;
-mod model;
-mod registry;
-mod spec;
-mod tls;
-mod verify;
-mod wire;
-mod worker;
-
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use kvasir_node::{backbone, bench, dev, gateway, genesis, hub, model, verify, worker};
 
 #[derive(Parser)]
 #[command(

@@ -1,0 +1,404 @@
+//! A swarm of real `kvasir-node` processes on loopback: hub, gateway (TLS, self-signed),
+//! workers and backbone runs, each a child process killed when its handle drops.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::{bin, run, stderr, stdout};
+
+/// A running process; SIGKILLed on drop.
+pub struct Proc {
+    child: Child,
+    lines: Receiver<String>,
+    seen: Vec<String>,
+    errors: Arc<Mutex<String>>,
+}
+
+impl Proc {
+    pub fn start<S: AsRef<std::ffi::OsStr>>(name: &str, args: &[S]) -> Proc {
+        let mut child = Command::new(bin(name))
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting a process");
+        let (tx, lines) = channel();
+        let stdout = child.stdout.take().expect("piped stdout");
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let errors = Arc::new(Mutex::new(String::new()));
+        let sink = errors.clone();
+        let stderr = child.stderr.take().expect("piped stderr");
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut all = sink.lock().unwrap();
+                all.push_str(&line);
+                all.push('\n');
+            }
+        });
+        Proc {
+            child,
+            lines,
+            seen: Vec::new(),
+            errors,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// What the process wrote to stderr so far (for failure messages).
+    pub fn stderr(&self) -> String {
+        self.errors.lock().unwrap().clone()
+    }
+
+    /// The rest of the next stdout line (after those already returned) that starts with
+    /// `prefix`; panics after `timeout`.
+    pub fn line(&mut self, prefix: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if let Some(rest) = line.strip_prefix(prefix) {
+                        return rest.trim().to_string();
+                    }
+                }
+                Err(_) => panic!(
+                    "no line starting {prefix:?} within {timeout:?}; stdout {:?}; stderr:\n{}",
+                    self.seen,
+                    self.stderr()
+                ),
+            }
+        }
+    }
+
+    /// The address from a `... listening on ADDR` line.
+    pub fn listening(&mut self, role: &str) -> String {
+        self.line(&format!("{role} listening on "), Duration::from_secs(60))
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits for exit; all stdout, or a panic naming what it printed if it fails or hangs.
+    pub fn finish(mut self, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("waiting") {
+                // Let the reader thread drain what is left.
+                std::thread::sleep(Duration::from_millis(50));
+                let mut out: Vec<String> = std::mem::take(&mut self.seen);
+                out.extend(self.lines.try_iter());
+                assert!(
+                    status.success(),
+                    "exit {status}: {out:?}\n{}",
+                    self.stderr()
+                );
+                return out.join("\n");
+            }
+            if Instant::now() > deadline {
+                panic!("still running after {timeout:?} (hung?)\n{}", self.stderr());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `GET path` on a plain HTTP endpoint; the body.
+pub fn http_get(addr: &str, path: &str) -> String {
+    let mut stream = TcpStream::connect(addr).expect("connecting");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    match response.split_once("\r\n\r\n") {
+        Some((_, body)) => body.to_string(),
+        None => panic!("not an HTTP response: {response:?}"),
+    }
+}
+
+/// Sockets in LISTEN state owned by process `pid` (Linux `/proc`).
+pub fn listening_sockets(pid: u32) -> usize {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|dir| {
+            dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter_map(|t| {
+                    let t = t.to_string_lossy().into_owned();
+                    Some(t.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    ["tcp", "tcp6"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(format!("/proc/{pid}/net/{f}")).ok())
+        .flat_map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .filter_map(|l| {
+                    let fields: Vec<&str> = l.split_whitespace().collect();
+                    (fields.get(3) == Some(&"0A")).then(|| fields.get(9).map(|s| s.to_string()))?
+                })
+                .collect::<Vec<_>>()
+        })
+        .filter(|inode| inodes.contains(inode))
+        .count()
+}
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().expect("utf-8 temp path")
+}
+
+/// Hub, gateway and workers over a synthetic checkpoint and a fresh chain.
+pub struct Swarm {
+    pub dir: tempfile::TempDir,
+    pub model: PathBuf,
+    pub hub: Option<Proc>,
+    pub gateway: Proc,
+    pub workers: Vec<Proc>,
+    pub hub_addr: String,
+    pub registry_addr: String,
+    pub gateway_addr: String,
+    backbone_key: PathBuf,
+}
+
+impl Swarm {
+    pub fn start(preset: &str) -> Swarm {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("model");
+        let synth = run(
+            "kvasir-node",
+            &[
+                "model",
+                "synth",
+                "--out",
+                path_str(&model),
+                "--preset",
+                preset,
+            ],
+        );
+        assert!(synth.status.success(), "{}", stderr(&synth));
+        let chain = dir.path().join("chain");
+        let init = run(
+            "kvasir-node",
+            &["genesis", "init", "--out", path_str(&chain)],
+        );
+        assert!(init.status.success(), "{}", stderr(&init));
+        let backbone_key = dir.path().join("backbone.key");
+        let backbone = new_key(&backbone_key);
+        let mut hub = Proc::start(
+            "kvasir-node",
+            &Swarm::hub_args(dir.path(), "127.0.0.1:0", "127.0.0.1:0", &backbone),
+        );
+        let hub_addr = hub.listening("hub");
+        let registry_addr = hub.listening("hub registry");
+        let cert = dir.path().join("gateway-cert.pem");
+        let mut gateway = Proc::start(
+            "kvasir-node",
+            &[
+                "gateway",
+                "--listen",
+                "127.0.0.1:0",
+                "--self-signed",
+                "--cert-out",
+                path_str(&cert),
+                "--hub",
+                &hub_addr,
+            ],
+        );
+        let gateway_addr = gateway.listening("gateway");
+        Swarm {
+            dir,
+            model,
+            hub: Some(hub),
+            gateway,
+            workers: Vec::new(),
+            hub_addr,
+            registry_addr,
+            gateway_addr,
+            backbone_key,
+        }
+    }
+
+    fn hub_args(dir: &Path, listen: &str, registry: &str, backbone: &str) -> Vec<String> {
+        let chain = dir.join("chain");
+        [
+            "hub",
+            "--listen",
+            listen,
+            "--registry-listen",
+            registry,
+            "--key",
+            path_str(&chain.join("keys/hub.key")),
+            "--genesis",
+            path_str(&chain.join("genesis.json")),
+            "--backbone",
+            backbone,
+            "--data-dir",
+            path_str(&dir.join("hub-data")),
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+
+    /// Starts the hub again on its old addresses and data dir (after a kill).
+    pub fn restart_hub(&mut self) {
+        let backbone = stdout(&run(
+            "kvasir-wallet",
+            &["address", "--keyfile", path_str(&self.backbone_key)],
+        ));
+        let args = Swarm::hub_args(
+            self.dir.path(),
+            &self.hub_addr,
+            &self.registry_addr,
+            backbone.trim(),
+        );
+        let mut hub = Proc::start("kvasir-node", &args);
+        hub.listening("hub");
+        self.hub = Some(hub);
+    }
+
+    pub fn cert(&self) -> PathBuf {
+        self.dir.path().join("gateway-cert.pem")
+    }
+
+    pub fn gateway_url(&self) -> String {
+        format!(
+            "wss://localhost:{}/swarm",
+            self.gateway_addr.rsplit(':').next().unwrap_or_default()
+        )
+    }
+
+    /// Starts a worker holding `experts`; returns its index once its session is open.
+    pub fn add_worker(&mut self, experts: &str) -> usize {
+        let key = self
+            .dir
+            .path()
+            .join(format!("worker{}.key", self.workers.len()));
+        new_key(&key);
+        let mut worker = Proc::start(
+            "kvasir-node",
+            &[
+                "worker",
+                "--gateway",
+                &self.gateway_url(),
+                "--keyfile",
+                path_str(&key),
+                "--model",
+                path_str(&self.model),
+                "--experts",
+                experts,
+                "--ca",
+                path_str(&self.cert()),
+            ],
+        );
+        worker.line("worker session ", Duration::from_secs(60));
+        self.workers.push(worker);
+        self.workers.len() - 1
+    }
+
+    /// Starts a backbone generating greedily with `remote` experts dispatched.
+    pub fn start_backbone(&self, remote: &str, prompt: &str, tokens: usize) -> Proc {
+        let tokens = tokens.to_string();
+        Proc::start(
+            "kvasir-node",
+            &[
+                "backbone",
+                "--model",
+                path_str(&self.model),
+                "--hub",
+                &format!("ws://{}", self.hub_addr),
+                "--key",
+                path_str(&self.backbone_key),
+                "--remote",
+                remote,
+                "--prompt",
+                prompt,
+                "--tokens",
+                &tokens,
+                "--json",
+                "--dispatch-timeout-ms",
+                "3000",
+                "--wait-ms",
+                "20000",
+            ],
+        )
+    }
+
+    /// A backbone run to completion: its JSON report.
+    pub fn backbone(&self, remote: &str, prompt: &str, tokens: usize) -> serde_json::Value {
+        let out = self
+            .start_backbone(remote, prompt, tokens)
+            .finish(Duration::from_secs(300));
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+    }
+
+    /// The same generation with every expert local.
+    pub fn local(&self, prompt: &str, tokens: usize) -> serde_json::Value {
+        let tokens = tokens.to_string();
+        let out = run(
+            "kvasir-node",
+            &[
+                "generate",
+                "--model",
+                path_str(&self.model),
+                "--prompt",
+                prompt,
+                "--tokens",
+                &tokens,
+                "--json",
+            ],
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_str(&stdout(&out)).unwrap()
+    }
+
+    /// Cumulative metered bytes per session id, from the hub's registry.
+    pub fn metered(&self) -> Vec<(u64, String, u64)> {
+        let body = http_get(&self.registry_addr, "/receipts");
+        let value: serde_json::Value =
+            serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+        value["receipts"]
+            .as_array()
+            .expect("receipts")
+            .iter()
+            .map(|r| {
+                (
+                    r["session_id"].as_u64().unwrap(),
+                    r["worker"].as_str().unwrap().to_string(),
+                    r["cumulative_bytes"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    }
+}
+
+/// A fresh wallet key file; its address.
+pub fn new_key(path: &Path) -> String {
+    let out = run("kvasir-wallet", &["new", "--keyfile", path_str(path)]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    stdout(&out).trim().to_string()
+}

@@ -1,0 +1,134 @@
+//! Remote experts over real processes and sockets on loopback: backbone -> hub -> gateway
+//! (TLS, raw splice) -> worker and back. Remote output must equal local output bit for bit,
+//! whatever happens to workers and the hub mid-generation.
+
+use std::time::{Duration, Instant};
+
+use kvasir_tests::swarm::{listening_sockets, Swarm};
+use serde_json::Value;
+
+const PROMPT: &str = "The capital of France is";
+
+fn assert_same_output(remote: &Value, local: &Value) {
+    assert_eq!(
+        remote["token_ids"], local["token_ids"],
+        "token streams differ"
+    );
+    assert_eq!(
+        remote["logits_blake3"], local["logits_blake3"],
+        "final logits differ"
+    );
+}
+
+fn count(v: &Value, field: &str) -> u64 {
+    v[field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{field} missing in {v}"))
+}
+
+#[test]
+fn layer0_experts_remote_give_the_local_tokens_and_logits_bit_for_bit() {
+    let mut swarm = Swarm::start("tiny");
+    let worker = swarm.add_worker("0:*");
+    let remote = swarm.backbone("0:*", PROMPT, 32);
+    let local = swarm.local(PROMPT, 32);
+    assert_same_output(&remote, &local);
+    assert_eq!(remote["token_ids"].as_array().unwrap().len(), 32);
+    // One request per layer-0 step: everything went over the network, nothing fell back.
+    assert_eq!(count(&remote, "remote_requests"), 32);
+    assert_eq!(count(&remote, "fallbacks"), 0);
+    // The worker dialled out and listens on nothing; the hub does listen (the check works).
+    assert_eq!(listening_sockets(swarm.workers[worker].pid()), 0);
+    assert!(listening_sockets(swarm.hub.as_ref().unwrap().pid()) >= 2);
+    let metered = swarm.metered();
+    assert_eq!(metered.len(), 1);
+    assert!(
+        metered[0].2 > 0,
+        "the worker's traffic is metered: {metered:?}"
+    );
+}
+
+#[test]
+fn every_moe_layer_across_three_overlapping_workers_gives_the_local_output() {
+    let mut swarm = Swarm::start("tiny");
+    for experts in ["*:0-3", "*:2-5", "*:4-7"] {
+        swarm.add_worker(experts);
+    }
+    let remote = swarm.backbone("*:*", PROMPT, 32);
+    assert_same_output(&remote, &swarm.local(PROMPT, 32));
+    assert_eq!(count(&remote, "fallbacks"), 0);
+    assert!(count(&remote, "remote_requests") >= 64, "{remote}");
+    let metered = swarm.metered();
+    assert_eq!(metered.len(), 3);
+    assert!(
+        metered.iter().all(|(_, _, bytes)| *bytes > 0),
+        "{metered:?}"
+    );
+}
+
+/// Polls the registry until some session has metered traffic (the generation is under way).
+fn wait_for_traffic(swarm: &Swarm) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let total: u64 = swarm.metered().iter().map(|(_, _, b)| b).sum();
+        if total > 0 {
+            return total;
+        }
+        assert!(Instant::now() < deadline, "no traffic metered");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+const LONG: usize = 400;
+
+#[test]
+fn a_worker_killed_mid_generation_changes_nothing_and_hangs_nothing() {
+    let mut swarm = Swarm::start("tiny");
+    let worker = swarm.add_worker("0:*");
+    let backbone = swarm.start_backbone("0:*", PROMPT, LONG);
+    wait_for_traffic(&swarm);
+    swarm.workers[worker].kill();
+    let out = backbone.finish(Duration::from_secs(300));
+    let remote: Value = serde_json::from_str(&out).unwrap();
+    assert_same_output(&remote, &swarm.local(PROMPT, LONG));
+    let sent = count(&remote, "remote_requests");
+    assert!(
+        sent > 0 && sent < LONG as u64,
+        "the kill must land mid-generation: {sent} remote requests of {LONG} steps"
+    );
+}
+
+#[test]
+fn a_hub_restart_mid_generation_loses_no_count_and_dispatch_resumes() {
+    let mut swarm = Swarm::start("tiny");
+    swarm.add_worker("0:*");
+    let backbone = swarm.start_backbone("0:*", PROMPT, LONG);
+    wait_for_traffic(&swarm);
+    let before = swarm.metered();
+    if let Some(mut hub) = swarm.hub.take() {
+        hub.kill();
+    }
+    swarm.restart_hub();
+    let out = backbone.finish(Duration::from_secs(300));
+    let first: Value = serde_json::from_str(&out).unwrap();
+    assert_same_output(&first, &swarm.local(PROMPT, LONG));
+    // Counts served before the kill survived it.
+    let after = swarm.metered();
+    for (session, worker, bytes) in &before {
+        let kept = after
+            .iter()
+            .find(|(s, _, _)| s == session)
+            .expect("session kept");
+        assert_eq!(&kept.1, worker);
+        assert!(kept.2 >= *bytes, "session {session}: {} < {bytes}", kept.2);
+    }
+    // The worker reconnects as a new session, and a new generation dispatches to it again.
+    swarm.workers[0].line("worker session ", Duration::from_secs(60));
+    let second = swarm.backbone("0:*", PROMPT, 16);
+    assert_same_output(&second, &swarm.local(PROMPT, 16));
+    assert_eq!(count(&second, "remote_requests"), 16);
+    let last = swarm.metered();
+    assert!(last.len() > before.len(), "{last:?}");
+    let newest = last.iter().max_by_key(|(s, _, _)| *s).unwrap();
+    assert!(newest.2 > 0 && before.iter().all(|(s, _, _)| *s < newest.0));
+}
