@@ -1,0 +1,234 @@
+//! Misbehaving peers against the real hub and gateway processes. A peer that sends garbage,
+//! wrong shapes, padding, unsolicited or oversized answers is dropped and earns nothing; the
+//! backbone's output is unchanged. Failed challenges, replayed hellos and impostor backbones
+//! are refused. Slow clients are cut off. Nothing panics and the swarm keeps serving.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use kvasir_ledger::keys::Keypair;
+use kvasir_node::link::{dial, next_frame, next_message};
+use kvasir_node::model::model_id;
+use kvasir_node::tls;
+use kvasir_node::wire::{Hello, Message, Response, Role, MAX_FRAME};
+use kvasir_tests::swarm::Swarm;
+use tokio::runtime::Runtime;
+use tokio_tungstenite::tungstenite::Bytes;
+
+const PROMPT: &str = "Once upon a time";
+
+#[derive(Clone, Copy, Debug)]
+enum Misbehaviour {
+    Garbage,
+    TooFewValues,
+    Padding,
+    Unsolicited,
+    WrongVersion,
+    Oversized,
+}
+
+/// A worker that authenticates properly, holds all of layer 0, and answers its first
+/// request badly. Returns its session id and whether the hub then dropped it.
+async fn bad_worker(url: String, cert: &Path, model: String, how: Misbehaviour) -> (u64, bool) {
+    let tls = tls::client(Some(cert)).unwrap();
+    let (tx, mut source) = dial(&url, &tls).await.unwrap();
+    let Ok(Message::Challenge(challenge)) = next_message(&mut source).await else {
+        panic!("no challenge");
+    };
+    let key = Keypair::generate();
+    let held = (0..8).map(|e| (0, e)).collect();
+    let hello = Hello::answer(&challenge, &key, Role::Worker, model, "cpu".into(), held);
+    tx.send(Message::Hello(hello).encode().into()).unwrap();
+    let Ok(Message::Welcome(welcome)) = next_message(&mut source).await else {
+        panic!("a correct hello must be welcomed");
+    };
+    let request = loop {
+        match next_message(&mut source).await {
+            Ok(Message::Request(request)) => break request,
+            Ok(_) => continue,
+            Err(e) => panic!("link ended before a request: {e}"),
+        }
+    };
+    let values = request.response_values();
+    let response = |id, n| {
+        Message::Response(Response {
+            id,
+            partials: vec![0.5; n],
+        })
+        .encode()
+    };
+    let answer: Vec<u8> = match how {
+        Misbehaviour::Garbage => (0..4096).map(|_| rand::random::<u8>()).collect(),
+        Misbehaviour::TooFewValues => response(request.id, values - 1),
+        Misbehaviour::Padding => response(request.id, values + request.hidden as usize),
+        Misbehaviour::Unsolicited => response(request.id + 1_000, values),
+        Misbehaviour::WrongVersion => {
+            let mut frame = response(request.id, values);
+            frame[4] = 99;
+            frame
+        }
+        Misbehaviour::Oversized => vec![0; MAX_FRAME + 1],
+    };
+    let _ = tx.send(Bytes::from(answer));
+    let dropped = tokio::time::timeout(Duration::from_secs(20), async {
+        while next_frame(&mut source).await.is_ok() {}
+    })
+    .await
+    .is_ok();
+    (welcome.session, dropped)
+}
+
+#[test]
+fn bad_answers_drop_the_worker_earn_nothing_and_change_nothing() {
+    let swarm = Swarm::start("tiny");
+    let local = swarm.local(PROMPT, 4);
+    let model = model_id(&swarm.model).unwrap();
+    let runtime = Runtime::new().unwrap();
+    for how in [
+        Misbehaviour::Garbage,
+        Misbehaviour::TooFewValues,
+        Misbehaviour::Padding,
+        Misbehaviour::Unsolicited,
+        Misbehaviour::WrongVersion,
+        Misbehaviour::Oversized,
+    ] {
+        let (url, cert, model) = (swarm.gateway_url(), swarm.cert(), model.clone());
+        let worker = runtime.spawn(async move { bad_worker(url, &cert, model, how).await });
+        let remote = swarm.backbone("0:*", PROMPT, 4);
+        let (session, dropped) = runtime.block_on(worker).unwrap();
+        assert!(dropped, "{how:?}: the hub must drop the worker");
+        assert_eq!(remote["token_ids"], local["token_ids"], "{how:?}");
+        assert_eq!(remote["logits_blake3"], local["logits_blake3"], "{how:?}");
+        assert!(
+            remote["fallbacks"].as_u64().unwrap() >= 1,
+            "{how:?}: {remote}"
+        );
+        let metered = swarm.metered();
+        let earned = metered.iter().find(|(s, _, _)| *s == session).map(|m| m.2);
+        assert_eq!(earned, Some(0), "{how:?}: bytes counted for a bad answer");
+    }
+    // The hub survived all of it and still serves an honest worker.
+    let mut swarm = swarm;
+    swarm.add_worker("0:*");
+    let remote = swarm.backbone("0:*", PROMPT, 4);
+    assert_eq!(remote["token_ids"], local["token_ids"]);
+    assert_eq!(remote["fallbacks"], 0);
+}
+
+/// Sends `hello` in answer to a fresh challenge; whether the hub welcomed it.
+async fn welcomed(
+    url: &str,
+    tls: Option<&Path>,
+    forge: impl FnOnce(&kvasir_node::wire::Challenge) -> Hello,
+) -> bool {
+    let tls = tls::client(tls).unwrap();
+    let (tx, mut source) = dial(url, &tls).await.unwrap();
+    let Ok(Message::Challenge(challenge)) = next_message(&mut source).await else {
+        panic!("no challenge");
+    };
+    tx.send(Message::Hello(forge(&challenge)).encode().into())
+        .unwrap();
+    matches!(next_message(&mut source).await, Ok(Message::Welcome(_)))
+}
+
+#[test]
+fn failed_challenges_replayed_hellos_and_impostor_backbones_are_refused() {
+    let swarm = Swarm::start("tiny");
+    let model = model_id(&swarm.model).unwrap();
+    let cert = swarm.cert();
+    let url = swarm.gateway_url();
+    let hub_url = format!("ws://{}", swarm.hub_addr);
+    let runtime = Runtime::new().unwrap();
+    runtime.block_on(async {
+        let honest = Keypair::generate();
+        let held = vec![(0, 1)];
+        // An honest hello is welcomed; the same hello replayed on a new challenge is not.
+        let mut captured = None;
+        assert!(
+            welcomed(&url, Some(&cert), |c| {
+                let hello = Hello::answer(
+                    c,
+                    &honest,
+                    Role::Worker,
+                    model.clone(),
+                    "cpu".into(),
+                    held.clone(),
+                );
+                captured = Some(hello.clone());
+                hello
+            })
+            .await
+        );
+        let replayed = captured.unwrap();
+        assert!(
+            !welcomed(&url, Some(&cert), |_| replayed.clone()).await,
+            "replay"
+        );
+        // Claiming a key without holding it: signed by another key.
+        let thief = Keypair::generate();
+        let stolen = |c: &kvasir_node::wire::Challenge| {
+            let mut hello =
+                Hello::answer(c, &thief, Role::Worker, model.clone(), "cpu".into(), vec![]);
+            hello.key = honest.address();
+            hello
+        };
+        assert!(!welcomed(&url, Some(&cert), stolen).await, "wrong signer");
+        // A backbone key the hub was not configured with, on the hub's own port.
+        let impostor = |c: &kvasir_node::wire::Challenge| {
+            Hello::answer(
+                c,
+                &Keypair::generate(),
+                Role::Backbone,
+                model.clone(),
+                "cpu".into(),
+                vec![],
+            )
+        };
+        assert!(
+            !welcomed(&hub_url, None, impostor).await,
+            "impostor backbone"
+        );
+    });
+    // Only the honest session exists in the registry, and it earned nothing.
+    let metered = swarm.metered();
+    assert_eq!(metered.len(), 1, "{metered:?}");
+    assert_eq!(metered[0].2, 0);
+}
+
+/// Trickles one byte at a time to `addr`; true when the server hangs up within `limit`.
+fn cut_off(addr: &str, limit: Duration) -> bool {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let start = Instant::now();
+    let mut byte = [0u8; 1];
+    while start.elapsed() < limit {
+        if stream.write_all(b"G").is_err() {
+            return true;
+        }
+        match stream.read(&mut byte) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+#[test]
+fn slow_clients_are_cut_off() {
+    let swarm = Swarm::start("tiny");
+    let (hub, gateway) = (swarm.hub_addr.clone(), swarm.gateway_addr.clone());
+    let hub = std::thread::spawn(move || cut_off(&hub, Duration::from_secs(30)));
+    assert!(
+        cut_off(&gateway, Duration::from_secs(30)),
+        "gateway kept a trickling client"
+    );
+    assert!(hub.join().unwrap(), "hub kept a trickling client");
+}
