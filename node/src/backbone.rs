@@ -129,7 +129,52 @@ impl RemoteExperts {
             .min()
     }
 
-    /// Whether every remote expert of `config` is held by some live worker.
+    /// Dials the hub at `hub_url` as the backbone `key` (the link is kept up on `runtime`,
+    /// redialled when it drops) and dispatches the `remote` experts; `local` holds every
+    /// expert, for the fallback.
+    pub fn attach(
+        runtime: &tokio::runtime::Runtime,
+        hub_url: &str,
+        key: Keypair,
+        model_dir: &std::path::Path,
+        local: LocalExperts,
+        remote: ExpertSpec,
+        timeout: Duration,
+    ) -> Result<RemoteExperts> {
+        let config = Config::load(model_dir)?;
+        let link = Arc::new(Mutex::new(LinkState::default()));
+        let experts = RemoteExperts {
+            local,
+            remote,
+            model_id: model_id(model_dir)?,
+            hidden: config.hidden_size,
+            timeout,
+            link: link.clone(),
+            shunned: Mutex::new(HashSet::new()),
+            stats: Mutex::new(DispatchStats::default()),
+        };
+        runtime.spawn(maintain_link(
+            hub_url.to_string(),
+            key,
+            experts.model_id.clone(),
+            link,
+        ));
+        Ok(experts)
+    }
+
+    /// Waits until every remote expert of `config` is held by a live worker; false if that
+    /// has not happened within `wait`.
+    pub fn wait_until_covered(&self, config: &Config, wait: Duration) -> bool {
+        let start = Instant::now();
+        while !self.covered(config) {
+            if start.elapsed() > wait {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        true
+    }
+
     fn covered(&self, config: &Config) -> bool {
         let link = lock(&self.link);
         self.remote.resolve(config).iter().all(|(l, e)| {
@@ -386,34 +431,21 @@ pub fn run(args: Args) -> Result<()> {
     let model = Model::load(&checkpoint, config.clone()).with_context(loading)?;
     let tokenizer = Tokenizer::load(&args.model).with_context(loading)?;
     let key = Keypair::read_key_file(&args.key)?;
-    let link = Arc::new(Mutex::new(LinkState::default()));
-    let experts = RemoteExperts {
-        local,
-        remote: args.remote.clone(),
-        model_id: model_id(&args.model)?,
-        hidden: config.hidden_size,
-        timeout: Duration::from_millis(args.dispatch_timeout_ms),
-        link: link.clone(),
-        shunned: Mutex::new(HashSet::new()),
-        stats: Mutex::new(DispatchStats::default()),
-    };
     let runtime = tokio::runtime::Runtime::new()?;
-    runtime.spawn(maintain_link(
-        args.hub.clone(),
+    let experts = RemoteExperts::attach(
+        &runtime,
+        &args.hub,
         key,
-        experts.model_id.clone(),
-        link,
-    ));
-    let waiting = Instant::now();
-    while !experts.covered(&config) {
-        if waiting.elapsed() > Duration::from_millis(args.wait_ms) {
-            tracing::warn!(
-                "no workers cover --remote {}; uncovered experts run locally",
-                args.remote
-            );
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
+        &args.model,
+        local,
+        args.remote.clone(),
+        Duration::from_millis(args.dispatch_timeout_ms),
+    )?;
+    if !experts.wait_until_covered(&config, Duration::from_millis(args.wait_ms)) {
+        tracing::warn!(
+            "no workers cover --remote {}; uncovered experts run locally",
+            args.remote
+        );
     }
     let sampling = Sampling {
         temperature: args.temperature,

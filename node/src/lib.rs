@@ -9,6 +9,7 @@ pub mod dev;
 pub mod gateway;
 pub mod genesis;
 pub mod hub;
+pub mod launch;
 pub mod link;
 pub mod model;
 pub mod registry;

@@ -9,7 +9,7 @@ use anyhow::{bail, Result};
 use kvasir_inference::generate::{step, Sampling, Sequence};
 use kvasir_inference::kernels::cpu::matmul_t;
 use kvasir_inference::model::qwen_moe::Model;
-use kvasir_inference::moe::LocalExperts;
+use kvasir_inference::moe::ExpertExecutor;
 use kvasir_inference::weights::Weight;
 use rayon::prelude::*;
 
@@ -57,7 +57,12 @@ fn prompt(seed: usize, len: usize, vocab: usize) -> Vec<u32> {
 }
 
 /// Tokens per second over `steps` decode steps of `batch` sequences (prefill not timed).
-fn decode_rate(model: &Model, experts: &LocalExperts, batch: usize, steps: usize) -> Result<f64> {
+pub(super) fn decode_rate(
+    model: &Model,
+    experts: &dyn ExpertExecutor,
+    batch: usize,
+    steps: usize,
+) -> Result<f64> {
     let vocab = model.config().vocab_size;
     let mut sequences: Vec<Sequence> = (0..batch)
         .map(|s| {

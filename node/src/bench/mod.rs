@@ -1,6 +1,7 @@
 //! `kvasir-node bench ...`: each hot path measured next to its reference, in the same run.
 
 mod decode;
+mod dispatch;
 mod ledger;
 
 use anyhow::Result;
@@ -13,11 +14,15 @@ pub enum Bench {
     /// Decode tokens/s next to the memory-bandwidth bound, throughput by batch size, and
     /// the expert kernel against the gemm crate.
     Decode(decode::Args),
+    /// Decode with layer-0 experts on a worker behind an injected round trip (default 13 ms),
+    /// next to all-local decode: overhead, exposed RTT fraction, batch-512 speedup.
+    Dispatch(dispatch::Args),
 }
 
 pub fn run(bench: Bench) -> Result<()> {
     match bench {
         Bench::Ledger(args) => ledger::run(args),
         Bench::Decode(args) => decode::run(args),
+        Bench::Dispatch(args) => dispatch::run(args),
     }
 }

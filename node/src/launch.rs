@@ -1,0 +1,179 @@
+//! Swarm roles as child processes of this binary on loopback: what `dev` and the swarm
+//! benchmarks start. A child is killed when its handle drops; its `<role> listening on ADDR`
+//! line says where it listens.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use kvasir_ledger::keys::Keypair;
+
+use crate::genesis::{genesis_path, install_dev_chain, key_path};
+
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+
+pub struct Child {
+    child: std::process::Child,
+    lines: Receiver<String>,
+    what: String,
+}
+
+impl Child {
+    /// Runs this executable with `args`; its logs go to our stderr at warning level unless
+    /// RUST_LOG says otherwise.
+    pub fn spawn(args: &[String]) -> Result<Child> {
+        let exe = std::env::current_exe().context("locating this executable")?;
+        let mut command = Command::new(exe);
+        command.args(args).stdout(Stdio::piped());
+        if std::env::var_os("RUST_LOG").is_none() {
+            command.env("RUST_LOG", "warn");
+        }
+        let mut child = command.spawn().context("starting a child process")?;
+        let stdout = child.stdout.take().context("child stdout")?;
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Ok(Child {
+            child,
+            lines,
+            what: args.first().cloned().unwrap_or_default(),
+        })
+    }
+
+    /// The rest of the next stdout line starting with `prefix`.
+    pub fn line(&mut self, prefix: &str) -> Result<String> {
+        loop {
+            let line = self.lines.recv_timeout(START_TIMEOUT).map_err(|_| {
+                anyhow!(
+                    "{} did not print {prefix:?} (see its messages above)",
+                    self.what
+                )
+            })?;
+            if let Some(rest) = line.strip_prefix(prefix) {
+                return Ok(rest.trim().to_string());
+            }
+        }
+    }
+
+    pub fn listening(&mut self, role: &str) -> Result<SocketAddr> {
+        let addr = self.line(&format!("{role} listening on "))?;
+        addr.parse()
+            .with_context(|| format!("{role} printed a bad address {addr:?}"))
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn text(path: &Path) -> String {
+    path.display().to_string()
+}
+
+/// A hub and a TLS gateway (self-signed) on the dev chain, plus workers, all on loopback.
+pub struct Loopback {
+    pub dir: PathBuf,
+    pub hub_addr: SocketAddr,
+    pub registry_addr: SocketAddr,
+    pub gateway_addr: SocketAddr,
+    pub cert: PathBuf,
+    pub backbone: Keypair,
+    roles: Vec<Child>,
+}
+
+impl Loopback {
+    /// Starts hub and gateway with their files under `dir`.
+    pub fn start(dir: &Path) -> Result<Loopback> {
+        let chain = dir.join("chain");
+        if !genesis_path(&chain).exists() {
+            install_dev_chain(&chain)?;
+        }
+        let backbone = Keypair::generate();
+        let mut hub = Child::spawn(
+            &[
+                "hub",
+                "--listen",
+                "127.0.0.1:0",
+                "--registry-listen",
+                "127.0.0.1:0",
+                "--key",
+                &text(&key_path(&chain, "hub")),
+                "--genesis",
+                &text(&genesis_path(&chain)),
+                "--backbone",
+                &backbone.address().to_string(),
+                "--data-dir",
+                &text(&dir.join("hub")),
+            ]
+            .map(String::from),
+        )?;
+        let hub_addr = hub.listening("hub")?;
+        let registry_addr = hub.listening("hub registry")?;
+        let cert = dir.join("gateway-cert.pem");
+        let mut gateway = Child::spawn(
+            &[
+                "gateway",
+                "--listen",
+                "127.0.0.1:0",
+                "--self-signed",
+                "--cert-out",
+                &text(&cert),
+                "--hub",
+                &hub_addr.to_string(),
+            ]
+            .map(String::from),
+        )?;
+        let gateway_addr = gateway.listening("gateway")?;
+        Ok(Loopback {
+            dir: dir.to_path_buf(),
+            hub_addr,
+            registry_addr,
+            gateway_addr,
+            cert,
+            backbone,
+            roles: vec![hub, gateway],
+        })
+    }
+
+    /// The URL workers dial to reach the gateway through `port` (the gateway's, or a proxy's).
+    pub fn swarm_url(port: u16) -> String {
+        format!("wss://localhost:{port}/swarm")
+    }
+
+    /// Starts a worker holding `experts` of `model`, dialling `url`, with a fresh wallet key;
+    /// returns its address once its session is open.
+    pub fn add_worker(&mut self, model: &Path, experts: &str, url: &str) -> Result<String> {
+        let key = Keypair::generate();
+        let keyfile = self.dir.join(format!("worker{}.key", self.roles.len()));
+        key.write_key_file(&keyfile)?;
+        let mut worker = Child::spawn(
+            &[
+                "worker",
+                "--gateway",
+                url,
+                "--keyfile",
+                &text(&keyfile),
+                "--model",
+                &text(model),
+                "--experts",
+                experts,
+                "--ca",
+                &text(&self.cert),
+            ]
+            .map(String::from),
+        )?;
+        worker.line("worker session ")?;
+        self.roles.push(worker);
+        Ok(key.address().to_string())
+    }
+}
