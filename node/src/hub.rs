@@ -28,7 +28,7 @@ use tokio_tungstenite::tungstenite::Bytes;
 
 use crate::link::{self, next_frame, next_message};
 use crate::registry::Registry;
-use crate::wire::{Challenge, Directory, DirectoryEntry, Failure, Message, Role, Welcome};
+use crate::wire::{Challenge, Directory, DirectoryEntry, Failure, Message, Relayed, Role, Welcome};
 
 /// A client must complete the WebSocket handshake and its hello within this.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -156,13 +156,13 @@ impl Hub {
 
     /// A frame from worker `session`: a response or failure answering a relayed request.
     fn relay_answer(&self, session: u64, frame: Bytes) -> Result<()> {
-        let (id, values) = match Message::decode(&frame)? {
-            Message::Response(r) => (r.id, Some(r.partials.len())),
-            Message::Failure(f) => (f.id, None),
+        let (id, values) = match Message::inspect(&frame)? {
+            Relayed::Response { id, values } => (id, Some(values)),
+            Relayed::Failure { id } => (id, None),
             _ => bail!("a worker may only send responses and failures"),
         };
-        let mut links = self.links();
-        let Some(asked) = links.outstanding.remove(&(session, id)) else {
+        let asked = self.links().outstanding.remove(&(session, id));
+        let Some(asked) = asked else {
             bail!("answer to request {id}, which this session was never sent");
         };
         if let Some(values) = values {
@@ -175,31 +175,32 @@ impl Hub {
             self.registry
                 .meter(session, asked.request_bytes + frame.len() as u64)?;
         }
-        links.to_backbone(frame);
+        self.links().to_backbone(frame);
         Ok(())
     }
 
     /// A frame from the backbone: a request for one worker session.
     fn relay_request(&self, frame: Bytes) -> Result<()> {
-        let Message::Request(request) = Message::decode(&frame)? else {
+        let Relayed::Request {
+            session,
+            id,
+            response_values,
+        } = Message::inspect(&frame)?
+        else {
             bail!("a backbone may only send requests");
         };
         let mut links = self.links();
-        let Some(worker) = links.workers.get(&request.session) else {
-            let message = format!("session {} is not connected", request.session);
-            let failure = Message::Failure(Failure {
-                id: request.id,
-                message,
-            });
-            links.to_backbone(failure.encode().into());
+        let Some(worker) = links.workers.get(&session) else {
+            let message = format!("session {session} is not connected");
+            links.to_backbone(Message::Failure(Failure { id, message }).encode().into());
             return Ok(());
         };
         let _ = worker.tx.send(frame.clone());
         links.outstanding.insert(
-            (request.session, request.id),
+            (session, id),
             Outstanding {
                 request_bytes: frame.len() as u64,
-                response_values: request.response_values(),
+                response_values,
             },
         );
         Ok(())

@@ -64,6 +64,7 @@ pub fn ws_config() -> WebSocketConfig {
     WebSocketConfig::default()
         .max_message_size(Some(MAX_FRAME))
         .max_frame_size(Some(MAX_FRAME))
+        .read_buffer_size(256 << 10)
 }
 
 /// The next wire frame, skipping control frames. A close, an end of stream or a text frame

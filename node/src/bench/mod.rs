@@ -3,6 +3,7 @@
 mod decode;
 mod dispatch;
 mod ledger;
+mod relay;
 
 use anyhow::Result;
 
@@ -17,6 +18,9 @@ pub enum Bench {
     /// Decode with layer-0 experts on a worker behind an injected round trip (default 13 ms),
     /// next to all-local decode: overhead, exposed RTT fraction, batch-512 speedup.
     Dispatch(dispatch::Args),
+    /// Frames through gateway + hub next to a direct loopback TCP connection: throughput,
+    /// round-trip p50/p99.
+    Relay(relay::Args),
 }
 
 pub fn run(bench: Bench) -> Result<()> {
@@ -24,5 +28,6 @@ pub fn run(bench: Bench) -> Result<()> {
         Bench::Ledger(args) => ledger::run(args),
         Bench::Decode(args) => decode::run(args),
         Bench::Dispatch(args) => dispatch::run(args),
+        Bench::Relay(args) => relay::run(args),
     }
 }
