@@ -14,6 +14,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
 use kvasir_inference::checkpoint::Checkpoint;
 use kvasir_inference::config::Config;
 use kvasir_inference::generate::Sampling;
@@ -26,7 +31,7 @@ use tokio_rustls::rustls::ClientConfig;
 use tokio_tungstenite::tungstenite::Bytes;
 
 use crate::link::{self, next_message};
-use crate::model::{model_id, run_generation};
+use crate::model::{model_id, run_generation, Generation};
 use crate::spec::ExpertSpec;
 use crate::tls;
 use crate::wire::{DirectoryEntry, Hello, Message, Request, Role};
@@ -46,8 +51,12 @@ pub struct Args {
     /// a range a-b or *; `0:*` is all of layer 0, `*:*` every expert.
     #[arg(long, default_value = "*:*")]
     remote: ExpertSpec,
-    #[arg(long)]
-    prompt: String,
+    /// Generate once from this prompt and exit (give this or `--listen`).
+    #[arg(long, required_unless_present = "listen")]
+    prompt: Option<String>,
+    /// Serve `POST /generate` ({"prompt", "tokens"}) on this address instead.
+    #[arg(long, conflicts_with = "prompt")]
+    listen: Option<std::net::SocketAddr>,
     #[arg(long, default_value_t = 32)]
     tokens: usize,
     #[arg(long, default_value_t = 0.0)]
@@ -451,29 +460,145 @@ pub fn run(args: Args) -> Result<()> {
         temperature: args.temperature,
         seed: args.seed,
     };
-    let generation = run_generation(
-        &model,
-        &tokenizer,
-        &experts,
-        &args.prompt,
-        args.tokens,
-        sampling,
-    )?;
-    let stats = experts.stats();
+    let engine = Arc::new(Engine {
+        model,
+        tokenizer,
+        experts,
+    });
+    if let Some(listen) = args.listen {
+        return runtime.block_on(serve(engine, listen, sampling));
+    }
+    let prompt = args.prompt.unwrap_or_default();
+    let generation = engine.generate(&prompt, args.tokens, sampling)?;
+    let stats = engine.experts.stats();
     if args.json {
-        let extra = serde_json::json!({
-            "remote_requests": stats.remote_requests,
-            "remote_evaluations": stats.remote_evaluations,
-            "fallbacks": stats.fallbacks,
-        });
-        println!("{}", generation.to_json(extra));
+        println!("{}", generation.to_json(stats.to_json()));
     } else {
-        println!("{}{}", args.prompt, generation.text);
+        println!("{prompt}{}", generation.text);
         eprintln!(
             "{} remote requests, {} expert evaluations remote, {} computed locally after a worker failed",
             stats.remote_requests, stats.remote_evaluations, stats.fallbacks
         );
     }
     runtime.shutdown_timeout(Duration::from_millis(100));
+    Ok(())
+}
+
+/// What generation needs, shared with the HTTP handler.
+struct Engine {
+    model: Model,
+    tokenizer: Tokenizer,
+    experts: RemoteExperts,
+}
+
+impl Engine {
+    fn generate(&self, prompt: &str, tokens: usize, sampling: Sampling) -> Result<Generation> {
+        run_generation(
+            &self.model,
+            &self.tokenizer,
+            &self.experts,
+            prompt,
+            tokens,
+            sampling,
+        )
+    }
+}
+
+impl DispatchStats {
+    fn to_json(self) -> serde_json::Value {
+        serde_json::json!({
+            "remote_requests": self.remote_requests,
+            "remote_evaluations": self.remote_evaluations,
+            "fallbacks": self.fallbacks,
+        })
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct GenerateRequest {
+    prompt: String,
+    #[serde(default = "default_tokens")]
+    tokens: usize,
+}
+
+fn default_tokens() -> usize {
+    32
+}
+
+/// Most tokens one HTTP request may ask for.
+const MAX_HTTP_TOKENS: usize = 4096;
+
+type Reply = Result<Json<serde_json::Value>, (StatusCode, Json<serde_json::Value>)>;
+
+fn http_error(
+    status: StatusCode,
+    kind: &str,
+    message: String,
+) -> (StatusCode, Json<serde_json::Value>) {
+    (
+        status,
+        Json(serde_json::json!({"error": kind, "message": message})),
+    )
+}
+
+/// The HTTP endpoint's state: the engine, one generation at a time (batching concurrent
+/// requests is for a later change), and the sampling settings from the command line.
+struct Served {
+    engine: Arc<Engine>,
+    turn: tokio::sync::Mutex<()>,
+    sampling: Sampling,
+}
+
+/// `POST /generate`: JSON in and out, errors as `{error, message}`.
+async fn generate_handler(
+    State(served): State<Arc<Served>>,
+    body: Result<Json<GenerateRequest>, JsonRejection>,
+) -> Reply {
+    let Json(request) =
+        body.map_err(|e| http_error(e.status(), "bad_request", e.body_text()))?;
+    if request.prompt.is_empty() || request.tokens == 0 || request.tokens > MAX_HTTP_TOKENS {
+        let message = format!("prompt must be non-empty and tokens in 1..={MAX_HTTP_TOKENS}");
+        return Err(http_error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid",
+            message,
+        ));
+    }
+    let _turn = served.turn.lock().await;
+    let (engine, sampling) = (served.engine.clone(), served.sampling);
+    let generation = tokio::task::spawn_blocking(move || {
+        engine.generate(&request.prompt, request.tokens, sampling)
+    })
+    .await
+    .map_err(|e| http_error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+    .map_err(|e| {
+        http_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "generation",
+            format!("{e:#}"),
+        )
+    })?;
+    Ok(Json(
+        generation.to_json(served.engine.experts.stats().to_json()),
+    ))
+}
+
+async fn serve(
+    engine: Arc<Engine>,
+    listen: std::net::SocketAddr,
+    sampling: Sampling,
+) -> Result<()> {
+    let served = Arc::new(Served {
+        engine,
+        turn: tokio::sync::Mutex::new(()),
+        sampling,
+    });
+    let app = Router::new()
+        .route("/generate", post(generate_handler))
+        .route("/healthz", get(|| async { "ok" }))
+        .layer(DefaultBodyLimit::max(64 << 10))
+        .with_state(served);
+    let listener = link::bind("backbone", listen).await?;
+    axum::serve(listener, app).await?;
     Ok(())
 }

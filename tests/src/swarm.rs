@@ -125,16 +125,27 @@ impl Drop for Proc {
 
 /// `GET path` on a plain HTTP endpoint; the body.
 pub fn http_get(addr: &str, path: &str) -> String {
+    http(addr, "GET", path, "").1
+}
+
+/// One HTTP/1.1 request; the status code and the body.
+pub fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
     let mut stream = TcpStream::connect(addr).expect("connecting");
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
     )
     .unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
     match response.split_once("\r\n\r\n") {
-        Some((_, body)) => body.to_string(),
+        Some((_, body)) => (status, body.to_string()),
         None => panic!("not an HTTP response: {response:?}"),
     }
 }
@@ -323,29 +334,36 @@ impl Swarm {
     /// Starts a backbone generating greedily with `remote` experts dispatched.
     pub fn start_backbone(&self, remote: &str, prompt: &str, tokens: usize) -> Proc {
         let tokens = tokens.to_string();
-        Proc::start(
-            "kvasir-node",
-            &[
-                "backbone",
-                "--model",
-                path_str(&self.model),
-                "--hub",
-                &format!("ws://{}", self.hub_addr),
-                "--key",
-                path_str(&self.backbone_key),
-                "--remote",
-                remote,
-                "--prompt",
-                prompt,
-                "--tokens",
-                &tokens,
-                "--json",
-                "--dispatch-timeout-ms",
-                "3000",
-                "--wait-ms",
-                "20000",
-            ],
-        )
+        self.backbone_process(&[remote, "--prompt", prompt, "--tokens", &tokens, "--json"])
+    }
+
+    /// Starts a backbone serving HTTP on a free port; the process and its address.
+    pub fn serve_backbone(&self, remote: &str) -> (Proc, String) {
+        let mut backbone = self.backbone_process(&[remote, "--listen", "127.0.0.1:0"]);
+        let addr = backbone.listening("backbone");
+        (backbone, addr)
+    }
+
+    /// `backbone --remote <args...>` with this swarm's model, hub and key.
+    fn backbone_process(&self, remote_and_more: &[&str]) -> Proc {
+        let mut args: Vec<String> = [
+            "backbone",
+            "--model",
+            path_str(&self.model),
+            "--hub",
+            &format!("ws://{}", self.hub_addr),
+            "--key",
+            path_str(&self.backbone_key),
+            "--dispatch-timeout-ms",
+            "3000",
+            "--wait-ms",
+            "20000",
+            "--remote",
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend(remote_and_more.iter().map(|a| a.to_string()));
+        Proc::start("kvasir-node", &args)
     }
 
     /// A backbone run to completion: its JSON report.

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use kvasir_tests::swarm::{listening_sockets, Swarm};
+use kvasir_tests::swarm::{http, listening_sockets, Swarm};
 use serde_json::Value;
 
 const PROMPT: &str = "The capital of France is";
@@ -131,4 +131,35 @@ fn a_hub_restart_mid_generation_loses_no_count_and_dispatch_resumes() {
     assert!(last.len() > before.len(), "{last:?}");
     let newest = last.iter().max_by_key(|(s, _, _)| *s).unwrap();
     assert!(newest.2 > 0 && before.iter().all(|(s, _, _)| *s < newest.0));
+}
+
+#[test]
+fn the_backbone_http_endpoint_generates_remotely_and_refuses_bad_bodies() {
+    let mut swarm = Swarm::start("tiny");
+    swarm.add_worker("*:*");
+    let (_backbone, addr) = swarm.serve_backbone("*:*");
+    let body = serde_json::json!({"prompt": PROMPT, "tokens": 8}).to_string();
+    let (status, reply) = http(&addr, "POST", "/generate", &body);
+    assert_eq!(status, 200, "{reply}");
+    let remote: Value = serde_json::from_str(&reply).unwrap();
+    assert_same_output(&remote, &swarm.local(PROMPT, 8));
+    assert!(count(&remote, "remote_requests") > 0);
+    for (bad, expected) in [
+        ("{not json", 400),
+        (r#"{"tokens": 3}"#, 422),
+        (r#"{"prompt": "", "tokens": 3}"#, 422),
+        (r#"{"prompt": "x", "tokens": 100000}"#, 422),
+    ] {
+        let (status, reply) = http(&addr, "POST", "/generate", bad);
+        assert_eq!(status, expected, "{bad}: {reply}");
+        let error: Value = serde_json::from_str(&reply).unwrap();
+        assert!(
+            error["error"].is_string() && error["message"].is_string(),
+            "{reply}"
+        );
+    }
+    let oversized = format!(r#"{{"prompt": "{}"}}"#, "a".repeat(100_000));
+    assert_eq!(http(&addr, "POST", "/generate", &oversized).0, 413);
+    // Still serving after all that.
+    assert_eq!(http(&addr, "POST", "/generate", &body).0, 200);
 }
