@@ -554,8 +554,7 @@ async fn generate_handler(
     State(served): State<Arc<Served>>,
     body: Result<Json<GenerateRequest>, JsonRejection>,
 ) -> Reply {
-    let Json(request) =
-        body.map_err(|e| http_error(e.status(), "bad_request", e.body_text()))?;
+    let Json(request) = body.map_err(|e| http_error(e.status(), "bad_request", e.body_text()))?;
     if request.prompt.is_empty() || request.tokens == 0 || request.tokens > MAX_HTTP_TOKENS {
         let message = format!("prompt must be non-empty and tokens in 1..={MAX_HTTP_TOKENS}");
         return Err(http_error(
