@@ -40,6 +40,10 @@ impl Mempool {
         self.by_slot.is_empty()
     }
 
+    pub fn contains(&self, hash: &Hash) -> bool {
+        self.slot_of.contains_key(hash)
+    }
+
     /// Admits a transaction that passed the stateless check.
     pub fn insert(&mut self, tx: VerifiedTx) -> Result<Hash, MempoolError> {
         let hash = tx.tx().hash();

@@ -9,15 +9,21 @@ use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use axum::http::StatusCode;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::header::{HeaderName, CONTENT_TYPE};
+use axum::http::{Method, StatusCode, Uri};
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::Router;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
+use kvasir_ledger::Keypair;
+use kvasir_wallet::client::Client;
+use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 
+use crate::crediting::Crediting;
 use crate::link;
 use crate::tls;
 
@@ -50,6 +56,18 @@ pub struct Args {
     /// The hub's swarm listener.
     #[arg(long, default_value = "127.0.0.1:7101")]
     hub: SocketAddr,
+    /// The ledger's REST API: served to the public through this gateway, and where credits go.
+    #[arg(long)]
+    ledger: Option<String>,
+    /// The hub's registry (`http://HOST:PORT`), polled for receipts to credit.
+    #[arg(long, requires_all = ["ledger", "key"])]
+    registry: Option<String>,
+    /// The gateway key that signs credits (a gateway authority of the chain).
+    #[arg(long)]
+    key: Option<PathBuf>,
+    /// Milliseconds between registry polls.
+    #[arg(long, default_value_t = 1000)]
+    credit_interval_ms: u64,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -64,13 +82,27 @@ pub fn run(args: Args) -> Result<()> {
             config
         }
     };
+    if let (Some(registry), Some(ledger), Some(key)) = (&args.registry, &args.ledger, &args.key) {
+        let crediting = Crediting {
+            ledger: Client::new(ledger),
+            registry: Client::new(registry),
+            key: Keypair::read_key_file(key)?,
+        };
+        let interval = Duration::from_millis(args.credit_interval_ms);
+        std::thread::spawn(move || crediting.run(interval));
+    }
     let runtime = tokio::runtime::Runtime::new()?;
-    runtime.block_on(serve(TlsAcceptor::from(config), args.listen, args.hub))
+    let api = api(args.ledger.clone());
+    runtime.block_on(serve(TlsAcceptor::from(config), args.listen, args.hub, api))
 }
 
-async fn serve(acceptor: TlsAcceptor, listen: SocketAddr, hub: SocketAddr) -> Result<()> {
+async fn serve(
+    acceptor: TlsAcceptor,
+    listen: SocketAddr,
+    hub: SocketAddr,
+    api: Router,
+) -> Result<()> {
     let listener = link::bind("gateway", listen).await?;
-    let api = api();
     loop {
         let (stream, peer) = listener.accept().await?;
         let (acceptor, api) = (acceptor.clone(), api.clone());
@@ -82,14 +114,71 @@ async fn serve(acceptor: TlsAcceptor, listen: SocketAddr, hub: SocketAddr) -> Re
     }
 }
 
-/// The REST API (ledger reads, transactions, market: later issues fill it in).
-fn api() -> Router {
+/// The public REST API: the ledger's, relayed (reads and transaction submission), when a
+/// ledger is configured; the market comes with a later change.
+fn api(ledger: Option<String>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
-        .fallback(|| async {
-            let body = serde_json::json!({"error": "not_found", "message": "no such endpoint"});
-            (StatusCode::NOT_FOUND, Json(body))
-        })
+        .fallback(relay_to_ledger)
+        .layer(DefaultBodyLimit::max(64 << 10))
+        .with_state(Arc::new(ledger))
+}
+
+/// Passes a GET or POST through to the ledger and its answer back.
+async fn relay_to_ledger(
+    State(ledger): State<Arc<Option<String>>>,
+    method: Method,
+    uri: Uri,
+    body: axum::body::Bytes,
+) -> (StatusCode, [(HeaderName, &'static str); 1], Vec<u8>) {
+    let json = [(CONTENT_TYPE, "application/json")];
+    let Some(ledger) = ledger.as_ref().clone() else {
+        let body = br#"{"error":"not_found","message":"no such endpoint"}"#.to_vec();
+        return (StatusCode::NOT_FOUND, json, body);
+    };
+    let path = uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
+    let url = format!("{}{path}", ledger.trim_end_matches('/'));
+    let answer = tokio::task::spawn_blocking(move || -> Result<(u16, Vec<u8>), String> {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let response = match method {
+            Method::GET => agent.get(&url).call(),
+            Method::POST => agent
+                .post(&url)
+                .content_type("application/json")
+                .send(&body[..]),
+            _ => {
+                return Ok((
+                    405,
+                    br#"{"error":"method_not_allowed","message":"GET or POST"}"#.to_vec(),
+                ))
+            }
+        };
+        let mut response = response.map_err(|e| e.to_string())?;
+        let status = response.status().as_u16();
+        let bytes = response
+            .body_mut()
+            .read_to_vec()
+            .map_err(|e| e.to_string())?;
+        Ok((status, bytes))
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|inner| inner);
+    match answer {
+        Ok((status, bytes)) => (
+            StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
+            json,
+            bytes,
+        ),
+        Err(reason) => {
+            let body =
+                serde_json::json!({"error": "ledger_unreachable", "message": reason.to_string()});
+            (StatusCode::BAD_GATEWAY, json, body.to_string().into_bytes())
+        }
+    }
 }
 
 async fn connection(

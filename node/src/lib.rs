@@ -3,13 +3,16 @@
 //! thin command line over this library; the scenarios in `tests/` use `wire` and `link` to
 //! play misbehaving peers against the real processes.
 
+pub mod api;
 pub mod backbone;
 pub mod bench;
+pub mod crediting;
 pub mod dev;
 pub mod gateway;
 pub mod genesis;
 pub mod hub;
 pub mod launch;
+pub mod ledger;
 pub mod link;
 pub mod model;
 pub mod registry;

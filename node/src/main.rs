@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use kvasir_node::{backbone, bench, dev, gateway, genesis, hub, model, verify, worker};
+use kvasir_node::{backbone, bench, dev, gateway, genesis, hub, ledger, model, verify, worker};
 
 #[derive(Parser)]
 #[command(
@@ -33,6 +33,8 @@ enum Command {
     /// Replay a stored chain from genesis, checking every signature, hash link, tx root and
     /// state root.
     VerifyChain(verify::Args),
+    /// The ledger service: produces blocks and serves the REST API.
+    Ledger(ledger::Args),
     /// Serve experts: one outbound wss:// link to the gateway, no listening socket.
     Worker(worker::Args),
     /// The public TLS port: worker upgrades spliced raw to the hub, the REST API otherwise.
@@ -104,6 +106,7 @@ fn main() -> ExitCode {
         Command::Generate(args) => model::generate_command(args),
         Command::VerifyChain(args) => verify::run(args),
         Command::Bench(bench) => bench::run(bench),
+        Command::Ledger(args) => ledger::run(args),
         Command::Worker(args) => worker::run(args),
         Command::Gateway(args) => gateway::run(args),
         Command::Hub(args) => hub::run(args),

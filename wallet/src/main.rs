@@ -1,13 +1,13 @@
 //! `kvasir-wallet`: your KVR account from the command line. Keys live in a key file
-//! (mode 0600). The verbs that talk to a ledger node (`balance`, `transfer`, `history`)
-//! arrive with the ledger service's REST API.
+//! (mode 0600); `balance` and `transfer` talk to a ledger node's REST API at `--url`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use kvasir_ledger::Keypair;
+use kvasir_ledger::{Address, Amount, Keypair, TxKind};
+use kvasir_wallet::client::Client;
 
 #[derive(Parser)]
 #[command(
@@ -22,6 +22,14 @@ struct Cli {
     /// Print one JSON object instead of text.
     #[arg(long, global = true)]
     json: bool,
+    /// The ledger's REST API (a ledger node, or the gateway in front of one).
+    #[arg(
+        long,
+        global = true,
+        env = "KVASIR_URL",
+        default_value = "http://127.0.0.1:7200"
+    )]
+    url: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -32,6 +40,13 @@ enum Command {
     New,
     /// Print the address of the key file.
     Address,
+    /// Settled balance and pending rewards (with the heights they settle at).
+    Balance {
+        /// Whose (default: the key file's address).
+        address: Option<Address>,
+    },
+    /// Send KVR: `transfer kvr1... 1.5`; waits until the transfer is committed.
+    Transfer { to: Address, amount: Amount },
 }
 
 fn default_keyfile() -> Result<PathBuf> {
@@ -40,11 +55,12 @@ fn default_keyfile() -> Result<PathBuf> {
 }
 
 fn run(cli: Cli) -> Result<()> {
-    let keyfile = match cli.keyfile {
-        Some(path) => path,
+    let keyfile = match &cli.keyfile {
+        Some(path) => path.clone(),
         None => default_keyfile()?,
     };
-    let keypair = match cli.command {
+    let client = Client::new(&cli.url);
+    match cli.command {
         Command::New => {
             if let Some(parent) = keyfile.parent().filter(|p| !p.as_os_str().is_empty()) {
                 std::fs::create_dir_all(parent)
@@ -52,11 +68,49 @@ fn run(cli: Cli) -> Result<()> {
             }
             let keypair = Keypair::generate();
             keypair.write_key_file(&keyfile)?;
-            keypair
+            print_address(&keypair, &keyfile, cli.json);
         }
-        Command::Address => Keypair::read_key_file(&keyfile)?,
-    };
-    if cli.json {
+        Command::Address => print_address(&Keypair::read_key_file(&keyfile)?, &keyfile, cli.json),
+        Command::Balance { address } => {
+            let address = match address {
+                Some(address) => address,
+                None => Keypair::read_key_file(&keyfile)?.address(),
+            };
+            let account = client.get(&format!("/accounts/{address}"))?;
+            if cli.json {
+                println!("{account}");
+            } else {
+                println!("{}", balance_text(&account));
+            }
+        }
+        Command::Transfer { to, amount } => {
+            let key = Keypair::read_key_file(&keyfile)?;
+            let head = client.get("/head")?;
+            let chain_id = head["chain_id"]
+                .as_str()
+                .context("the node did not name its chain")?;
+            let account = client.get(&format!("/accounts/{}", key.address()))?;
+            let nonce = account["nonce"]
+                .as_u64()
+                .context("the node did not give a nonce")?;
+            let tx = TxKind::Transfer { to, amount }.signed(chain_id, &key, nonce);
+            let hash = client.submit(&tx)?;
+            let height = client.wait_committed(&hash, std::time::Duration::from_secs(60))?;
+            if cli.json {
+                let value = serde_json::json!({"hash": hash, "height": height, "to": to, "amount": amount.to_decimal()});
+                println!("{value}");
+            } else {
+                println!(
+                    "sent {amount} to {to} in transaction {hash}, committed at height {height}"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_address(keypair: &Keypair, keyfile: &std::path::Path, json: bool) {
+    if json {
         let value = serde_json::json!({
             "address": keypair.address().to_string(),
             "keyfile": keyfile,
@@ -65,7 +119,36 @@ fn run(cli: Cli) -> Result<()> {
     } else {
         println!("{}", keypair.address());
     }
-    Ok(())
+}
+
+/// `kvr1...: settled 1 KVR, pending 0.008945664 KVR (0.008945664 KVR settling at height 12)`.
+fn balance_text(account: &serde_json::Value) -> String {
+    let kvr = |v: &serde_json::Value| format!("{} KVR", v["kvr"].as_str().unwrap_or("?"));
+    let pending: Vec<String> = account["pending"]
+        .as_array()
+        .map(|list| {
+            list.iter()
+                .map(|p| {
+                    format!(
+                        "{} settling at height {}",
+                        kvr(&p["amount"]),
+                        p["settle_height"]
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let detail = if pending.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", pending.join(", "))
+    };
+    format!(
+        "{}: settled {}, pending {}{detail}",
+        account["address"].as_str().unwrap_or("?"),
+        kvr(&account["balance"]),
+        kvr(&account["pending_total"]),
+    )
 }
 
 fn main() -> ExitCode {

@@ -1,0 +1,235 @@
+//! The ledger's REST API (axum). Amounts travel as base-unit strings next to their exact
+//! decimal; errors are `{error, message}` with a fitting status; bodies are size-limited.
+//!
+//! - `GET  /healthz`
+//! - `GET  /head`
+//! - `GET  /accounts/{address}`: settled balance, pending rewards with settle heights, nonce
+//! - `GET  /blocks/{height}`, `GET /blocks/by-hash/{hash}`
+//! - `POST /txs` `{"tx": hex of the borsh-encoded signed transaction}` -> `{"hash"}`
+//! - `GET  /txs/{hash}`: pending, committed (height, index) or rejected (reason)
+//! - `GET  /sessions/{hub}/{session}`: the receipt high-water mark of a hub session
+//! - `GET  /metrics`: Prometheus text
+
+use std::str::FromStr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use borsh::BorshDeserialize;
+use kvasir_ledger::mempool::MempoolError;
+use kvasir_ledger::state::SessionKey;
+use kvasir_ledger::{Address, Amount, Block, Hash, SignedTx};
+use serde_json::{json, Value};
+
+use crate::ledger::{Ledger, Refusal};
+
+/// Largest request body: a signed transaction is well under a kilobyte.
+const MAX_BODY: usize = 64 << 10;
+
+type Reply = Result<Json<Value>, ApiError>;
+
+pub struct ApiError(StatusCode, &'static str, String);
+
+impl axum::response::IntoResponse for ApiError {
+    fn into_response(self) -> axum::response::Response {
+        let body = Json(json!({"error": self.1, "message": self.2}));
+        (self.0, body).into_response()
+    }
+}
+
+fn bad_request(message: impl ToString) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, "bad_request", message.to_string())
+}
+
+fn not_found(message: impl ToString) -> ApiError {
+    ApiError(StatusCode::NOT_FOUND, "not_found", message.to_string())
+}
+
+fn internal(message: impl ToString) -> ApiError {
+    ApiError(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        message.to_string(),
+    )
+}
+
+/// An amount as JSON: base units as a string (exact in every JSON reader) and the decimal.
+pub fn amount_json(amount: Amount) -> Value {
+    json!({"base_units": amount.base_units().to_string(), "kvr": amount.to_decimal()})
+}
+
+pub fn router(ledger: Arc<Ledger>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/head", get(head))
+        .route("/accounts/{address}", get(account))
+        .route("/blocks/{height}", get(block_by_height))
+        .route("/blocks/by-hash/{hash}", get(block_by_hash))
+        .route("/txs", post(submit))
+        .route("/txs/{hash}", get(tx_status))
+        .route("/sessions/{hub}/{session}", get(session))
+        .route("/metrics", get(metrics))
+        .fallback(|| async { not_found("no such endpoint") })
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(ledger)
+}
+
+async fn head(State(ledger): State<Arc<Ledger>>) -> Reply {
+    let state = ledger.state();
+    Ok(Json(json!({
+        "chain_id": state.genesis().params.chain_id,
+        "height": state.height(),
+        "hash": state.block_hash().to_string(),
+        "state_root": state.root().to_string(),
+        "timestamp_ms": state.timestamp_ms(),
+    })))
+}
+
+async fn account(State(ledger): State<Arc<Ledger>>, Path(address): Path<String>) -> Reply {
+    let address = Address::from_str(&address).map_err(bad_request)?;
+    let account = ledger.state().account(&address);
+    let pending: Vec<Value> = account
+        .pending
+        .iter()
+        .map(|p| json!({"amount": amount_json(p.amount), "settle_height": p.settle_height}))
+        .collect();
+    let pending_total = account
+        .pending
+        .iter()
+        .try_fold(Amount::ZERO, |sum, p| sum.checked_add(p.amount))
+        .ok_or_else(|| internal("pending total overflows"))?;
+    Ok(Json(json!({
+        "address": address,
+        "balance": amount_json(account.balance),
+        "pending": pending,
+        "pending_total": amount_json(pending_total),
+        "owed": amount_json(account.owed),
+        "nonce": account.nonce,
+    })))
+}
+
+fn block_json(block: &Block) -> Value {
+    let h = &block.header;
+    json!({
+        "height": h.height,
+        "hash": block.hash().to_string(),
+        "prev_hash": h.prev_hash.to_string(),
+        "timestamp_ms": h.timestamp_ms,
+        "tx_root": h.tx_root.to_string(),
+        "state_root": h.state_root.to_string(),
+        "proposer": h.proposer,
+        "txs": block.txs.iter().map(|t| t.hash().to_string()).collect::<Vec<_>>(),
+    })
+}
+
+fn stored_block(ledger: &Ledger, height: u64) -> Reply {
+    match ledger.store.block(height).map_err(internal)? {
+        Some(block) => Ok(Json(block_json(&block))),
+        None => Err(not_found(format!("no block at height {height}"))),
+    }
+}
+
+async fn block_by_height(State(ledger): State<Arc<Ledger>>, Path(height): Path<String>) -> Reply {
+    let height: u64 = height
+        .parse()
+        .map_err(|_| bad_request(format!("{height:?} is not a block height")))?;
+    stored_block(&ledger, height)
+}
+
+async fn block_by_hash(State(ledger): State<Arc<Ledger>>, Path(hash): Path<String>) -> Reply {
+    let hash = Hash::from_str(&hash).map_err(bad_request)?;
+    match ledger.store.height_of(&hash).map_err(internal)? {
+        Some(height) => stored_block(&ledger, height),
+        None => Err(not_found(format!("no block {hash}"))),
+    }
+}
+
+#[derive(serde::Deserialize)]
+pub struct Submission {
+    /// The signed transaction, borsh-encoded, in hex.
+    tx: String,
+}
+
+async fn submit(
+    State(ledger): State<Arc<Ledger>>,
+    body: Result<Json<Submission>, JsonRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let Json(submission) = body.map_err(|e| ApiError(e.status(), "bad_request", e.body_text()))?;
+    let bytes = hex::decode(submission.tx.trim())
+        .map_err(|e| bad_request(format!("tx is not hex: {e}")))?;
+    let tx = SignedTx::try_from_slice(&bytes)
+        .map_err(|e| bad_request(format!("tx is not a signed transaction: {e}")))?;
+    let hash = ledger.submit(tx).map_err(|refusal| match refusal {
+        Refusal::Invalid(e) => ApiError(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_tx",
+            e.to_string(),
+        ),
+        Refusal::Mempool(e @ MempoolError::Full(_)) => ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "mempool_full",
+            e.to_string(),
+        ),
+        Refusal::Mempool(e) => ApiError(StatusCode::CONFLICT, "conflict", e.to_string()),
+    })?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({"hash": hash.to_string()})),
+    ))
+}
+
+async fn tx_status(State(ledger): State<Arc<Ledger>>, Path(hash): Path<String>) -> Reply {
+    let hash = Hash::from_str(&hash).map_err(bad_request)?;
+    if let Some(location) = ledger.store.tx_location(&hash).map_err(internal)? {
+        return Ok(Json(json!({
+            "hash": hash.to_string(), "status": "committed",
+            "height": location.height, "index": location.index,
+        })));
+    }
+    if ledger.is_pending(&hash) {
+        return Ok(Json(json!({"hash": hash.to_string(), "status": "pending"})));
+    }
+    match ledger.rejection(&hash) {
+        Some(rejection) => Ok(Json(json!({
+            "hash": hash.to_string(), "status": "rejected", "reason": rejection.0,
+        }))),
+        None => Err(not_found(format!("no transaction {hash}"))),
+    }
+}
+
+async fn session(
+    State(ledger): State<Arc<Ledger>>,
+    Path((hub, session)): Path<(String, String)>,
+) -> Reply {
+    let hub = Address::from_str(&hub).map_err(bad_request)?;
+    let session_id: u64 = session
+        .parse()
+        .map_err(|_| bad_request(format!("{session:?} is not a session id")))?;
+    let state = ledger.state();
+    let mark = state.receipt_mark(&SessionKey { hub, session_id });
+    Ok(Json(json!({
+        "hub": hub,
+        "session_id": session_id,
+        "worker": mark.map(|m| m.worker),
+        "cumulative_bytes": mark.map_or(0, |m| m.cumulative_bytes),
+    })))
+}
+
+async fn metrics(State(ledger): State<Arc<Ledger>>) -> String {
+    let state = ledger.state();
+    let credits = state.receipts().count();
+    format!(
+        "# TYPE kvasir_height gauge\nkvasir_height {}\n\
+         # TYPE kvasir_blocks_produced_total counter\nkvasir_blocks_produced_total {}\n\
+         # TYPE kvasir_mempool_transactions gauge\nkvasir_mempool_transactions {}\n\
+         # TYPE kvasir_credited_sessions gauge\nkvasir_credited_sessions {}\n",
+        state.height(),
+        ledger.blocks_produced.load(Ordering::Relaxed),
+        ledger.mempool_len(),
+        credits,
+    )
+}

@@ -1,0 +1,126 @@
+//! A blocking client of the ledger REST API (`kvasir-node ledger`, or the gateway in front
+//! of it). Errors name what went wrong in one line: the node unreachable, or the API's own
+//! `{error, message}`.
+
+use std::time::{Duration, Instant};
+
+use kvasir_ledger::SignedTx;
+use serde_json::Value;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot reach the ledger at {url}: {reason}")]
+    Unreachable { url: String, reason: String },
+    #[error("{message} ({error}, HTTP {status})")]
+    Api {
+        status: u16,
+        error: String,
+        message: String,
+    },
+    #[error("unexpected reply from {url}: {reason}")]
+    BadReply { url: String, reason: String },
+    #[error("transaction {hash} was rejected: {reason}")]
+    Rejected { hash: String, reason: String },
+    #[error("transaction {0} was not committed in time")]
+    Timeout(String),
+}
+
+pub struct Client {
+    base: String,
+    agent: ureq::Agent,
+}
+
+impl Client {
+    /// A client of the API at `base`, e.g. `http://127.0.0.1:7200`.
+    pub fn new(base: &str) -> Client {
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(30)))
+            .build()
+            .into();
+        Client {
+            base: base.trim_end_matches('/').to_string(),
+            agent,
+        }
+    }
+
+    fn reply(
+        &self,
+        url: &str,
+        response: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    ) -> Result<Value, ClientError> {
+        let mut response = response.map_err(|e| ClientError::Unreachable {
+            url: self.base.clone(),
+            reason: e.to_string(),
+        })?;
+        let status = response.status().as_u16();
+        let text = response
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| ClientError::BadReply {
+                url: url.to_string(),
+                reason: e.to_string(),
+            })?;
+        let value: Value = serde_json::from_str(&text).map_err(|e| ClientError::BadReply {
+            url: url.to_string(),
+            reason: format!("{e}: {}", text.chars().take(200).collect::<String>()),
+        })?;
+        if (200..300).contains(&status) {
+            return Ok(value);
+        }
+        let field = |name: &str| value[name].as_str().unwrap_or("").to_string();
+        Err(ClientError::Api {
+            status,
+            error: field("error"),
+            message: field("message"),
+        })
+    }
+
+    /// `GET path`, as JSON.
+    pub fn get(&self, path: &str) -> Result<Value, ClientError> {
+        let url = format!("{}{path}", self.base);
+        let response = self.agent.get(&url).call();
+        self.reply(&url, response)
+    }
+
+    /// `POST path` with a JSON body.
+    pub fn post(&self, path: &str, body: &Value) -> Result<Value, ClientError> {
+        let url = format!("{}{path}", self.base);
+        let response = self.agent.post(&url).send_json(body);
+        self.reply(&url, response)
+    }
+
+    /// Submits a signed transaction; its hash.
+    pub fn submit(&self, tx: &SignedTx) -> Result<String, ClientError> {
+        let bytes = borsh::to_vec(tx).map_err(|e| ClientError::BadReply {
+            url: String::new(),
+            reason: e.to_string(),
+        })?;
+        let reply = self.post("/txs", &serde_json::json!({"tx": hex::encode(bytes)}))?;
+        Ok(reply["hash"].as_str().unwrap_or_default().to_string())
+    }
+
+    /// Waits until transaction `hash` is committed; its height.
+    pub fn wait_committed(&self, hash: &str, timeout: Duration) -> Result<u64, ClientError> {
+        let start = Instant::now();
+        loop {
+            match self.get(&format!("/txs/{hash}")) {
+                Ok(status) if status["status"] == "committed" => {
+                    return Ok(status["height"].as_u64().unwrap_or_default())
+                }
+                Ok(status) if status["status"] == "rejected" => {
+                    return Err(ClientError::Rejected {
+                        hash: hash.to_string(),
+                        reason: status["reason"].as_str().unwrap_or("").to_string(),
+                    })
+                }
+                Ok(_) | Err(ClientError::Api { status: 404, .. }) => {}
+                Err(e) => return Err(e),
+            }
+            if start.elapsed() > timeout {
+                return Err(ClientError::Timeout(hash.to_string()));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
