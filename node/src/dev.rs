@@ -1,195 +1,279 @@
-//! `kvasir-node dev`: the newcomer's first command. Until the swarm lands (backbone, hub,
-//! gateway and workers as processes), it runs the ledger half of the loop in one process:
-//! a hub-signed receipt for the announcement's first internet session is credited by the
-//! gateway key to a worker's wallet, stays pending through the challenge window, settles,
-//! and the whole chain is re-verified from genesis. A second run reuses the data dir and
-//! meters the next session.
+//! `kvasir-node dev`: the newcomer's first command. The whole swarm on loopback as separate
+//! processes (ledger, hub, TLS gateway, N workers, backbone): it generates with every expert
+//! on the workers, checks the output against an all-local run bit for bit, waits for the
+//! gateway to credit each worker's metered bytes on the ledger, shows each worker's wallet
+//! balance, and re-verifies the chain. A second run reuses the data dir (chain, model, keys).
 
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use kvasir_ledger::mempool::Mempool;
-use kvasir_ledger::{
-    check_stateless, produce_block, verify_chain, Address, Amount, Genesis, Keypair, Receipt,
-    SignedTx, State, Store, TxKind,
-};
+use indicatif::{ProgressBar, ProgressStyle};
+use kvasir_inference::config::Config;
+use kvasir_inference::generate::Sampling;
+use kvasir_inference::synth::{preset, synthesize};
+use kvasir_ledger::{verify_chain, Genesis, Store};
+use kvasir_wallet::client::{balance_text, Client};
 
-use crate::genesis::{genesis_path, install_dev_chain, key_path};
-
-/// Bytes relayed in the announcement's first internet session.
-const SEED_SESSION_BYTES: u64 = 1_277_952;
+use crate::genesis::{genesis_path, install_dev_chain};
+use crate::launch::{Child, Loopback};
+use crate::model::{load_local, run_generation};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Where the dev chain, its keys and the worker's wallet live; reused by later runs.
+    /// Where the chain, its keys, the model and the workers' wallets live; reused by later runs.
     #[arg(long, default_value = "kvasir-data")]
     data_dir: PathBuf,
+    /// Workers to start; the experts are split between them.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    #[arg(long, default_value = "The capital of France is")]
+    prompt: String,
+    #[arg(long, default_value_t = 32)]
+    tokens: usize,
+    /// Keep the swarm running afterwards (Ctrl-C stops it).
+    #[arg(long)]
+    serve: bool,
+    /// The synthetic checkpoint to serve.
+    #[arg(long, default_value = "small")]
+    preset: String,
+    /// Also print one JSON object with the figures (for scripts and tests).
+    #[arg(long)]
+    json: bool,
 }
 
-/// The dev chain's ledger and its block producer.
-struct DevChain {
-    store: Store,
-    state: State,
-    validator: Keypair,
+fn text(path: &Path) -> String {
+    path.display().to_string()
 }
 
-impl DevChain {
-    /// Produces and durably commits one block holding `txs`; every one must be accepted.
-    fn commit_block(&mut self, txs: Vec<SignedTx>) -> Result<()> {
-        let mut mempool = Mempool::new(txs.len().max(1));
-        for checked in check_stateless(self.state.genesis(), txs) {
-            mempool.insert(checked?)?;
-        }
-        let candidates = mempool.candidates(mempool.len());
-        let produced = produce_block(&self.state, &candidates, &self.validator, now_ms())?;
-        if let Some((hash, error)) = produced.rejected.first() {
-            bail!("transaction {hash} was rejected: {error}");
-        }
-        self.store.commit(&produced.block, &produced.changes)?;
-        self.state = produced.state;
-        Ok(())
+/// The checkpoint in `dir`, synthesized on first use.
+fn ensure_model(dir: &Path, name: &str) -> Result<()> {
+    if dir.join("config.json").exists() {
+        return Ok(());
     }
+    let preset = preset(name)?;
+    let bar = ProgressBar::new(0).with_style(
+        ProgressStyle::with_template("synthesizing the model {bar:40} {pos}/{len} tensors")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    synthesize(dir, preset, |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })?;
+    bar.finish_and_clear();
+    Ok(())
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// The worker's own wallet key: created on the first run, reused after.
-fn worker_key(path: &Path) -> Result<Keypair> {
-    if !path.exists() {
-        Keypair::generate().write_key_file(path)?;
-    }
-    Keypair::read_key_file(path).with_context(|| format!("reading {}", path.display()))
-}
-
-/// `bytes / unit_bytes` as exact decimal text with up to six places, for display.
-fn units_text(bytes: u64, unit_bytes: u64) -> String {
-    let micro = u128::from(bytes) * 1_000_000 / u128::from(unit_bytes);
-    let text = format!("{}.{:06}", micro / 1_000_000, micro % 1_000_000);
-    text.trim_end_matches('0').trim_end_matches('.').to_string()
-}
-
-fn describe(state: &State, who: &Address) -> String {
-    let account = state.account(who);
-    let pending: Vec<String> = account
-        .pending
-        .iter()
-        .map(|p| format!("{} settling at height {}", p.amount, p.settle_height))
-        .collect();
-    let pending = if pending.is_empty() {
-        "none".to_string()
-    } else {
-        pending.join(", ")
-    };
-    format!("settled {}, pending {pending}", account.balance)
+/// `*:a-b` for worker `i` of `n`: contiguous, near-equal expert ranges.
+fn share(i: usize, n: usize, experts: usize) -> String {
+    let (start, end) = (i * experts / n, (i + 1) * experts / n);
+    format!("*:{}-{}", start, end.max(start + 1) - 1)
 }
 
 pub fn run(args: Args) -> Result<()> {
+    if args.workers == 0 {
+        bail!("--workers must be at least 1");
+    }
     let dir = &args.data_dir;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let genesis = if genesis_path(dir).exists() {
         Genesis::load(&genesis_path(dir))?
     } else {
         install_dev_chain(dir)?
     };
-    let key = |role: &str| {
-        let path = key_path(dir, role);
-        Keypair::read_key_file(&path).with_context(|| format!("reading {}", path.display()))
-    };
-    let (validator, gateway, hub, faucet) = (
-        key("validator")?,
-        key("gateway")?,
-        key("hub")?,
-        key("faucet")?,
-    );
-    let worker = worker_key(&key_path(dir, "worker-1"))?.address();
-    let ledger_dir = dir.join("ledger");
-    let store = Store::open_or_create(&ledger_dir, &genesis)?;
-    let state = store.load_state()?;
-    let mut chain = DevChain {
-        store,
-        state,
-        validator,
-    };
-
+    let model_dir = dir.join(format!("model-{}", args.preset));
+    ensure_model(&model_dir, &args.preset)?;
+    let config = Config::load(&model_dir)?;
+    if args.workers > config.num_experts {
+        bail!(
+            "--workers {} is more than the model's {} experts",
+            args.workers,
+            config.num_experts
+        );
+    }
     println!(
-        "Kvasir dev chain {} (genesis {}) in {}",
+        "Kvasir dev swarm: chain {} (genesis {}), model {} in {}",
         genesis.params.chain_id,
         genesis.hash(),
+        args.preset,
         dir.display()
     );
-    println!("  The swarm (backbone, hub, gateway, workers) lands in later issues; this run");
-    println!("  exercises the ledger they settle on, with the real keys, signatures and storage.");
-    let session_id = chain
-        .state
-        .receipts()
-        .filter(|(k, _)| k.hub == hub.address())
-        .count() as u64
-        + 1;
-    let receipt = Receipt {
-        chain_id: genesis.params.chain_id.clone(),
-        hub: hub.address(),
-        session_id,
-        worker,
-        cumulative_bytes: SEED_SESSION_BYTES,
-    };
-    let earned = genesis
-        .earned(SEED_SESSION_BYTES)
-        .context("reward overflows")?;
-    println!(
-        "session {session_id}: hub signed a receipt for {SEED_SESSION_BYTES} bytes relayed by worker {worker}"
+
+    let run_dir = dir.join("swarm");
+    let mut swarm = Loopback::start(&run_dir, dir, true)?;
+    let ledger_url = format!(
+        "http://{}",
+        swarm.ledger_addr.context("the ledger did not start")?
     );
     println!(
-        "  {} units x {} per unit = {earned}",
-        units_text(SEED_SESSION_BYTES, genesis.params.unit_bytes),
-        genesis.params.reward_per_unit
+        "ledger http://{}, hub {} (registry http://{}), gateway wss://localhost:{}",
+        swarm.ledger_addr.map(|a| a.to_string()).unwrap_or_default(),
+        swarm.hub_addr,
+        swarm.registry_addr,
+        swarm.gateway_addr.port()
     );
-    let nonce = |who: &Keypair| chain.state.account(&who.address()).nonce;
-    let chain_id = &genesis.params.chain_id;
-    let credit = TxKind::Credit(receipt.sign(&hub)).signed(chain_id, &gateway, nonce(&gateway));
-    let tip = TxKind::Transfer {
-        to: worker,
-        amount: Amount::parse("1")?,
+    let url = Loopback::swarm_url(swarm.gateway_addr.port());
+    let mut workers = Vec::new();
+    for i in 0..args.workers {
+        let keyfile = dir.join("keys").join(format!("worker-{}.key", i + 1));
+        let experts = share(i, args.workers, config.num_experts);
+        let address = swarm.add_worker(&model_dir, &experts, &url, &keyfile)?;
+        println!("worker {}: {address} holds experts {experts}", i + 1);
+        workers.push((address, keyfile));
     }
-    .signed(chain_id, &faucet, nonce(&faucet));
-    chain.commit_block(vec![credit, tip])?;
-    println!(
-        "block {}: gateway credit + faucet transfer of 1 KVR committed",
-        chain.state.height()
-    );
-    println!("  worker: {}", describe(&chain.state, &worker));
-    for _ in 0..genesis.params.challenge_window {
-        chain.commit_block(Vec::new())?;
+
+    let backbone_key = run_dir.join("backbone.key");
+    if backbone_key.exists() {
+        std::fs::remove_file(&backbone_key)?;
     }
+    swarm.backbone.write_key_file(&backbone_key)?;
+    let tokens = args.tokens.to_string();
+    let mut backbone = Child::spawn(
+        &[
+            "backbone",
+            "--model",
+            &text(&model_dir),
+            "--hub",
+            &format!("ws://{}", swarm.hub_addr),
+            "--key",
+            &text(&backbone_key),
+            "--remote",
+            "*:*",
+            "--prompt",
+            &args.prompt,
+            "--tokens",
+            &tokens,
+            "--json",
+        ]
+        .map(String::from),
+    )?;
+    let remote: serde_json::Value =
+        serde_json::from_str(&backbone.line("{").map(|rest| format!("{{{rest}"))?)
+            .context("the backbone's report is not JSON")?;
+    let (model, experts, tokenizer) = load_local(&model_dir)?;
+    let local = run_generation(
+        &model,
+        &tokenizer,
+        &experts,
+        &args.prompt,
+        args.tokens,
+        Sampling::GREEDY,
+    )?;
     println!(
-        "blocks up to {}: the {}-block challenge window passes",
-        chain.state.height(),
-        genesis.params.challenge_window
+        "{}{}",
+        args.prompt,
+        remote["text"].as_str().unwrap_or_default()
     );
-    println!("  worker: {}", describe(&chain.state, &worker));
-    let report = verify_chain(&chain.store, |_, _| {})?;
+    let remote_ids: Vec<u64> = remote["token_ids"]
+        .as_array()
+        .map(|ids| ids.iter().filter_map(|v| v.as_u64()).collect())
+        .unwrap_or_default();
+    let same = remote_ids
+        .iter()
+        .zip(&local.token_ids)
+        .filter(|(r, l)| **r == u64::from(**l))
+        .count();
+    let logits_same = remote["logits_blake3"] == local.logits_blake3.as_str();
+    println!(
+        "remote vs local: {same}/{} tokens identical, logits {} ({} remote requests, {} fell back)",
+        local.token_ids.len(),
+        if logits_same { "identical" } else { "DIFFER" },
+        remote["remote_requests"],
+        remote["fallbacks"]
+    );
+    if same != local.token_ids.len() || remote_ids.len() != local.token_ids.len() || !logits_same {
+        bail!("remote output differs from local output");
+    }
+
+    // Every session's bytes, credited: wait until the ledger's marks reach the registry's counts.
+    let registry = Client::new(&format!("http://{}", swarm.registry_addr));
+    let ledger = Client::new(&ledger_url);
+    let listing = registry.get("/receipts")?;
+    let hub = listing["hub"].as_str().unwrap_or_default().to_string();
+    let sessions: Vec<(u64, String, u64)> = listing["receipts"]
+        .as_array()
+        .map(|list| {
+            list.iter()
+                .map(|r| {
+                    (
+                        r["session_id"].as_u64().unwrap_or_default(),
+                        r["worker"].as_str().unwrap_or_default().to_string(),
+                        r["cumulative_bytes"].as_u64().unwrap_or_default(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for (session, _, bytes) in &sessions {
+        loop {
+            let mark = ledger.get(&format!("/sessions/{hub}/{session}"))?;
+            if mark["cumulative_bytes"].as_u64().unwrap_or(0) >= *bytes {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("session {session} was not credited within two minutes");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let mut report = Vec::new();
+    for (i, (address, keyfile)) in workers.iter().enumerate() {
+        let relayed: u64 = sessions
+            .iter()
+            .filter(|(_, w, _)| w == address)
+            .map(|(_, _, b)| b)
+            .sum();
+        let account = ledger.get(&format!("/accounts/{address}"))?;
+        println!(
+            "worker {}: {relayed} bytes relayed (all its sessions)",
+            i + 1
+        );
+        println!("  kvasir-wallet balance: {}", balance_text(&account));
+        report.push(serde_json::json!({
+            "address": address, "keyfile": keyfile, "relayed_bytes": relayed, "account": account,
+        }));
+    }
+    if let Some((_, keyfile)) = workers.first() {
+        println!(
+            "query a balance yourself (while `dev --serve` runs): cargo run --release -p kvasir-wallet -- balance --keyfile {} --url {ledger_url}",
+            keyfile.display()
+        );
+    }
+    if args.json {
+        let value = serde_json::json!({
+            "tokens_identical": same, "logits_identical": logits_same,
+            "sessions": sessions.iter().map(|(s, w, b)| serde_json::json!({"session_id": s, "worker": w, "cumulative_bytes": b})).collect::<Vec<_>>(),
+            "workers": report, "ledger": ledger_url,
+        });
+        println!("{value}");
+    }
+    if args.serve {
+        println!("the swarm is running; Ctrl-C stops it");
+        loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+    }
+    drop(backbone);
+    swarm.stop();
+    let store = Store::open(&dir.join("ledger"))?;
+    let verified = verify_chain(&store, |_, _| {})?;
     println!(
         "chain re-verified from genesis: {} blocks, {} transactions, state root {}",
-        report.blocks, report.transactions, report.state_root
-    );
-    println!(
-        "verify it yourself: cargo run --release -p kvasir-node -- verify-chain --data-dir {}",
-        ledger_dir.display()
+        verified.blocks, verified.transactions, verified.state_root
     );
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::units_text;
+    use super::share;
 
     #[test]
-    fn units_are_exact_decimals() {
-        assert_eq!(units_text(1_277_952, 1_000_000), "1.277952");
-        assert_eq!(units_text(2_000_000, 1_000_000), "2");
-        assert_eq!(units_text(1, 3), "0.333333");
+    fn expert_shares_cover_every_expert_once() {
+        assert_eq!(share(0, 2, 32), "*:0-15");
+        assert_eq!(share(1, 2, 32), "*:16-31");
+        assert_eq!(share(2, 3, 8), "*:5-7");
+        assert_eq!(share(0, 1, 8), "*:0-7");
     }
 }

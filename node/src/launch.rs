@@ -80,24 +80,57 @@ fn text(path: &Path) -> String {
     path.display().to_string()
 }
 
-/// A hub and a TLS gateway (self-signed) on the dev chain, plus workers, all on loopback.
+/// A hub and a TLS gateway (self-signed) on a chain, optionally a ledger with the gateway
+/// crediting to it, plus workers, all on loopback.
 pub struct Loopback {
     pub dir: PathBuf,
     pub hub_addr: SocketAddr,
     pub registry_addr: SocketAddr,
     pub gateway_addr: SocketAddr,
+    pub ledger_addr: Option<SocketAddr>,
     pub cert: PathBuf,
     pub backbone: Keypair,
     roles: Vec<Child>,
 }
 
+impl Drop for Loopback {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 impl Loopback {
-    /// Starts hub and gateway with their files under `dir`.
-    pub fn start(dir: &Path) -> Result<Loopback> {
-        let chain = dir.join("chain");
-        if !genesis_path(&chain).exists() {
-            install_dev_chain(&chain)?;
+    /// Starts hub and gateway with their files under `dir`, on the chain in `chain` (the
+    /// dev chain is installed there if it holds none); with `ledger`, also the ledger service
+    /// (its data in `chain/ledger`), and the gateway credits the hub's receipts to it.
+    pub fn start(dir: &Path, chain: &Path, ledger: bool) -> Result<Loopback> {
+        if !genesis_path(chain).exists() {
+            install_dev_chain(chain)?;
         }
+        let genesis = text(&genesis_path(chain));
+        let key = |role: &str| text(&key_path(chain, role));
+        let mut roles = Vec::new();
+        let ledger_addr = if ledger {
+            let mut ledger = Child::spawn(
+                &[
+                    "ledger",
+                    "--genesis",
+                    &genesis,
+                    "--data-dir",
+                    &text(&chain.join("ledger")),
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--key",
+                    &key("validator"),
+                ]
+                .map(String::from),
+            )?;
+            let addr = ledger.listening("ledger")?;
+            roles.push(ledger);
+            Some(addr)
+        } else {
+            None
+        };
         let backbone = Keypair::generate();
         let mut hub = Child::spawn(
             &[
@@ -107,9 +140,9 @@ impl Loopback {
                 "--registry-listen",
                 "127.0.0.1:0",
                 "--key",
-                &text(&key_path(&chain, "hub")),
+                &key("hub"),
                 "--genesis",
-                &text(&genesis_path(&chain)),
+                &genesis,
                 "--backbone",
                 &backbone.address().to_string(),
                 "--data-dir",
@@ -119,30 +152,55 @@ impl Loopback {
         )?;
         let hub_addr = hub.listening("hub")?;
         let registry_addr = hub.listening("hub registry")?;
+        roles.push(hub);
         let cert = dir.join("gateway-cert.pem");
-        let mut gateway = Child::spawn(
-            &[
-                "gateway",
-                "--listen",
-                "127.0.0.1:0",
-                "--self-signed",
-                "--cert-out",
-                &text(&cert),
-                "--hub",
-                &hub_addr.to_string(),
-            ]
-            .map(String::from),
-        )?;
+        let mut gateway_args = [
+            "gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--self-signed",
+            "--cert-out",
+            &text(&cert),
+            "--hub",
+            &hub_addr.to_string(),
+        ]
+        .map(String::from)
+        .to_vec();
+        if let Some(ledger) = ledger_addr {
+            gateway_args.extend(
+                [
+                    "--ledger",
+                    &format!("http://{ledger}"),
+                    "--registry",
+                    &format!("http://{registry_addr}"),
+                    "--key",
+                    &key("gateway"),
+                    "--credit-interval-ms",
+                    "250",
+                ]
+                .map(String::from),
+            );
+        }
+        let mut gateway = Child::spawn(&gateway_args)?;
         let gateway_addr = gateway.listening("gateway")?;
+        roles.push(gateway);
         Ok(Loopback {
             dir: dir.to_path_buf(),
             hub_addr,
             registry_addr,
             gateway_addr,
+            ledger_addr,
             cert,
             backbone,
-            roles: vec![hub, gateway],
+            roles,
         })
+    }
+
+    /// Stops the roles, workers first, so no survivor logs the others' departure.
+    pub fn stop(&mut self) {
+        while let Some(role) = self.roles.pop() {
+            drop(role);
+        }
     }
 
     /// The URL workers dial to reach the gateway through `port` (the gateway's, or a proxy's).
@@ -150,19 +208,26 @@ impl Loopback {
         format!("wss://localhost:{port}/swarm")
     }
 
-    /// Starts a worker holding `experts` of `model`, dialling `url`, with a fresh wallet key;
-    /// returns its address once its session is open.
-    pub fn add_worker(&mut self, model: &Path, experts: &str, url: &str) -> Result<String> {
-        let key = Keypair::generate();
-        let keyfile = self.dir.join(format!("worker{}.key", self.roles.len()));
-        key.write_key_file(&keyfile)?;
+    /// Starts a worker holding `experts` of `model`, dialling `url`, with the wallet key in
+    /// `keyfile` (created if absent); returns its address once its session is open.
+    pub fn add_worker(
+        &mut self,
+        model: &Path,
+        experts: &str,
+        url: &str,
+        keyfile: &Path,
+    ) -> Result<String> {
+        if !keyfile.exists() {
+            Keypair::generate().write_key_file(keyfile)?;
+        }
+        let key = Keypair::read_key_file(keyfile)?;
         let mut worker = Child::spawn(
             &[
                 "worker",
                 "--gateway",
                 url,
                 "--keyfile",
-                &text(&keyfile),
+                &text(keyfile),
                 "--model",
                 &text(model),
                 "--experts",

@@ -124,3 +124,33 @@ impl Client {
         }
     }
 }
+
+/// `kvr1...: settled 1 KVR, pending 0.008945664 KVR (0.008945664 KVR settling at height 12)`.
+pub fn balance_text(account: &serde_json::Value) -> String {
+    let kvr = |v: &serde_json::Value| format!("{} KVR", v["kvr"].as_str().unwrap_or("?"));
+    let pending: Vec<String> = account["pending"]
+        .as_array()
+        .map(|list| {
+            list.iter()
+                .map(|p| {
+                    format!(
+                        "{} settling at height {}",
+                        kvr(&p["amount"]),
+                        p["settle_height"]
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let detail = if pending.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", pending.join(", "))
+    };
+    format!(
+        "{}: settled {}, pending {}{detail}",
+        account["address"].as_str().unwrap_or("?"),
+        kvr(&account["balance"]),
+        kvr(&account["pending_total"]),
+    )
+}

@@ -136,14 +136,20 @@ pub fn run(args: Args) -> Result<()> {
     let fallback = LocalExperts::load(&checkpoint, &config, |_, _| true)?;
 
     let runtime = tokio::runtime::Runtime::new()?;
-    let mut swarm = Loopback::start(scratch.path())?;
+    let mut swarm = Loopback::start(scratch.path(), &scratch.path().join("chain"), false)?;
     let rtt = Duration::from_secs_f64(args.rtt_ms / 1e3);
     let proxy = std::net::TcpListener::bind("127.0.0.1:0")?;
     let proxy_port = proxy.local_addr()?.port();
     let gateway = swarm.gateway_addr;
     std::thread::spawn(move || delay_proxy(proxy, gateway, rtt / 2));
     let link_rtt = measured_rtt(rtt / 2)?;
-    swarm.add_worker(&model_dir, "0:*", &Loopback::swarm_url(proxy_port))?;
+    let keyfile = scratch.path().join("worker.key");
+    swarm.add_worker(
+        &model_dir,
+        "0:*",
+        &Loopback::swarm_url(proxy_port),
+        &keyfile,
+    )?;
     let remote = RemoteExperts::attach(
         &runtime,
         &format!("ws://{}", swarm.hub_addr),
