@@ -1,0 +1,285 @@
+//! The ledger service's REST API over a real process: good transactions commit, and every
+//! kind of bad input gets the right status and changes nothing.
+
+use std::path::Path;
+use std::time::Duration;
+
+use kvasir_ledger::{Amount, Genesis, Keypair, Receipt, SignedTx, TxKind};
+use kvasir_tests::swarm::{http, Proc};
+use kvasir_tests::{run, stderr};
+use kvasir_wallet::client::{Client, ClientError};
+use serde_json::Value;
+
+fn path_str(path: &Path) -> &str {
+    path.to_str().expect("utf-8 temp path")
+}
+
+struct Chain {
+    _dir: tempfile::TempDir,
+    _ledger: Proc,
+    addr: String,
+    client: Client,
+    genesis: Genesis,
+    key: Box<dyn Fn(&str) -> Keypair>,
+}
+
+fn start() -> Chain {
+    let dir = tempfile::tempdir().unwrap();
+    let chain = dir.path().join("chain");
+    let init = run(
+        "kvasir-node",
+        &["genesis", "init", "--out", path_str(&chain)],
+    );
+    assert!(init.status.success(), "{}", stderr(&init));
+    let mut ledger = Proc::start(
+        "kvasir-node",
+        &[
+            "ledger",
+            "--genesis",
+            path_str(&chain.join("genesis.json")),
+            "--data-dir",
+            path_str(&dir.path().join("ledger")),
+            "--listen",
+            "127.0.0.1:0",
+            "--key",
+            path_str(&chain.join("keys/validator.key")),
+        ],
+    );
+    let addr = ledger.listening("ledger");
+    let keys = chain.join("keys");
+    Chain {
+        genesis: Genesis::load(&chain.join("genesis.json")).unwrap(),
+        client: Client::new(&format!("http://{addr}")),
+        addr,
+        _ledger: ledger,
+        _dir: dir,
+        key: Box::new(move |role| {
+            Keypair::read_key_file(&keys.join(format!("{role}.key"))).unwrap()
+        }),
+    }
+}
+
+impl Chain {
+    fn account(&self, who: &Keypair) -> Value {
+        self.client
+            .get(&format!("/accounts/{}", who.address()))
+            .unwrap()
+    }
+
+    fn nonce(&self, who: &Keypair) -> u64 {
+        self.account(who)["nonce"].as_u64().unwrap()
+    }
+
+    fn chain_id(&self) -> String {
+        self.genesis.params.chain_id.clone()
+    }
+
+    /// Submits `tx`; the refusal's HTTP status and error kind, if refused.
+    fn refused(&self, tx: &SignedTx) -> (u16, String) {
+        match self.client.submit(tx) {
+            Err(ClientError::Api { status, error, .. }) => (status, error),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+}
+
+fn units(v: &Value) -> u64 {
+    v["base_units"].as_str().unwrap().parse().unwrap()
+}
+
+#[test]
+fn credits_and_transfers_commit_and_bad_ones_change_nothing() {
+    let chain = start();
+    let (gateway, hub, faucet) = (
+        (chain.key)("gateway"),
+        (chain.key)("hub"),
+        (chain.key)("faucet"),
+    );
+    let worker = Keypair::generate();
+    let receipt = |hub: &Keypair, chain_id: String, bytes: u64| {
+        Receipt {
+            chain_id,
+            hub: hub.address(),
+            session_id: 7,
+            worker: worker.address(),
+            cumulative_bytes: bytes,
+        }
+        .sign(hub)
+    };
+
+    // A good credit commits and pays exactly earned(bytes), pending.
+    let credit = TxKind::Credit(receipt(&hub, chain.chain_id(), 1_277_952)).signed(
+        &chain.chain_id(),
+        &gateway,
+        0,
+    );
+    let hash = chain.client.submit(&credit).unwrap();
+    chain
+        .client
+        .wait_committed(&hash, Duration::from_secs(30))
+        .unwrap();
+    let paid = chain.account(&worker);
+    assert_eq!(units(&paid["pending_total"]), 8_945_664, "{paid}");
+    let session = chain
+        .client
+        .get(&format!("/sessions/{}/7", hub.address()))
+        .unwrap();
+    assert_eq!(session["cumulative_bytes"], 1_277_952);
+    let committed = chain.client.get(&format!("/txs/{hash}")).unwrap();
+    assert_eq!(committed["status"], "committed");
+    let block = chain
+        .client
+        .get(&format!("/blocks/{}", committed["height"]))
+        .unwrap();
+    assert!(block["txs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|t| t == hash.as_str()));
+    let by_hash = chain
+        .client
+        .get(&format!(
+            "/blocks/by-hash/{}",
+            block["hash"].as_str().unwrap()
+        ))
+        .unwrap();
+    assert_eq!(by_hash, block);
+
+    // Unauthorised or stale credits: refused, nothing changes.
+    let stranger = Keypair::generate();
+    let bad: Vec<(&str, SignedTx)> = vec![
+        (
+            "a credit from a non-gateway key",
+            TxKind::Credit(receipt(&hub, chain.chain_id(), 2_000_000)).signed(
+                &chain.chain_id(),
+                &faucet,
+                chain.nonce(&faucet),
+            ),
+        ),
+        (
+            "a receipt signed by a non-hub key",
+            TxKind::Credit(receipt(&stranger, chain.chain_id(), 2_000_000)).signed(
+                &chain.chain_id(),
+                &gateway,
+                1,
+            ),
+        ),
+        (
+            "a receipt for another chain",
+            TxKind::Credit(receipt(&hub, "another-chain".into(), 2_000_000)).signed(
+                &chain.chain_id(),
+                &gateway,
+                1,
+            ),
+        ),
+        (
+            "the same receipt again",
+            TxKind::Credit(receipt(&hub, chain.chain_id(), 1_277_952)).signed(
+                &chain.chain_id(),
+                &gateway,
+                1,
+            ),
+        ),
+        (
+            "a transfer beyond the balance",
+            TxKind::Transfer {
+                to: stranger.address(),
+                amount: Amount::parse("1").unwrap(),
+            }
+            .signed(&chain.chain_id(), &worker, 0),
+        ),
+        (
+            "a transaction for another chain",
+            TxKind::Transfer {
+                to: stranger.address(),
+                amount: Amount::parse("1").unwrap(),
+            }
+            .signed("another-chain", &faucet, chain.nonce(&faucet)),
+        ),
+    ];
+    let before = (
+        chain.account(&worker),
+        chain.account(&gateway),
+        chain.account(&faucet),
+    );
+    for (what, tx) in &bad {
+        let (status, error) = chain.refused(tx);
+        assert_eq!((status, error.as_str()), (422, "invalid_tx"), "{what}");
+    }
+    // A signature that does not verify.
+    let mut forged = TxKind::Transfer {
+        to: stranger.address(),
+        amount: Amount::parse("1").unwrap(),
+    }
+    .signed(&chain.chain_id(), &faucet, chain.nonce(&faucet));
+    forged.signature.0[0] ^= 1;
+    assert_eq!(chain.refused(&forged), (422, "invalid_tx".to_string()));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        (
+            chain.account(&worker),
+            chain.account(&gateway),
+            chain.account(&faucet)
+        ),
+        before
+    );
+
+    // A good transfer commits.
+    let amount = Amount::parse("2.5").unwrap();
+    let transfer = TxKind::Transfer {
+        to: stranger.address(),
+        amount,
+    }
+    .signed(&chain.chain_id(), &faucet, chain.nonce(&faucet));
+    let hash = chain.client.submit(&transfer).unwrap();
+    chain
+        .client
+        .wait_committed(&hash, Duration::from_secs(30))
+        .unwrap();
+    assert_eq!(units(&chain.account(&stranger)["balance"]), 2_500_000_000);
+}
+
+#[test]
+fn malformed_requests_get_the_right_status_and_a_json_error() {
+    let chain = start();
+    let unknown_tx = format!("/txs/{}", "ab".repeat(32));
+    let cases: Vec<(&str, &str, String, u16)> = vec![
+        ("POST", "/txs", "{not json".into(), 400),
+        ("POST", "/txs", r#"{"transaction": "00"}"#.into(), 422),
+        ("POST", "/txs", r#"{"tx": "zz"}"#.into(), 400),
+        ("POST", "/txs", r#"{"tx": "0011"}"#.into(), 400),
+        (
+            "POST",
+            "/txs",
+            format!(r#"{{"tx": "{}"}}"#, "00".repeat(100_000)),
+            413,
+        ),
+        ("GET", "/accounts/kvr1notanaddress", String::new(), 400),
+        ("GET", "/blocks/999999", String::new(), 404),
+        ("GET", "/blocks/minus-one", String::new(), 400),
+        ("GET", &unknown_tx, String::new(), 404),
+        ("GET", "/txs/nothex", String::new(), 400),
+        ("GET", "/sessions/kvr1x/1", String::new(), 400),
+        ("GET", "/no/such/thing", String::new(), 404),
+    ];
+    for (method, path, body, expected) in &cases {
+        let (status, reply) = http(&chain.addr, method, path, body);
+        assert_eq!(status, *expected, "{method} {path}: {reply}");
+        if status != 413 {
+            let error: Value =
+                serde_json::from_str(&reply).unwrap_or_else(|e| panic!("{path}: {e}: {reply}"));
+            assert!(
+                error["error"].is_string() && error["message"].is_string(),
+                "{reply}"
+            );
+        }
+    }
+    // An account nobody has used is an empty account, not an error.
+    let fresh = chain
+        .client
+        .get(&format!("/accounts/{}", Keypair::generate().address()))
+        .unwrap();
+    assert_eq!(units(&fresh["balance"]), 0);
+    let metrics = http(&chain.addr, "GET", "/metrics", "").1;
+    assert!(metrics.contains("kvasir_height"), "{metrics}");
+}
