@@ -181,6 +181,9 @@ impl Generation {
 }
 
 pub fn generate_command(args: GenerateArgs) -> Result<()> {
+    if args.prompt.is_empty() {
+        bail!("--prompt must not be empty");
+    }
     let start = Instant::now();
     let loading = || format!("loading {}", args.model.display());
     let config = Config::load(&args.model).with_context(loading)?;

@@ -75,12 +75,18 @@ pub fn run(args: Args) -> Result<()> {
         worker.held.len(),
         args.experts
     );
-    let tls = tls::client(args.ca.as_deref())?;
+    // Checked once up front for a clear error; re-read per connection, so a gateway that
+    // restarts with a new certificate is trusted again.
+    tls::client(args.ca.as_deref())?;
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         let mut backoff = Duration::from_millis(250);
         loop {
-            match session(&worker, &args.gateway, &tls).await {
+            let attempt = match tls::client(args.ca.as_deref()) {
+                Ok(tls) => session(&worker, &args.gateway, &tls).await,
+                Err(e) => Err(e),
+            };
+            match attempt {
                 Ok(served) => {
                     tracing::warn!("link closed after {served} requests");
                     if served > 0 {

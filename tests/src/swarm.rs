@@ -193,11 +193,18 @@ pub struct Swarm {
     pub hub_addr: String,
     pub registry_addr: String,
     pub gateway_addr: String,
+    pub ledger: Option<Proc>,
+    pub ledger_addr: Option<String>,
     backbone_key: PathBuf,
 }
 
 impl Swarm {
     pub fn start(preset: &str) -> Swarm {
+        Swarm::start_with(preset, false)
+    }
+
+    /// With `crediting`, also a ledger, and the gateway credits the hub's receipts to it.
+    pub fn start_with(preset: &str, crediting: bool) -> Swarm {
         let dir = tempfile::tempdir().unwrap();
         let model = dir.path().join("model");
         let synth = run(
@@ -226,20 +233,34 @@ impl Swarm {
         );
         let hub_addr = hub.listening("hub");
         let registry_addr = hub.listening("hub registry");
-        let cert = dir.path().join("gateway-cert.pem");
-        let mut gateway = Proc::start(
-            "kvasir-node",
-            &[
-                "gateway",
-                "--listen",
-                "127.0.0.1:0",
-                "--self-signed",
-                "--cert-out",
-                path_str(&cert),
-                "--hub",
-                &hub_addr,
-            ],
+        let (ledger, ledger_addr) = if crediting {
+            let mut ledger = Proc::start(
+                "kvasir-node",
+                &[
+                    "ledger",
+                    "--genesis",
+                    path_str(&chain.join("genesis.json")),
+                    "--data-dir",
+                    path_str(&dir.path().join("ledger")),
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--key",
+                    path_str(&chain.join("keys/validator.key")),
+                ],
+            );
+            let addr = ledger.listening("ledger");
+            (Some(ledger), Some(addr))
+        } else {
+            (None, None)
+        };
+        let gateway_args = Swarm::gateway_args(
+            dir.path(),
+            "127.0.0.1:0",
+            &hub_addr,
+            &registry_addr,
+            ledger_addr.as_deref(),
         );
+        let mut gateway = Proc::start("kvasir-node", &gateway_args);
         let gateway_addr = gateway.listening("gateway");
         Swarm {
             dir,
@@ -250,6 +271,8 @@ impl Swarm {
             hub_addr,
             registry_addr,
             gateway_addr,
+            ledger,
+            ledger_addr,
             backbone_key,
         }
     }
@@ -273,6 +296,58 @@ impl Swarm {
         ]
         .map(String::from)
         .to_vec()
+    }
+
+    fn gateway_args(
+        dir: &Path,
+        listen: &str,
+        hub: &str,
+        registry: &str,
+        ledger: Option<&str>,
+    ) -> Vec<String> {
+        let cert = dir.join("gateway-cert.pem");
+        let mut args = vec![
+            "gateway",
+            "--listen",
+            listen,
+            "--self-signed",
+            "--cert-out",
+            path_str(&cert),
+            "--hub",
+            hub,
+        ];
+        let (ledger_url, registry_url) = (
+            ledger.map(|l| format!("http://{l}")),
+            format!("http://{registry}"),
+        );
+        let key = dir.join("chain/keys/gateway.key");
+        if let Some(ledger_url) = &ledger_url {
+            args.extend([
+                "--ledger",
+                ledger_url,
+                "--registry",
+                &registry_url,
+                "--key",
+                path_str(&key),
+                "--credit-interval-ms",
+                "100",
+            ]);
+        }
+        args.into_iter().map(String::from).collect()
+    }
+
+    /// Kills the gateway (SIGKILL) and starts it again on the same address.
+    pub fn restart_gateway(&mut self) {
+        self.gateway.kill();
+        let args = Swarm::gateway_args(
+            self.dir.path(),
+            &self.gateway_addr,
+            &self.hub_addr,
+            &self.registry_addr,
+            self.ledger_addr.as_deref(),
+        );
+        self.gateway = Proc::start("kvasir-node", &args);
+        self.gateway.listening("gateway");
     }
 
     /// Starts the hub again on its old addresses and data dir (after a kill).

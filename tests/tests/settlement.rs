@@ -1,0 +1,82 @@
+//! Settlement over real processes: the gateway is SIGKILLed again and again while it credits,
+//! and in the end every worker's pending + settled rewards equal `earned` of its sessions'
+//! metered bytes, to the base unit: nothing lost, nothing paid twice.
+
+use std::time::{Duration, Instant};
+
+use kvasir_ledger::Genesis;
+use kvasir_tests::swarm::Swarm;
+use kvasir_wallet::client::Client;
+
+const KILLS: usize = 8;
+
+#[test]
+fn killing_the_gateway_while_it_credits_pays_every_byte_exactly_once() {
+    let mut swarm = Swarm::start_with("tiny", true);
+    swarm.add_worker("*:0-3");
+    swarm.add_worker("*:4-7");
+    let backbone = swarm.start_backbone("*:*", "Once upon a time", 300);
+    let ledger = Client::new(&format!("http://{}", swarm.ledger_addr.clone().unwrap()));
+    let hub = kvasir_ledger::Keypair::read_key_file(&swarm.dir.path().join("chain/keys/hub.key"))
+        .unwrap()
+        .address();
+    let credited = |session: u64| {
+        let mark = ledger.get(&format!("/sessions/{hub}/{session}")).unwrap();
+        mark["cumulative_bytes"].as_u64().unwrap_or(0)
+    };
+    // Kills land while credits are being made: some session is credited but behind its count.
+    let mut kills_mid_crediting = 0;
+    for kill in 0..KILLS {
+        std::thread::sleep(Duration::from_millis(150 + 60 * kill as u64));
+        let behind = swarm
+            .metered()
+            .iter()
+            .any(|(s, _, bytes)| (1..*bytes).contains(&credited(*s)));
+        kills_mid_crediting += usize::from(behind);
+        swarm.restart_gateway();
+    }
+    backbone.finish(Duration::from_secs(300));
+    assert!(
+        kills_mid_crediting > 0,
+        "no kill landed while crediting was under way"
+    );
+
+    // Wait until the (restarted) gateway has credited every session up to its count.
+    let genesis = Genesis::load(&swarm.dir.path().join("chain/genesis.json")).unwrap();
+    let sessions = swarm.metered();
+    assert!(sessions.len() >= 2, "{sessions:?}");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for (session, _, bytes) in &sessions {
+        loop {
+            let mark = ledger.get(&format!("/sessions/{hub}/{session}")).unwrap();
+            if mark["cumulative_bytes"].as_u64() == Some(*bytes) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "session {session} never fully credited: {mark}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let mut workers: Vec<&String> = sessions.iter().map(|(_, w, _)| w).collect();
+    workers.sort();
+    workers.dedup();
+    assert_eq!(workers.len(), 2);
+    for worker in workers {
+        let earned: u64 = sessions
+            .iter()
+            .filter(|(_, w, _)| w == worker)
+            .map(|(_, _, b)| genesis.earned(*b).unwrap().base_units())
+            .sum();
+        let account = ledger.get(&format!("/accounts/{worker}")).unwrap();
+        let units =
+            |v: &serde_json::Value| v["base_units"].as_str().unwrap().parse::<u64>().unwrap();
+        assert!(earned > 0);
+        assert_eq!(
+            units(&account["balance"]) + units(&account["pending_total"]),
+            earned,
+            "worker {worker}: {account}"
+        );
+    }
+}
