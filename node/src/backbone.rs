@@ -30,11 +30,11 @@ use tokio::sync::mpsc;
 use tokio_rustls::rustls::ClientConfig;
 use tokio_tungstenite::tungstenite::Bytes;
 
-use crate::link::{self, next_message};
-use crate::model::{model_id, run_generation, Generation};
+use crate::link::{self, next_message, Identity};
+use crate::model::{model_id, run_generation, Generation, SamplingArgs};
 use crate::spec::ExpertSpec;
 use crate::tls;
-use crate::wire::{DirectoryEntry, Hello, Message, Request, Role};
+use crate::wire::{DirectoryEntry, Message, Request, Role};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -57,12 +57,8 @@ pub struct Args {
     /// Serve `POST /generate` ({"prompt", "tokens"}) on this address instead.
     #[arg(long, conflicts_with = "prompt")]
     listen: Option<std::net::SocketAddr>,
-    #[arg(long, default_value_t = 32)]
-    tokens: usize,
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// A remote answer later than this is given up on and computed locally.
     #[arg(long, default_value_t = 5000)]
     dispatch_timeout_ms: u64,
@@ -396,22 +392,15 @@ async fn hub_session(
     model_id: &str,
     state: &Arc<Mutex<LinkState>>,
 ) -> Result<()> {
-    let (tx, mut source) = link::dial(url, tls).await?;
-    let Message::Challenge(challenge) = next_message(&mut source).await? else {
-        bail!("the hub did not open with a challenge");
-    };
-    let hello = Hello::answer(
-        &challenge,
+    let identity = Identity {
         key,
-        Role::Backbone,
-        model_id.into(),
-        "cpu".into(),
-        vec![],
-    );
-    let _ = tx.send(Message::Hello(hello).encode().into());
-    let Message::Welcome(_) = next_message(&mut source).await? else {
-        bail!("the hub refused this backbone");
+        role: Role::Backbone,
+        model_id: model_id.into(),
+        backend: "cpu".into(),
+        experts: vec![],
     };
+    let (tx, mut source, _) = link::connect(url, tls, identity).await?;
+
     lock(state).tx = Some(tx);
     tracing::info!("attached to the hub at {url}");
     loop {
@@ -456,10 +445,7 @@ pub fn run(args: Args) -> Result<()> {
             args.remote
         );
     }
-    let sampling = Sampling {
-        temperature: args.temperature,
-        seed: args.seed,
-    };
+    let sampling = args.sampling.sampling();
     let engine = Arc::new(Engine {
         model,
         tokenizer,
@@ -469,7 +455,7 @@ pub fn run(args: Args) -> Result<()> {
         return runtime.block_on(serve(engine, listen, sampling));
     }
     let prompt = args.prompt.unwrap_or_default();
-    let generation = engine.generate(&prompt, args.tokens, sampling)?;
+    let generation = engine.generate(&prompt, args.sampling.tokens, sampling)?;
     let stats = engine.experts.stats();
     if args.json {
         println!("{}", generation.to_json(stats.to_json()));

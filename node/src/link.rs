@@ -19,12 +19,50 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{self, Bytes, Message as WsMessage};
 use tokio_tungstenite::WebSocketStream;
 
-use crate::wire::{Message, MAX_FRAME};
+use kvasir_ledger::keys::Keypair;
+
+use crate::wire::{ExpertId, Hello, Message, Role, MAX_FRAME};
 
 /// A byte stream with or without TLS.
 pub trait Transport: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Transport for T {}
 pub type Dialed = Source<Box<dyn Transport>>;
+
+/// Who a client says it is in its hello.
+pub struct Identity<'a> {
+    pub key: &'a Keypair,
+    pub role: Role,
+    pub model_id: String,
+    pub backend: String,
+    pub experts: Vec<ExpertId>,
+}
+
+/// Dials the hub at `url` (through a gateway or directly) and answers its challenge as
+/// `identity`: the open link and the session id the hub assigned.
+pub async fn connect(
+    url: &str,
+    tls: &Arc<ClientConfig>,
+    identity: Identity<'_>,
+) -> Result<(mpsc::UnboundedSender<Bytes>, Dialed, u64)> {
+    let (tx, mut source) = dial(url, tls).await?;
+    let Message::Challenge(challenge) = next_message(&mut source).await? else {
+        bail!("the hub did not open with a challenge");
+    };
+    let role = identity.role;
+    let hello = Hello::answer(
+        &challenge,
+        identity.key,
+        role,
+        identity.model_id,
+        identity.backend,
+        identity.experts,
+    );
+    let _ = tx.send(Message::Hello(hello).encode().into());
+    match next_message(&mut source).await? {
+        Message::Welcome(welcome) => Ok((tx, source, welcome.session)),
+        _ => bail!("the hub refused this {role:?}"),
+    }
+}
 
 /// Opens a WebSocket to `url`: `wss://` through TLS with `tls`'s roots, `ws://` in the clear
 /// (for a LAN). Returns the sending channel and the receiving half.

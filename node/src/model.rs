@@ -35,20 +35,36 @@ pub struct GenerateArgs {
     model: PathBuf,
     #[arg(long)]
     prompt: String,
-    /// Tokens to generate.
-    #[arg(long, default_value_t = 32)]
-    tokens: usize,
-    /// 0 is greedy; above 0, seeded sampling at this temperature.
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Where the experts run: cpu, or cuda (GPU 0; needs a build with `--features cuda`).
     #[arg(long, value_enum, default_value_t = Backend::Cpu)]
     backend: Backend,
     /// Print one JSON object with token ids and timings.
     #[arg(long)]
     json: bool,
+}
+
+/// How many tokens, and how they are picked: shared by `generate` and `backbone`.
+#[derive(clap::Args, Clone, Copy)]
+pub struct SamplingArgs {
+    /// Tokens to generate.
+    #[arg(long, default_value_t = 32)]
+    pub tokens: usize,
+    /// 0 is greedy; above 0, seeded sampling at this temperature.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl SamplingArgs {
+    pub fn sampling(&self) -> Sampling {
+        Sampling {
+            temperature: self.temperature,
+            seed: self.seed,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -192,16 +208,13 @@ pub fn generate_command(args: GenerateArgs) -> Result<()> {
     let tokenizer = Tokenizer::load(&args.model).with_context(loading)?;
     let experts = load_experts(&args.model, args.backend, |_, _| true).with_context(loading)?;
     let load_s = start.elapsed().as_secs_f64();
-    let sampling = Sampling {
-        temperature: args.temperature,
-        seed: args.seed,
-    };
+    let sampling = args.sampling.sampling();
     let generation = run_generation(
         &model,
         &tokenizer,
         experts.as_ref(),
         &args.prompt,
-        args.tokens,
+        args.sampling.tokens,
         sampling,
     )?;
     if args.json {

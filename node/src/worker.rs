@@ -13,11 +13,11 @@ use kvasir_inference::moe::{ExpertExecutor, ExpertRequest};
 use kvasir_ledger::keys::Keypair;
 use tokio_rustls::rustls::ClientConfig;
 
-use crate::link::{self, next_message};
+use crate::link::{self, next_message, Identity};
 use crate::model::{load_experts, model_id, Backend};
 use crate::spec::ExpertSpec;
 use crate::tls;
-use crate::wire::{ExpertId, Failure, Hello, Message, Request, Response, Role};
+use crate::wire::{ExpertId, Failure, Message, Request, Response, Role};
 
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
@@ -103,23 +103,15 @@ pub fn run(args: Args) -> Result<()> {
 
 /// One connection: dial, authenticate, serve until it ends. Returns requests served.
 async fn session(worker: &Arc<Worker>, url: &str, tls: &Arc<ClientConfig>) -> Result<u64> {
-    let (tx, mut source) = link::dial(url, tls).await?;
-    let Message::Challenge(challenge) = next_message(&mut source).await? else {
-        bail!("the hub did not open with a challenge");
+    let identity = Identity {
+        key: &worker.key,
+        role: Role::Worker,
+        model_id: worker.model_id.clone(),
+        backend: worker.backend.clone(),
+        experts: worker.held.clone(),
     };
-    let hello = Hello::answer(
-        &challenge,
-        &worker.key,
-        Role::Worker,
-        worker.model_id.clone(),
-        worker.backend.clone(),
-        worker.held.clone(),
-    );
-    let _ = tx.send(Message::Hello(hello).encode().into());
-    let Message::Welcome(welcome) = next_message(&mut source).await? else {
-        bail!("the hub refused this worker");
-    };
-    println!("worker session {} open", welcome.session);
+    let (tx, mut source, session) = link::connect(url, tls, identity).await?;
+    println!("worker session {session} open");
     let mut served = 0;
     loop {
         let Message::Request(request) = next_message(&mut source).await? else {

@@ -234,21 +234,7 @@ impl Swarm {
         let hub_addr = hub.listening("hub");
         let registry_addr = hub.listening("hub registry");
         let (ledger, ledger_addr) = if crediting {
-            let mut ledger = Proc::start(
-                "kvasir-node",
-                &[
-                    "ledger",
-                    "--genesis",
-                    path_str(&chain.join("genesis.json")),
-                    "--data-dir",
-                    path_str(&dir.path().join("ledger")),
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--key",
-                    path_str(&chain.join("keys/validator.key")),
-                ],
-            );
-            let addr = ledger.listening("ledger");
+            let (ledger, addr) = start_ledger(&chain, &dir.path().join("ledger"));
             (Some(ledger), Some(addr))
         } else {
             (None, None)
@@ -494,4 +480,25 @@ pub fn new_key(path: &Path) -> String {
     let out = run("kvasir-wallet", &["new", "--keyfile", path_str(path)]);
     assert!(out.status.success(), "{}", stderr(&out));
     stdout(&out).trim().to_string()
+}
+
+/// A ledger service for the chain in `chain` (genesis.json, keys/validator.key), storing in
+/// `data`; the process and its API address.
+pub fn start_ledger(chain: &Path, data: &Path) -> (Proc, String) {
+    let mut ledger = Proc::start(
+        "kvasir-node",
+        &[
+            "ledger",
+            "--genesis",
+            path_str(&chain.join("genesis.json")),
+            "--data-dir",
+            path_str(data),
+            "--listen",
+            "127.0.0.1:0",
+            "--key",
+            path_str(&chain.join("keys/validator.key")),
+        ],
+    );
+    let addr = ledger.listening("ledger");
+    (ledger, addr)
 }

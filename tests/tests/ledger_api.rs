@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use kvasir_ledger::{Amount, Genesis, Keypair, Receipt, SignedTx, TxKind};
-use kvasir_tests::swarm::{http, Proc};
+use kvasir_tests::swarm::{http, start_ledger, Proc};
 use kvasir_tests::{run, stderr};
 use kvasir_wallet::client::{Client, ClientError};
 use serde_json::Value;
@@ -31,21 +31,7 @@ fn start() -> Chain {
         &["genesis", "init", "--out", path_str(&chain)],
     );
     assert!(init.status.success(), "{}", stderr(&init));
-    let mut ledger = Proc::start(
-        "kvasir-node",
-        &[
-            "ledger",
-            "--genesis",
-            path_str(&chain.join("genesis.json")),
-            "--data-dir",
-            path_str(&dir.path().join("ledger")),
-            "--listen",
-            "127.0.0.1:0",
-            "--key",
-            path_str(&chain.join("keys/validator.key")),
-        ],
-    );
-    let addr = ledger.listening("ledger");
+    let (ledger, addr) = start_ledger(&chain, &dir.path().join("ledger"));
     let keys = chain.join("keys");
     Chain {
         genesis: Genesis::load(&chain.join("genesis.json")).unwrap(),

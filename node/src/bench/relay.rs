@@ -11,9 +11,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::launch::Loopback;
-use crate::link::{dial, next_frame, next_message, Dialed};
+use crate::link::{connect, next_frame, next_message, Dialed, Identity};
 use crate::tls;
-use crate::wire::{Hello, Message, Relayed, Request, Response, Role};
+use crate::wire::{Message, Relayed, Request, Response, Role};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -112,20 +112,15 @@ async fn echo_server(listener: TcpListener) {
 /// A worker that answers every request with zeros of the implied size.
 async fn answering_worker(url: String, cert: std::path::PathBuf) -> Result<()> {
     let tls = tls::client(Some(&cert))?;
-    let (tx, mut source) = dial(&url, &tls).await?;
-    let Message::Challenge(challenge) = next_message(&mut source).await? else {
-        bail!("no challenge");
-    };
     let key = Keypair::generate();
-    let hello = Hello::answer(
-        &challenge,
-        &key,
-        Role::Worker,
-        "bench".into(),
-        "cpu".into(),
-        vec![(0, 0)],
-    );
-    tx.send(Message::Hello(hello).encode().into())?;
+    let identity = Identity {
+        key: &key,
+        role: Role::Worker,
+        model_id: "bench".into(),
+        backend: "cpu".into(),
+        experts: vec![(0, 0)],
+    };
+    let (tx, mut source, _) = connect(&url, &tls, identity).await?;
     // Like the echo server on the direct path, it does no more than answer: the request is
     // inspected, not copied out.
     loop {
@@ -200,19 +195,15 @@ pub fn run(args: Args) -> Result<()> {
             }
         });
         let tls = tls::client(None)?;
-        let (tx, mut source) = dial(&format!("ws://{}", swarm.hub_addr), &tls).await?;
-        let Message::Challenge(challenge) = next_message(&mut source).await? else {
-            bail!("no challenge");
+        let identity = Identity {
+            key: &swarm.backbone,
+            role: Role::Backbone,
+            model_id: "bench".into(),
+            backend: "cpu".into(),
+            experts: vec![],
         };
-        let hello = Hello::answer(
-            &challenge,
-            &swarm.backbone,
-            Role::Backbone,
-            "bench".into(),
-            "cpu".into(),
-            vec![],
-        );
-        tx.send(Message::Hello(hello).encode().into())?;
+        let hub = format!("ws://{}", swarm.hub_addr);
+        let (tx, mut source, _) = connect(&hub, &tls, identity).await?;
         let session = loop {
             if let Message::Directory(d) = next_message(&mut source).await? {
                 if let Some(entry) = d.sessions.first() {
