@@ -6,8 +6,10 @@
 //! - `GET  /accounts/{address}`: settled balance, pending rewards with settle heights, nonce
 //! - `GET  /blocks/{height}`, `GET /blocks/by-hash/{hash}`
 //! - `POST /txs` `{"tx": hex of the borsh-encoded signed transaction}` -> `{"hash"}`
+//! - `POST /txs/batch` `{"txs": [hex, ...]}` -> `{"results": [{"hash"} or {"error", "message"}]}`
 //! - `GET  /txs/{hash}`: pending, committed (height, index) or rejected (reason)
 //! - `GET  /sessions/{hub}/{session}`: the receipt high-water mark of a hub session
+//! - `GET  /sessions/{hub}`: every credited session of a hub, with its mark
 //! - `GET  /metrics`: Prometheus text
 
 use std::str::FromStr;
@@ -29,6 +31,9 @@ use crate::ledger::{Ledger, Refusal};
 
 /// Largest request body: a signed transaction is well under a kilobyte.
 const MAX_BODY: usize = 64 << 10;
+/// Most transactions in one batch, and the largest batch body.
+const MAX_BATCH: usize = 10_000;
+const MAX_BATCH_BODY: usize = 16 << 20;
 
 type Reply = Result<Json<Value>, ApiError>;
 
@@ -70,8 +75,13 @@ pub fn router(ledger: Arc<Ledger>) -> Router {
         .route("/blocks/{height}", get(block_by_height))
         .route("/blocks/by-hash/{hash}", get(block_by_hash))
         .route("/txs", post(submit))
+        .route(
+            "/txs/batch",
+            post(submit_batch).layer(DefaultBodyLimit::max(MAX_BATCH_BODY)),
+        )
         .route("/txs/{hash}", get(tx_status))
         .route("/sessions/{hub}/{session}", get(session))
+        .route("/sessions/{hub}", get(sessions))
         .route("/metrics", get(metrics))
         .fallback(|| async { not_found("no such endpoint") })
         .layer(DefaultBodyLimit::max(MAX_BODY))
@@ -154,16 +164,14 @@ pub struct Submission {
     tx: String,
 }
 
-async fn submit(
-    State(ledger): State<Arc<Ledger>>,
-    body: Result<Json<Submission>, JsonRejection>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let Json(submission) = body.map_err(|e| ApiError(e.status(), "bad_request", e.body_text()))?;
-    let bytes = hex::decode(submission.tx.trim())
-        .map_err(|e| bad_request(format!("tx is not hex: {e}")))?;
-    let tx = SignedTx::try_from_slice(&bytes)
-        .map_err(|e| bad_request(format!("tx is not a signed transaction: {e}")))?;
-    let hash = ledger.submit(tx).map_err(|refusal| match refusal {
+fn decode_tx(text: &str) -> Result<SignedTx, ApiError> {
+    let bytes = hex::decode(text.trim()).map_err(|e| bad_request(format!("tx is not hex: {e}")))?;
+    SignedTx::try_from_slice(&bytes)
+        .map_err(|e| bad_request(format!("tx is not a signed transaction: {e}")))
+}
+
+fn refusal(refusal: Refusal) -> ApiError {
+    match refusal {
         Refusal::Invalid(e) => ApiError(
             StatusCode::UNPROCESSABLE_ENTITY,
             "invalid_tx",
@@ -175,11 +183,63 @@ async fn submit(
             e.to_string(),
         ),
         Refusal::Mempool(e) => ApiError(StatusCode::CONFLICT, "conflict", e.to_string()),
-    })?;
+    }
+}
+
+async fn submit(
+    State(ledger): State<Arc<Ledger>>,
+    body: Result<Json<Submission>, JsonRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let Json(submission) = body.map_err(|e| ApiError(e.status(), "bad_request", e.body_text()))?;
+    let tx = decode_tx(&submission.tx)?;
+    let verdict = tokio::task::spawn_blocking(move || ledger.submit(vec![tx]))
+        .await
+        .map_err(internal)?
+        .pop()
+        .ok_or_else(|| internal("no verdict"))?;
+    let hash = verdict.map_err(refusal)?;
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({"hash": hash.to_string()})),
     ))
+}
+
+#[derive(serde::Deserialize)]
+pub struct Batch {
+    txs: Vec<String>,
+}
+
+/// Many transactions in one request (what the gateway's crediting sends): one verdict each,
+/// in order; the request fails only when the batch itself is malformed.
+async fn submit_batch(
+    State(ledger): State<Arc<Ledger>>,
+    body: Result<Json<Batch>, JsonRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let Json(batch) = body.map_err(|e| ApiError(e.status(), "bad_request", e.body_text()))?;
+    if batch.txs.len() > MAX_BATCH {
+        return Err(bad_request(format!(
+            "a batch holds at most {MAX_BATCH} transactions"
+        )));
+    }
+    let txs = batch
+        .txs
+        .iter()
+        .map(|t| decode_tx(t))
+        .collect::<Result<Vec<_>, _>>()?;
+    let verdicts = tokio::task::spawn_blocking(move || ledger.submit(txs))
+        .await
+        .map_err(internal)?;
+    let results: Vec<Value> = verdicts
+        .into_iter()
+        .map(|verdict| match verdict {
+            Ok(hash) => json!({"hash": hash.to_string()}),
+            Err(e) => {
+                let ApiError(_, error, message) = refusal(e);
+                json!({"error": error, "message": message})
+            }
+        })
+        .collect();
+    Ok((StatusCode::ACCEPTED, Json(json!({"results": results}))))
 }
 
 async fn tx_status(State(ledger): State<Arc<Ledger>>, Path(hash): Path<String>) -> Reply {
@@ -217,6 +277,19 @@ async fn session(
         "worker": mark.map(|m| m.worker),
         "cumulative_bytes": mark.map_or(0, |m| m.cumulative_bytes),
     })))
+}
+
+async fn sessions(State(ledger): State<Arc<Ledger>>, Path(hub): Path<String>) -> Reply {
+    let hub = Address::from_str(&hub).map_err(bad_request)?;
+    let state = ledger.state();
+    let marks: Vec<Value> = state
+        .receipts()
+        .filter(|(key, _)| key.hub == hub)
+        .map(|(key, mark)| {
+            json!({"session_id": key.session_id, "worker": mark.worker, "cumulative_bytes": mark.cumulative_bytes})
+        })
+        .collect();
+    Ok(Json(json!({"hub": hub, "sessions": marks})))
 }
 
 async fn metrics(State(ledger): State<Arc<Ledger>>) -> String {

@@ -4,15 +4,18 @@
 //! `earned(new) - earned(recorded)` and refuses counts that do not rise, so a receipt
 //! submitted twice (after a crash, say) pays once.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use borsh::BorshDeserialize;
 use kvasir_ledger::{Keypair, SignedReceipt, TxKind};
-use kvasir_wallet::client::{Client, ClientError};
+use kvasir_wallet::client::Client;
 
 /// How long a round waits for its credits to commit before polling again.
 const COMMIT_WAIT: Duration = Duration::from_secs(30);
+/// Credits per submission (the ledger's batch limit).
+const BATCH: usize = 5_000;
 
 pub struct Crediting {
     pub ledger: Client,
@@ -21,7 +24,7 @@ pub struct Crediting {
 }
 
 impl Crediting {
-    /// One pass: credits every session that rose; how many credits committed.
+    /// One pass: credits every session that rose; how many credits were admitted.
     pub fn round(&self) -> Result<usize> {
         let listing = self
             .registry
@@ -37,7 +40,18 @@ impl Crediting {
             .ledger
             .get(&format!("/accounts/{}", self.key.address()))?;
         let mut nonce = me["nonce"].as_u64().context("ledger gave no nonce")?;
-        let mut submitted = Vec::new();
+        let credited: HashMap<u64, u64> = self.ledger.get(&format!("/sessions/{hub}"))?["sessions"]
+            .as_array()
+            .map(|marks| {
+                marks
+                    .iter()
+                    .filter_map(|m| {
+                        Some((m["session_id"].as_u64()?, m["cumulative_bytes"].as_u64()?))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut credits = Vec::new();
         for receipt in receipts {
             let session = receipt["session_id"]
                 .as_u64()
@@ -45,35 +59,36 @@ impl Crediting {
             let bytes = receipt["cumulative_bytes"]
                 .as_u64()
                 .context("receipt without count")?;
-            let mark = self.ledger.get(&format!("/sessions/{hub}/{session}"))?;
-            if bytes <= mark["cumulative_bytes"].as_u64().unwrap_or(0) {
+            if bytes <= credited.get(&session).copied().unwrap_or(0) {
                 continue;
             }
             let signed = hex::decode(receipt["signed"].as_str().unwrap_or_default())
                 .ok()
                 .and_then(|b| SignedReceipt::try_from_slice(&b).ok())
                 .context("the registry served a malformed receipt")?;
-            let tx = TxKind::Credit(signed).signed(chain_id, &self.key, nonce);
-            match self.ledger.submit(&tx) {
-                Ok(hash) => {
-                    submitted.push(hash);
-                    nonce += 1;
+            credits.push(TxKind::Credit(signed).signed(chain_id, &self.key, nonce));
+            nonce += 1;
+        }
+        let mut admitted = 0;
+        let mut last = None;
+        for batch in credits.chunks(BATCH) {
+            for verdict in self.ledger.submit_batch(batch)? {
+                match verdict {
+                    Ok(hash) => {
+                        admitted += 1;
+                        last = Some(hash);
+                    }
+                    // A later nonce now waits on a gap; the ledger drops it in production and
+                    // the next round submits afresh from the recorded counts.
+                    Err(reason) => tracing::info!("credit not admitted: {reason}"),
                 }
-                // Refused now (stale count, a predecessor still pending): next round.
-                Err(ClientError::Api { message, .. }) => {
-                    tracing::info!(session, "credit not admitted: {message}");
-                }
-                Err(e) => return Err(e.into()),
             }
         }
-        let mut committed = 0;
-        for hash in submitted {
-            match self.ledger.wait_committed(&hash, COMMIT_WAIT) {
-                Ok(_) => committed += 1,
-                Err(e) => tracing::warn!("credit {hash}: {e}"),
-            }
+        // The gateway's credits commit in nonce order: the last one committed, all did.
+        if let Some(hash) = last {
+            self.ledger.wait_committed(&hash, COMMIT_WAIT)?;
         }
-        Ok(committed)
+        Ok(admitted)
     }
 
     /// Rounds forever, `interval` apart.

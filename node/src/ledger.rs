@@ -95,19 +95,25 @@ impl Ledger {
         self.state.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Admits `tx` to the mempool; its hash.
-    pub fn submit(&self, tx: SignedTx) -> Result<Hash, Refusal> {
+    /// Admits each of `txs` to the mempool (signatures batch-verified in parallel); per
+    /// transaction its hash or why it was refused.
+    pub fn submit(&self, txs: Vec<SignedTx>) -> Vec<Result<Hash, Refusal>> {
         let state = self.state();
-        let verified = check_stateless(state.genesis(), vec![tx])
-            .pop()
-            .unwrap_or(Err(TxError::BadSignature))?;
-        let account = state.account(&verified.tx().tx.sender);
-        // The next transaction of its sender can be checked in full now; later nonces wait
-        // for their predecessors and are checked when a block is produced.
-        if verified.tx().tx.nonce <= account.nonce {
-            check_stateful(&state, verified.tx())?;
-        }
-        Ok(lock(&self.mempool).insert(verified)?)
+        let checked = check_stateless(state.genesis(), txs);
+        let mut mempool = lock(&self.mempool);
+        checked
+            .into_iter()
+            .map(|verified| {
+                let verified = verified?;
+                let account = state.account(&verified.tx().tx.sender);
+                // The next transaction of its sender can be checked in full now; later
+                // nonces wait for their predecessors and are checked in block production.
+                if verified.tx().tx.nonce <= account.nonce {
+                    check_stateful(&state, verified.tx())?;
+                }
+                Ok(mempool.insert(verified)?)
+            })
+            .collect()
     }
 
     pub fn is_pending(&self, hash: &Hash) -> bool {

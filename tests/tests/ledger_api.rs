@@ -210,6 +210,22 @@ fn credits_and_transfers_commit_and_bad_ones_change_nothing() {
         before
     );
 
+    // A batch: one verdict per transaction, in order; the bad one changes nothing.
+    let batch = vec![
+        TxKind::Transfer {
+            to: stranger.address(),
+            amount: Amount::parse("0.5").unwrap(),
+        }
+        .signed(&chain.chain_id(), &faucet, chain.nonce(&faucet)),
+        forged.clone(),
+    ];
+    let verdicts = chain.client.submit_batch(&batch).unwrap();
+    assert!(verdicts[0].is_ok() && verdicts[1].is_err(), "{verdicts:?}");
+    chain
+        .client
+        .wait_committed(verdicts[0].as_ref().unwrap(), Duration::from_secs(30))
+        .unwrap();
+
     // A good transfer commits.
     let amount = Amount::parse("2.5").unwrap();
     let transfer = TxKind::Transfer {
@@ -222,7 +238,7 @@ fn credits_and_transfers_commit_and_bad_ones_change_nothing() {
         .client
         .wait_committed(&hash, Duration::from_secs(30))
         .unwrap();
-    assert_eq!(units(&chain.account(&stranger)["balance"]), 2_500_000_000);
+    assert_eq!(units(&chain.account(&stranger)["balance"]), 3_000_000_000);
 }
 
 #[test]
@@ -246,6 +262,15 @@ fn malformed_requests_get_the_right_status_and_a_json_error() {
         ("GET", &unknown_tx, String::new(), 404),
         ("GET", "/txs/nothex", String::new(), 400),
         ("GET", "/sessions/kvr1x/1", String::new(), 400),
+        ("GET", "/sessions/kvr1x", String::new(), 400),
+        ("POST", "/txs/batch", r#"{"txs": ["zz"]}"#.into(), 400),
+        ("POST", "/txs/batch", r#"{"txs": 5}"#.into(), 422),
+        (
+            "POST",
+            "/txs/batch",
+            format!(r#"{{"txs": [{}]}}"#, vec![r#""00""#; 10_001].join(",")),
+            400,
+        ),
         ("GET", "/no/such/thing", String::new(), 404),
     ];
     for (method, path, body, expected) in &cases {

@@ -25,6 +25,11 @@ pub enum ClientError {
     Timeout(String),
 }
 
+/// A signed transaction as the API takes it: borsh bytes in hex (writing to a Vec cannot fail).
+fn hex_of(tx: &SignedTx) -> String {
+    hex::encode(borsh::to_vec(tx).unwrap_or_default())
+}
+
 pub struct Client {
     base: String,
     agent: ureq::Agent,
@@ -92,12 +97,32 @@ impl Client {
 
     /// Submits a signed transaction; its hash.
     pub fn submit(&self, tx: &SignedTx) -> Result<String, ClientError> {
-        let bytes = borsh::to_vec(tx).map_err(|e| ClientError::BadReply {
-            url: String::new(),
-            reason: e.to_string(),
-        })?;
-        let reply = self.post("/txs", &serde_json::json!({"tx": hex::encode(bytes)}))?;
+        let reply = self.post("/txs", &serde_json::json!({"tx": hex_of(tx)}))?;
         Ok(reply["hash"].as_str().unwrap_or_default().to_string())
+    }
+
+    /// Submits many signed transactions in one request; per transaction, its hash or the
+    /// ledger's reason for refusing it.
+    pub fn submit_batch(
+        &self,
+        txs: &[SignedTx],
+    ) -> Result<Vec<Result<String, String>>, ClientError> {
+        let hexes: Vec<String> = txs.iter().map(hex_of).collect();
+        let reply = self.post("/txs/batch", &serde_json::json!({"txs": hexes}))?;
+        let results = reply["results"].as_array().cloned().unwrap_or_default();
+        if results.len() != txs.len() {
+            return Err(ClientError::BadReply {
+                url: format!("{}/txs/batch", self.base),
+                reason: format!("{} verdicts for {} transactions", results.len(), txs.len()),
+            });
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| match r["hash"].as_str() {
+                Some(hash) => Ok(hash.to_string()),
+                None => Err(r["message"].as_str().unwrap_or("refused").to_string()),
+            })
+            .collect())
     }
 
     /// Waits until transaction `hash` is committed; its height.

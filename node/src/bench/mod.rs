@@ -1,5 +1,6 @@
 //! `kvasir-node bench ...`: each hot path measured next to its reference, in the same run.
 
+mod credit;
 mod decode;
 mod dispatch;
 mod ledger;
@@ -18,6 +19,9 @@ pub enum Bench {
     /// Decode with layer-0 experts on a worker behind an injected round trip (default 13 ms),
     /// next to all-local decode: overhead, exposed RTT fraction, batch-512 speedup.
     Dispatch(dispatch::Args),
+    /// Receipts of many sessions credited through the gateway's crediting into a ledger:
+    /// credits per second, metered-to-pending latency.
+    Credit(credit::Args),
     /// Frames through gateway + hub next to a direct loopback TCP connection: throughput,
     /// round-trip p50/p99.
     Relay(relay::Args),
@@ -29,5 +33,6 @@ pub fn run(bench: Bench) -> Result<()> {
         Bench::Decode(args) => decode::run(args),
         Bench::Dispatch(args) => dispatch::run(args),
         Bench::Relay(args) => relay::run(args),
+        Bench::Credit(args) => credit::run(args),
     }
 }
