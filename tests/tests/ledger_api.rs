@@ -21,6 +21,7 @@ struct Chain {
     client: Client,
     genesis: Genesis,
     key: Box<dyn Fn(&str) -> Keypair>,
+    keys: std::path::PathBuf,
 }
 
 fn start() -> Chain {
@@ -33,7 +34,9 @@ fn start() -> Chain {
     assert!(init.status.success(), "{}", stderr(&init));
     let (ledger, addr) = start_ledger(&chain, &dir.path().join("ledger"));
     let keys = chain.join("keys");
+    let key_dir = keys.clone();
     Chain {
+        keys: key_dir,
         genesis: Genesis::load(&chain.join("genesis.json")).unwrap(),
         client: Client::new(&format!("http://{addr}")),
         addr,
@@ -46,6 +49,10 @@ fn start() -> Chain {
 }
 
 impl Chain {
+    fn dir_key(&self, role: &str) -> std::path::PathBuf {
+        self.keys.join(format!("{role}.key"))
+    }
+
     fn account(&self, who: &Keypair) -> Value {
         self.client
             .get(&format!("/accounts/{}", who.address()))
@@ -293,4 +300,77 @@ fn malformed_requests_get_the_right_status_and_a_json_error() {
     assert_eq!(units(&fresh["balance"]), 0);
     let metrics = http(&chain.addr, "GET", "/metrics", "").1;
     assert!(metrics.contains("kvasir_height"), "{metrics}");
+}
+
+#[test]
+fn the_wallet_reads_balances_sends_and_explains_failures_in_one_line() {
+    let chain = start();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("http://{}", chain.addr);
+    let faucet_key = dir.path().join("faucet.key");
+    std::fs::copy(chain.dir_key("faucet"), &faucet_key).unwrap();
+    let poor = dir.path().join("poor.key");
+    let created = run("kvasir-wallet", &["new", "--keyfile", path_str(&poor)]);
+    let poor_address = kvasir_tests::stdout(&created).trim().to_string();
+    let wallet = |args: &[&str]| {
+        let mut all = vec!["--url", url.as_str()];
+        all.extend(args);
+        run("kvasir-wallet", &all)
+    };
+    let sent = wallet(&[
+        "transfer",
+        &poor_address,
+        "0.25",
+        "--keyfile",
+        path_str(&faucet_key),
+        "--json",
+    ]);
+    assert!(sent.status.success(), "{}", stderr(&sent));
+    let balance = wallet(&["balance", &poor_address, "--json"]);
+    let account: Value = serde_json::from_str(&kvasir_tests::stdout(&balance)).unwrap();
+    assert_eq!(account["balance"]["kvr"], "0.25");
+    let text = wallet(&["balance", "--keyfile", path_str(&poor)]);
+    assert!(
+        kvasir_tests::stdout(&text).contains("settled 0.25 KVR, pending 0 KVR"),
+        "{}",
+        kvasir_tests::stdout(&text)
+    );
+    let someone = Keypair::generate().address().to_string();
+    for (args, says) in [
+        (
+            vec!["transfer", &someone, "5", "--keyfile", path_str(&poor)],
+            "insufficient",
+        ),
+        (
+            vec!["transfer", "kvr1nope", "1", "--keyfile", path_str(&poor)],
+            "invalid value",
+        ),
+        (
+            vec![
+                "transfer",
+                &someone,
+                "1.0000000001",
+                "--keyfile",
+                path_str(&poor),
+            ],
+            "invalid value",
+        ),
+    ] {
+        let failed = wallet(&args);
+        assert!(!failed.status.success(), "{args:?}");
+        let message = stderr(&failed);
+        assert!(message.to_lowercase().contains(says), "{args:?}: {message}");
+        assert!(message.starts_with("error: "), "{message}");
+    }
+    let unreachable = run(
+        "kvasir-wallet",
+        &["balance", &poor_address, "--url", "http://127.0.0.1:9"],
+    );
+    assert!(!unreachable.status.success());
+    let message = stderr(&unreachable);
+    assert!(
+        message.starts_with("error: cannot reach the ledger"),
+        "{message}"
+    );
+    assert_eq!(message.trim_end().lines().count(), 1, "{message}");
 }
