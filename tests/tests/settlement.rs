@@ -15,7 +15,6 @@ fn killing_the_gateway_while_it_credits_pays_every_byte_exactly_once() {
     let mut swarm = Swarm::start_with("tiny", true);
     swarm.add_worker("*:0-3");
     swarm.add_worker("*:4-7");
-    let backbone = swarm.start_backbone("*:*", "Once upon a time", 300);
     let ledger = Client::new(&format!("http://{}", swarm.ledger_addr.clone().unwrap()));
     let hub = kvasir_ledger::Keypair::read_key_file(&swarm.dir.path().join("chain/keys/hub.key"))
         .unwrap()
@@ -24,22 +23,26 @@ fn killing_the_gateway_while_it_credits_pays_every_byte_exactly_once() {
         let mark = ledger.get(&format!("/sessions/{hub}/{session}")).unwrap();
         mark["cumulative_bytes"].as_u64().unwrap_or(0)
     };
-    // Kills land while credits are being made: some session is credited but behind its count.
-    let mut kills_mid_crediting = 0;
+    let credited_total =
+        |swarm: &Swarm| -> u64 { swarm.metered().iter().map(|(s, _, _)| credited(*s)).sum() };
+    // Each round: a generation makes traffic, the gateway starts crediting it, and is killed
+    // at a varying instant while it does; the next gateway must pick up where it left off.
+    let mut before = 0;
     for kill in 0..KILLS {
-        std::thread::sleep(Duration::from_millis(150 + 60 * kill as u64));
-        let behind = swarm
-            .metered()
-            .iter()
-            .any(|(s, _, bytes)| (1..*bytes).contains(&credited(*s)));
-        kills_mid_crediting += usize::from(behind);
+        let backbone = swarm.start_backbone("*:*", "Once upon a time", 40);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while credited_total(&swarm) <= before {
+            assert!(
+                Instant::now() < deadline,
+                "round {kill}: nothing new was credited"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(37 * kill as u64 % 300));
         swarm.restart_gateway();
+        backbone.finish(Duration::from_secs(300));
+        before = credited_total(&swarm);
     }
-    backbone.finish(Duration::from_secs(300));
-    assert!(
-        kills_mid_crediting > 0,
-        "no kill landed while crediting was under way"
-    );
 
     // Wait until the (restarted) gateway has credited every session up to its count.
     let genesis = Genesis::load(&swarm.dir.path().join("chain/genesis.json")).unwrap();
