@@ -298,6 +298,18 @@ fn malformed_requests_get_the_right_status_and_a_json_error() {
         .get(&format!("/accounts/{}", Keypair::generate().address()))
         .unwrap();
     assert_eq!(units(&fresh["balance"]), 0);
+    let openapi: Value = chain.client.get("/openapi.json").unwrap();
+    for path in [
+        "/accounts/{address}",
+        "/txs",
+        "/txs/batch",
+        "/sessions/{hub}/{session}",
+    ] {
+        assert!(
+            openapi["paths"][path].is_object(),
+            "{path} missing from /openapi.json"
+        );
+    }
     let metrics = http(&chain.addr, "GET", "/metrics", "").1;
     assert!(metrics.contains("kvasir_height"), "{metrics}");
 }
