@@ -4,6 +4,7 @@
 //! - `GET  /healthz`
 //! - `GET  /head`
 //! - `GET  /accounts/{address}`: settled balance, pending rewards with settle heights, nonce
+//! - `GET  /accounts/{address}/history`: the account's transfers and credits, newest first
 //! - `GET  /blocks/{height}`, `GET /blocks/by-hash/{hash}`
 //! - `POST /txs` `{"tx": hex of the borsh-encoded signed transaction}` -> `{"hash"}`
 //! - `POST /txs/batch` `{"txs": [hex, ...]}` -> `{"results": [{"hash"} or {"error", "message"}]}`
@@ -25,7 +26,7 @@ use axum::{Json, Router};
 use borsh::BorshDeserialize;
 use kvasir_ledger::mempool::MempoolError;
 use kvasir_ledger::state::SessionKey;
-use kvasir_ledger::{Address, Amount, Block, Hash, SignedTx};
+use kvasir_ledger::{Address, Amount, Block, Hash, SignedTx, TxKind};
 use serde_json::{json, Value};
 use utoipa::OpenApi;
 
@@ -96,6 +97,7 @@ pub fn router(ledger: Arc<Ledger>) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/head", get(head))
         .route("/accounts/{address}", get(account))
+        .route("/accounts/{address}/history", get(history))
         .route("/blocks/{height}", get(block_by_height))
         .route("/blocks/by-hash/{hash}", get(block_by_hash))
         .route("/txs", post(submit))
@@ -147,6 +149,54 @@ async fn account(State(ledger): State<Arc<Ledger>>, Path(address): Path<String>)
         "owed": amount_json(account.owed),
         "nonce": account.nonce,
     })))
+}
+
+/// Blocks one history request reads at most, newest first (the store has no per-account
+/// index yet, so history is a scan).
+const HISTORY_SCAN: u64 = 100_000;
+const HISTORY_ENTRIES: usize = 100;
+
+#[utoipa::path(get, path = "/accounts/{address}/history", description = "The account's transfers (in and out) and credits, newest first: at most 100, from the latest 100,000 blocks.", params(("address" = String, Path, description = "A kvr1... address")), responses((status = 200, description = "JSON"), (status = 400, description = "{error, message}")))]
+async fn history(State(ledger): State<Arc<Ledger>>, Path(address): Path<String>) -> Reply {
+    let address = Address::from_str(&address).map_err(bad_request)?;
+    let head = ledger.state().height();
+    let entries = tokio::task::spawn_blocking(move || -> Result<Vec<Value>, ApiError> {
+        let mut entries = Vec::new();
+        for height in (head.saturating_sub(HISTORY_SCAN) + 1..=head).rev() {
+            let Some(block) = ledger.store.block(height).map_err(internal)? else {
+                continue;
+            };
+            for tx in &block.txs {
+                let t = &tx.tx;
+                let entry = match &t.kind {
+                    TxKind::Transfer { to, amount } if t.sender == address || *to == address => {
+                        json!({
+                            "kind": "transfer",
+                            "direction": if t.sender == address { "out" } else { "in" },
+                            "from": t.sender, "to": to, "amount": amount_json(*amount),
+                        })
+                    }
+                    TxKind::Credit(signed) if signed.receipt.worker == address => json!({
+                        "kind": "credit",
+                        "hub": signed.receipt.hub, "session_id": signed.receipt.session_id,
+                        "cumulative_bytes": signed.receipt.cumulative_bytes,
+                    }),
+                    _ => continue,
+                };
+                let mut entry = entry;
+                entry["height"] = json!(height);
+                entry["hash"] = json!(tx.hash().to_string());
+                entries.push(entry);
+                if entries.len() == HISTORY_ENTRIES {
+                    return Ok(entries);
+                }
+            }
+        }
+        Ok(entries)
+    })
+    .await
+    .map_err(internal)??;
+    Ok(Json(json!({"address": address, "entries": entries})))
 }
 
 fn block_json(block: &Block) -> Value {

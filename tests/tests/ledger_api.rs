@@ -118,6 +118,12 @@ fn credits_and_transfers_commit_and_bad_ones_change_nothing() {
         .get(&format!("/sessions/{}/7", hub.address()))
         .unwrap();
     assert_eq!(session["cumulative_bytes"], 1_277_952);
+    let history = chain
+        .client
+        .get(&format!("/accounts/{}/history", worker.address()))
+        .unwrap();
+    assert_eq!(history["entries"][0]["kind"], "credit", "{history}");
+    assert_eq!(history["entries"][0]["cumulative_bytes"], 1_277_952);
     let committed = chain.client.get(&format!("/txs/{hash}")).unwrap();
     assert_eq!(committed["status"], "committed");
     let block = chain
@@ -347,6 +353,13 @@ fn the_wallet_reads_balances_sends_and_explains_failures_in_one_line() {
         "{}",
         kvasir_tests::stdout(&text)
     );
+    let history = wallet(&["history", "--keyfile", path_str(&poor), "--json"]);
+    let history: Value = serde_json::from_str(&kvasir_tests::stdout(&history)).unwrap();
+    assert_eq!(history["entries"][0]["kind"], "transfer");
+    assert_eq!(history["entries"][0]["direction"], "in");
+    assert_eq!(history["entries"][0]["amount"]["kvr"], "0.25");
+    let lines = kvasir_tests::stdout(&wallet(&["history", "--keyfile", path_str(&poor)]));
+    assert!(lines.contains("in  0.25 KVR from"), "{lines}");
     let someone = Keypair::generate().address().to_string();
     for (args, says) in [
         (

@@ -47,6 +47,11 @@ enum Command {
     },
     /// Send KVR: `transfer kvr1... 1.5`; waits until the transfer is committed.
     Transfer { to: Address, amount: Amount },
+    /// Transfers in and out and credits received, newest first.
+    History {
+        /// Whose (default: the key file's address).
+        address: Option<Address>,
+    },
 }
 
 fn default_keyfile() -> Result<PathBuf> {
@@ -71,11 +76,19 @@ fn run(cli: Cli) -> Result<()> {
             print_address(&keypair, &keyfile, cli.json);
         }
         Command::Address => print_address(&Keypair::read_key_file(&keyfile)?, &keyfile, cli.json),
+        Command::History { address } => {
+            let address = address_or_own(address, &keyfile)?;
+            let history = client.get(&format!("/accounts/{address}/history"))?;
+            if cli.json {
+                println!("{history}");
+            } else {
+                for entry in history["entries"].as_array().into_iter().flatten() {
+                    println!("{}", history_line(entry));
+                }
+            }
+        }
         Command::Balance { address } => {
-            let address = match address {
-                Some(address) => address,
-                None => Keypair::read_key_file(&keyfile)?.address(),
-            };
+            let address = address_or_own(address, &keyfile)?;
             let account = client.get(&format!("/accounts/{address}"))?;
             if cli.json {
                 println!("{account}");
@@ -107,6 +120,41 @@ fn run(cli: Cli) -> Result<()> {
         }
     }
     Ok(())
+}
+
+fn address_or_own(address: Option<Address>, keyfile: &std::path::Path) -> Result<Address> {
+    match address {
+        Some(address) => Ok(address),
+        None => Ok(Keypair::read_key_file(keyfile)?.address()),
+    }
+}
+
+/// `height 12  in  2.5 KVR from kvr1...`, or `height 5  credit: session 3 of hub kvr1... at 1277952 bytes`.
+fn history_line(entry: &serde_json::Value) -> String {
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or("?").to_string();
+    let head = format!("height {} ", entry["height"]);
+    match entry["kind"].as_str() {
+        Some("transfer") if entry["direction"] == "out" => {
+            format!(
+                "{head} out {} KVR to {}",
+                text(&entry["amount"]["kvr"]),
+                text(&entry["to"])
+            )
+        }
+        Some("transfer") => {
+            format!(
+                "{head} in  {} KVR from {}",
+                text(&entry["amount"]["kvr"]),
+                text(&entry["from"])
+            )
+        }
+        _ => format!(
+            "{head} credit: session {} of hub {} at {} bytes",
+            entry["session_id"],
+            text(&entry["hub"]),
+            entry["cumulative_bytes"]
+        ),
+    }
 }
 
 fn print_address(keypair: &Keypair, keyfile: &std::path::Path, json: bool) {
