@@ -115,7 +115,7 @@ pub fn router(ledger: Arc<Ledger>) -> Router {
         .with_state(ledger)
 }
 
-#[utoipa::path(get, path = "/head", description = "The head block: chain id, height, hash, state root.", responses((status = 200, description = "JSON (or text for /metrics)"), (status = 400, description = "{error, message}")))]
+#[utoipa::path(get, path = "/head", description = "The head block: chain id, height, hash, state root.", responses((status = 200, description = "JSON"), (status = 400, description = "{error, message}"), (status = 404, description = "{error, message}")))]
 async fn head(State(ledger): State<Arc<Ledger>>) -> Reply {
     let state = ledger.state();
     Ok(Json(json!({
@@ -127,7 +127,7 @@ async fn head(State(ledger): State<Arc<Ledger>>) -> Reply {
     })))
 }
 
-#[utoipa::path(get, path = "/accounts/{address}", description = "Settled balance, pending rewards with settle heights, nonce.", params(("address" = String, Path, description = "A kvr1... address")), responses((status = 200, description = "JSON (or text for /metrics)"), (status = 400, description = "{error, message}")))]
+#[utoipa::path(get, path = "/accounts/{address}", description = "Settled balance, pending rewards with settle heights, nonce.", params(("address" = String, Path, description = "A kvr1... address")), responses((status = 200, description = "JSON"), (status = 400, description = "{error, message}"), (status = 404, description = "{error, message}")))]
 async fn account(State(ledger): State<Arc<Ledger>>, Path(address): Path<String>) -> Reply {
     let address = Address::from_str(&address).map_err(bad_request)?;
     let account = ledger.state().account(&address);
@@ -220,7 +220,7 @@ fn stored_block(ledger: &Ledger, height: u64) -> Reply {
     }
 }
 
-#[utoipa::path(get, path = "/blocks/{height}", description = "A block by height.", params(("height" = String, Path, description = "Block height")), responses((status = 200, description = "JSON (or text for /metrics)"), (status = 400, description = "{error, message}")))]
+#[utoipa::path(get, path = "/blocks/{height}", description = "A block by height.", params(("height" = String, Path, description = "Block height")), responses((status = 200, description = "JSON"), (status = 400, description = "{error, message}"), (status = 404, description = "{error, message}")))]
 async fn block_by_height(State(ledger): State<Arc<Ledger>>, Path(height): Path<String>) -> Reply {
     let height: u64 = height
         .parse()
@@ -228,7 +228,7 @@ async fn block_by_height(State(ledger): State<Arc<Ledger>>, Path(height): Path<S
     stored_block(&ledger, height)
 }
 
-#[utoipa::path(get, path = "/blocks/by-hash/{hash}", description = "A block by hash.", params(("hash" = String, Path, description = "Block hash, hex")), responses((status = 200, description = "JSON (or text for /metrics)"), (status = 400, description = "{error, message}")))]
+#[utoipa::path(get, path = "/blocks/by-hash/{hash}", description = "A block by hash.", params(("hash" = String, Path, description = "Block hash, hex")), responses((status = 200, description = "JSON"), (status = 400, description = "{error, message}"), (status = 404, description = "{error, message}")))]
 async fn block_by_hash(State(ledger): State<Arc<Ledger>>, Path(hash): Path<String>) -> Reply {
     let hash = Hash::from_str(&hash).map_err(bad_request)?;
     match ledger.store.height_of(&hash).map_err(internal)? {
@@ -265,7 +265,7 @@ fn refusal(refusal: Refusal) -> ApiError {
     }
 }
 
-#[utoipa::path(post, path = "/txs", description = "Submit one signed transaction: {\"tx\": hex of its borsh bytes}.", responses((status = 200, description = "JSON (or text for /metrics)"), (status = 400, description = "{error, message}")))]
+#[utoipa::path(post, path = "/txs", description = "Submit one signed transaction: {\"tx\": hex of its borsh bytes}.", responses((status = 202, description = "Admitted: {hash}"), (status = 400, description = "{error, message}"), (status = 422, description = "Refused: {error, message}")))]
 async fn submit(
     State(ledger): State<Arc<Ledger>>,
     body: Result<Json<Submission>, JsonRejection>,
@@ -291,7 +291,7 @@ pub struct Batch {
 
 /// Many transactions in one request (what the gateway's crediting sends): one verdict each,
 /// in order; the request fails only when the batch itself is malformed.
-#[utoipa::path(post, path = "/txs/batch", description = "Submit up to 10,000 signed transactions: {\"txs\": [hex, ...]}; one verdict each.", responses((status = 200, description = "JSON (or text for /metrics)"), (status = 400, description = "{error, message}")))]
+#[utoipa::path(post, path = "/txs/batch", description = "Submit up to 10,000 signed transactions: {\"txs\": [hex, ...]}; one verdict each.", responses((status = 202, description = "One verdict per transaction: {results}"), (status = 400, description = "{error, message}")))]
 async fn submit_batch(
     State(ledger): State<Arc<Ledger>>,
     body: Result<Json<Batch>, JsonRejection>,
@@ -323,7 +323,7 @@ async fn submit_batch(
     Ok((StatusCode::ACCEPTED, Json(json!({"results": results}))))
 }
 
-#[utoipa::path(get, path = "/txs/{hash}", description = "A transaction: pending, committed (height, index) or rejected (reason).", params(("hash" = String, Path, description = "Transaction hash, hex")), responses((status = 200, description = "JSON (or text for /metrics)"), (status = 400, description = "{error, message}")))]
+#[utoipa::path(get, path = "/txs/{hash}", description = "A transaction: pending, committed (height, index) or rejected (reason).", params(("hash" = String, Path, description = "Transaction hash, hex")), responses((status = 200, description = "JSON"), (status = 400, description = "{error, message}"), (status = 404, description = "{error, message}")))]
 async fn tx_status(State(ledger): State<Arc<Ledger>>, Path(hash): Path<String>) -> Reply {
     let hash = Hash::from_str(&hash).map_err(bad_request)?;
     if let Some(location) = ledger.store.tx_location(&hash).map_err(internal)? {
@@ -343,7 +343,7 @@ async fn tx_status(State(ledger): State<Arc<Ledger>>, Path(hash): Path<String>) 
     }
 }
 
-#[utoipa::path(get, path = "/sessions/{hub}/{session}", description = "The receipt high-water mark of one hub session.", params(("hub" = String, Path, description = "The hub address"), ("session" = String, Path, description = "Session id")), responses((status = 200, description = "JSON (or text for /metrics)"), (status = 400, description = "{error, message}")))]
+#[utoipa::path(get, path = "/sessions/{hub}/{session}", description = "The receipt high-water mark of one hub session.", params(("hub" = String, Path, description = "The hub address"), ("session" = String, Path, description = "Session id")), responses((status = 200, description = "JSON"), (status = 400, description = "{error, message}"), (status = 404, description = "{error, message}")))]
 async fn session(
     State(ledger): State<Arc<Ledger>>,
     Path((hub, session)): Path<(String, String)>,
@@ -362,7 +362,7 @@ async fn session(
     })))
 }
 
-#[utoipa::path(get, path = "/sessions/{hub}", description = "Every credited session of a hub.", params(("hub" = String, Path, description = "The hub address")), responses((status = 200, description = "JSON (or text for /metrics)"), (status = 400, description = "{error, message}")))]
+#[utoipa::path(get, path = "/sessions/{hub}", description = "Every credited session of a hub.", params(("hub" = String, Path, description = "The hub address")), responses((status = 200, description = "JSON"), (status = 400, description = "{error, message}"), (status = 404, description = "{error, message}")))]
 async fn sessions(State(ledger): State<Arc<Ledger>>, Path(hub): Path<String>) -> Reply {
     let hub = Address::from_str(&hub).map_err(bad_request)?;
     let state = ledger.state();
@@ -376,7 +376,7 @@ async fn sessions(State(ledger): State<Arc<Ledger>>, Path(hub): Path<String>) ->
     Ok(Json(json!({"hub": hub, "sessions": marks})))
 }
 
-#[utoipa::path(get, path = "/metrics", description = "Prometheus text: height, blocks produced, mempool, credited sessions.", responses((status = 200, description = "JSON (or text for /metrics)"), (status = 400, description = "{error, message}")))]
+#[utoipa::path(get, path = "/metrics", description = "Prometheus text: height, blocks produced, mempool, credited sessions.", responses((status = 200, description = "Prometheus text")))]
 async fn metrics(State(ledger): State<Arc<Ledger>>) -> String {
     let state = ledger.state();
     let credits = state.receipts().count();
