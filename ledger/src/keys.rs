@@ -133,11 +133,26 @@ impl Keypair {
         &self.signing
     }
 
-    /// Writes the key file with mode 0600; refuses to overwrite an existing file.
-    pub fn write_key_file(&self, path: &Path) -> Result<(), KeyFileError> {
-        let file = KeyFileJson {
-            address: self.address(),
-            secret_key: hex::encode(self.signing.to_bytes()),
+    /// Writes the key file with mode 0600; refuses to overwrite an existing file. With a
+    /// passphrase the secret key is sealed (argon2id, then XChaCha20-Poly1305); the address
+    /// stays readable either way.
+    pub fn write_key_file(
+        &self,
+        path: &Path,
+        passphrase: Option<&str>,
+    ) -> Result<(), KeyFileError> {
+        let secret = self.signing.to_bytes();
+        let file = match passphrase {
+            None => KeyFileJson {
+                address: self.address(),
+                secret_key: Some(hex::encode(secret)),
+                sealed: None,
+            },
+            Some(passphrase) => KeyFileJson {
+                address: self.address(),
+                secret_key: None,
+                sealed: Some(Sealed::seal(&secret, passphrase)?),
+            },
         };
         let mut text = serde_json::to_string_pretty(&file).map_err(KeyFileError::Json)?;
         text.push('\n');
@@ -151,23 +166,39 @@ impl Keypair {
         out.sync_all().map_err(io)
     }
 
-    pub fn read_key_file(path: &Path) -> Result<Keypair, KeyFileError> {
-        let text = fs::read_to_string(path)
-            .map_err(|e| KeyFileError::Io(path.display().to_string(), e))?;
-        Keypair::parse_key_file(&text)
+    /// Reads a key file; a sealed one needs its passphrase (`KeyFileError::NeedsPassphrase`
+    /// without one).
+    pub fn read_key_file(path: &Path, passphrase: Option<&str>) -> Result<Keypair, KeyFileError> {
+        Keypair::parse_key_file(&read_text(path)?, passphrase)
     }
 
     /// Parses the contents of a key file.
-    pub fn parse_key_file(text: &str) -> Result<Keypair, KeyFileError> {
-        let file: KeyFileJson = serde_json::from_str(text).map_err(KeyFileError::Json)?;
-        let bytes = hex::decode(file.secret_key.trim()).map_err(|_| KeyFileError::BadSecret)?;
-        let seed: [u8; 32] = bytes.try_into().map_err(|_| KeyFileError::BadSecret)?;
+    pub fn parse_key_file(text: &str, passphrase: Option<&str>) -> Result<Keypair, KeyFileError> {
+        let file = KeyFileJson::parse(text)?;
+        let seed = match (&file.secret_key, &file.sealed, passphrase) {
+            (Some(hex_key), None, _) => {
+                let bytes = hex::decode(hex_key.trim()).map_err(|_| KeyFileError::BadSecret)?;
+                bytes.try_into().map_err(|_| KeyFileError::BadSecret)?
+            }
+            (None, Some(sealed), Some(passphrase)) => sealed.open(passphrase)?,
+            (None, Some(_), None) => return Err(KeyFileError::NeedsPassphrase),
+            _ => return Err(KeyFileError::Shape),
+        };
         let keypair = Keypair::from_seed(&seed);
         if keypair.address() != file.address {
             return Err(KeyFileError::AddressMismatch);
         }
         Ok(keypair)
     }
+
+    /// The address a key file names, without its passphrase.
+    pub fn key_file_address(path: &Path) -> Result<Address, KeyFileError> {
+        Ok(KeyFileJson::parse(&read_text(path)?)?.address)
+    }
+}
+
+fn read_text(path: &Path) -> Result<String, KeyFileError> {
+    fs::read_to_string(path).map_err(|e| KeyFileError::Io(path.display().to_string(), e))
 }
 
 impl fmt::Debug for Keypair {
@@ -180,19 +211,127 @@ impl fmt::Debug for Keypair {
 #[serde(deny_unknown_fields)]
 struct KeyFileJson {
     address: Address,
-    secret_key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    secret_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sealed: Option<Sealed>,
+}
+
+impl KeyFileJson {
+    fn parse(text: &str) -> Result<KeyFileJson, KeyFileError> {
+        serde_json::from_str(text).map_err(KeyFileError::Json)
+    }
+}
+
+/// A secret key sealed under a passphrase. The argon2id cost is stored so that files written
+/// with other settings still open; it is bounded so that a hostile file cannot ask for
+/// gigabytes of memory.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Sealed {
+    kdf: String,
+    memory_kib: u32,
+    iterations: u32,
+    salt: String,
+    cipher: String,
+    nonce: String,
+    ciphertext: String,
+}
+
+const KDF: &str = "argon2id";
+const CIPHER: &str = "xchacha20poly1305";
+/// OWASP's argon2id setting: 19 MiB, 2 passes, 1 lane.
+const MEMORY_KIB: u32 = 19 * 1024;
+const ITERATIONS: u32 = 2;
+const MAX_MEMORY_KIB: u32 = 1024 * 1024;
+const MAX_ITERATIONS: u32 = 64;
+
+impl Sealed {
+    fn seal(secret: &[u8; 32], passphrase: &str) -> Result<Sealed, KeyFileError> {
+        use chacha20poly1305::aead::{Aead, AeadCore, KeyInit, OsRng};
+        use rand::RngCore;
+        let mut salt = [0u8; 16];
+        rand::rngs::OsRng.fill_bytes(&mut salt);
+        let key = derive_key(passphrase, &salt, MEMORY_KIB, ITERATIONS)?;
+        let nonce = chacha20poly1305::XChaCha20Poly1305::generate_nonce(&mut OsRng);
+        let ciphertext = chacha20poly1305::XChaCha20Poly1305::new(&key.into())
+            .encrypt(&nonce, secret.as_slice())
+            .map_err(|_| KeyFileError::Sealing)?;
+        Ok(Sealed {
+            kdf: KDF.into(),
+            memory_kib: MEMORY_KIB,
+            iterations: ITERATIONS,
+            salt: hex::encode(salt),
+            cipher: CIPHER.into(),
+            nonce: hex::encode(nonce),
+            ciphertext: hex::encode(ciphertext),
+        })
+    }
+
+    fn open(&self, passphrase: &str) -> Result<[u8; 32], KeyFileError> {
+        use chacha20poly1305::aead::{Aead, KeyInit};
+        if self.kdf != KDF || self.cipher != CIPHER {
+            return Err(KeyFileError::Unsupported(format!(
+                "{} + {}",
+                self.kdf, self.cipher
+            )));
+        }
+        if self.memory_kib > MAX_MEMORY_KIB || self.iterations > MAX_ITERATIONS {
+            return Err(KeyFileError::Unsupported(format!(
+                "argon2id cost {} KiB x {} passes",
+                self.memory_kib, self.iterations
+            )));
+        }
+        let field = |text: &str| hex::decode(text).map_err(|_| KeyFileError::Shape);
+        let (salt, nonce, ciphertext) = (
+            field(&self.salt)?,
+            field(&self.nonce)?,
+            field(&self.ciphertext)?,
+        );
+        let nonce: [u8; 24] = nonce.try_into().map_err(|_| KeyFileError::Shape)?;
+        let key = derive_key(passphrase, &salt, self.memory_kib, self.iterations)?;
+        let plain = chacha20poly1305::XChaCha20Poly1305::new(&key.into())
+            .decrypt(&nonce.into(), ciphertext.as_slice())
+            .map_err(|_| KeyFileError::WrongPassphrase)?;
+        plain.try_into().map_err(|_| KeyFileError::BadSecret)
+    }
+}
+
+fn derive_key(
+    passphrase: &str,
+    salt: &[u8],
+    memory_kib: u32,
+    iterations: u32,
+) -> Result<[u8; 32], KeyFileError> {
+    let params = argon2::Params::new(memory_kib, iterations, 1, Some(32))
+        .map_err(|e| KeyFileError::Unsupported(e.to_string()))?;
+    let mut key = [0u8; 32];
+    argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params)
+        .hash_password_into(passphrase.as_bytes(), salt, &mut key)
+        .map_err(|e| KeyFileError::Unsupported(e.to_string()))?;
+    Ok(key)
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum KeyFileError {
     #[error("key file {0}: {1}")]
     Io(String, std::io::Error),
-    #[error("key file is not valid JSON of the form {{address, secret_key}}: {0}")]
+    #[error("key file is not valid JSON of the form {{address, secret_key | sealed}}: {0}")]
     Json(serde_json::Error),
+    #[error("key file must hold exactly one of secret_key and sealed, well formed")]
+    Shape,
     #[error("key file secret_key is not 64 hex digits")]
     BadSecret,
     #[error("key file address does not match its secret key")]
     AddressMismatch,
+    #[error("key file is sealed with a passphrase and none was given")]
+    NeedsPassphrase,
+    #[error("wrong passphrase for the key file")]
+    WrongPassphrase,
+    #[error("key file sealing not supported: {0}")]
+    Unsupported(String),
+    #[error("sealing the key failed")]
+    Sealing,
 }
 
 #[cfg(test)]
@@ -236,7 +375,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("wallet.key");
         let keypair = Keypair::generate();
-        keypair.write_key_file(&path).unwrap();
+        keypair.write_key_file(&path, None).unwrap();
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
@@ -244,11 +383,11 @@ mod tests {
             assert_eq!(mode & 0o777, 0o600);
         }
         assert_eq!(
-            Keypair::read_key_file(&path).unwrap().address(),
+            Keypair::read_key_file(&path, None).unwrap().address(),
             keypair.address()
         );
         assert!(matches!(
-            keypair.write_key_file(&path),
+            keypair.write_key_file(&path, None),
             Err(KeyFileError::Io(..))
         ));
     }
@@ -274,16 +413,86 @@ mod tests {
         ];
         for (text, want) in cases {
             fs::write(&path, text).unwrap();
-            let err = Keypair::read_key_file(&path).unwrap_err();
+            let err = Keypair::read_key_file(&path, None).unwrap_err();
             assert!(
                 format!("{err:?}").contains(want),
                 "{err:?} should be {want}"
             );
         }
         assert!(matches!(
-            Keypair::read_key_file(&dir.path().join("missing")),
+            Keypair::read_key_file(&dir.path().join("missing"), None),
             Err(KeyFileError::Io(..))
         ));
+    }
+
+    #[test]
+    fn sealed_key_file_opens_with_its_passphrase_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sealed.key");
+        let keypair = Keypair::generate();
+        keypair
+            .write_key_file(&path, Some("correct horse"))
+            .unwrap();
+        let text = fs::read_to_string(&path).unwrap();
+        assert!(!text.contains(&hex::encode(keypair.signing.to_bytes())));
+        assert_eq!(Keypair::key_file_address(&path).unwrap(), keypair.address());
+        let opened = Keypair::read_key_file(&path, Some("correct horse")).unwrap();
+        assert_eq!(opened.address(), keypair.address());
+        assert!(matches!(
+            Keypair::read_key_file(&path, Some("wrong horse")),
+            Err(KeyFileError::WrongPassphrase)
+        ));
+        assert!(matches!(
+            Keypair::read_key_file(&path, None),
+            Err(KeyFileError::NeedsPassphrase)
+        ));
+    }
+
+    #[test]
+    fn tampered_or_hostile_sealed_files_are_refused() {
+        let keypair = Keypair::from_seed(&[3; 32]);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sealed.key");
+        keypair.write_key_file(&path, Some("pw")).unwrap();
+        let original: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+        let with = |field: &str, value: serde_json::Value| {
+            let mut file = original.clone();
+            file["sealed"][field] = value;
+            file.to_string()
+        };
+        let mut flipped = hex::decode(original["sealed"]["ciphertext"].as_str().unwrap()).unwrap();
+        flipped[0] ^= 1;
+        let cases = [
+            (
+                with("ciphertext", hex::encode(flipped).into()),
+                "WrongPassphrase",
+            ),
+            (with("nonce", "00".into()), "Shape"),
+            (with("salt", "zz".into()), "Shape"),
+            (with("kdf", "scrypt".into()), "Unsupported"),
+            (with("memory_kib", u32::MAX.into()), "Unsupported"),
+            (with("iterations", 0.into()), "Unsupported"),
+            (with("extra", 1.into()), "Json"),
+        ];
+        for (text, want) in cases {
+            let err = Keypair::parse_key_file(&text, Some("pw")).unwrap_err();
+            assert!(
+                format!("{err:?}").contains(want),
+                "{err:?} should be {want}"
+            );
+        }
+        // Both forms at once, or neither, is not a key file.
+        let mut both = original.clone();
+        both["secret_key"] = "00".repeat(32).into();
+        let mut neither = original;
+        neither.as_object_mut().unwrap().remove("sealed");
+        for file in [both, neither] {
+            assert!(matches!(
+                Keypair::parse_key_file(&file.to_string(), Some("pw")),
+                Err(KeyFileError::Shape)
+            ));
+        }
     }
 
     proptest! {

@@ -24,7 +24,7 @@ pub use apply::{apply_block, produce_block, BlockError, Produced};
 pub use block::{Block, BlockHeader};
 pub use genesis::Genesis;
 pub use hash::Hash;
-pub use keys::{Address, Keypair};
+pub use keys::{Address, KeyFileError, Keypair};
 pub use state::{Account, ChangeSet, State};
 pub use store::{Store, StoreError};
 pub use tx::{check_stateless, Receipt, SignedReceipt, SignedTx, Tx, TxError, TxKind, VerifiedTx};

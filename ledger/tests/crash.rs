@@ -28,7 +28,7 @@ fn dev_chain() -> PathBuf {
 }
 
 fn dev_key(role: &str) -> Keypair {
-    Keypair::read_key_file(&dev_chain().join("keys").join(format!("{role}.key"))).unwrap()
+    Keypair::read_key_file(&dev_chain().join("keys").join(format!("{role}.key")), None).unwrap()
 }
 
 fn dev_genesis() -> Genesis {

@@ -428,7 +428,7 @@ pub fn run(args: Args) -> Result<()> {
     let local = LocalExperts::load(&checkpoint, &config, |_, _| true).with_context(loading)?;
     let model = Model::load(&checkpoint, config.clone()).with_context(loading)?;
     let tokenizer = Tokenizer::load(&args.model).with_context(loading)?;
-    let key = Keypair::read_key_file(&args.key)?;
+    let key = kvasir_wallet::keyfile::open(&args.key)?;
     let runtime = tokio::runtime::Runtime::new()?;
     let experts = RemoteExperts::attach(
         &runtime,

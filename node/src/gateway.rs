@@ -16,7 +16,6 @@ use axum::routing::get;
 use axum::Router;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
-use kvasir_ledger::Keypair;
 use kvasir_wallet::client::Client;
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -86,7 +85,7 @@ pub fn run(args: Args) -> Result<()> {
         let crediting = Crediting {
             ledger: Client::new(ledger),
             registry: Client::new(registry),
-            key: Keypair::read_key_file(key)?,
+            key: kvasir_wallet::keyfile::open(key)?,
         };
         let interval = Duration::from_millis(args.credit_interval_ms);
         std::thread::spawn(move || crediting.run(interval));

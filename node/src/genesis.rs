@@ -59,7 +59,7 @@ pub fn init(out: &Path, template: &Template) -> Result<Genesis> {
         .with_context(|| format!("creating {}", out.join("keys").display()))?;
     let keys: [Keypair; ROLES.len()] = std::array::from_fn(|_| Keypair::generate());
     for (role, keypair) in ROLES.iter().zip(&keys) {
-        keypair.write_key_file(&key_path(out, role))?;
+        keypair.write_key_file(&key_path(out, role), None)?;
     }
     let [validator, gateway, hub, faucet] = keys.map(|k| k.address());
     let genesis_time_ms = SystemTime::now()
@@ -90,7 +90,7 @@ pub fn install_dev_chain(dir: &Path) -> Result<Genesis> {
     std::fs::create_dir_all(dir.join("keys"))
         .with_context(|| format!("creating {}", dir.join("keys").display()))?;
     for (role, text) in DEV_KEYS {
-        Keypair::parse_key_file(text)?.write_key_file(&key_path(dir, role))?;
+        Keypair::parse_key_file(text, None)?.write_key_file(&key_path(dir, role), None)?;
     }
     std::fs::write(genesis_path(dir), DEV_GENESIS)
         .with_context(|| format!("writing {}", genesis_path(dir).display()))?;
@@ -121,7 +121,7 @@ mod tests {
         assert_eq!(roles, ROLES);
         let address = |role| {
             let text = DEV_KEYS.iter().find(|(r, _)| *r == role).unwrap().1;
-            Keypair::parse_key_file(text).unwrap().address()
+            Keypair::parse_key_file(text, None).unwrap().address()
         };
         assert!(genesis.is_validator(&address("validator")));
         assert!(genesis.is_gateway(&address("gateway")));
@@ -143,7 +143,7 @@ mod tests {
                 let mode = std::fs::metadata(&path).unwrap().permissions().mode();
                 assert_eq!(mode & 0o777, 0o600, "{role}");
             }
-            Keypair::read_key_file(&path).unwrap();
+            Keypair::read_key_file(&path, None).unwrap();
         }
         assert!(init(dir.path(), &template).is_err());
     }

@@ -112,7 +112,7 @@ pub fn run(args: Args) -> Result<()> {
         }
     }
     let genesis = Genesis::load(&args.genesis)?;
-    let key = Keypair::read_key_file(&args.key)?;
+    let key = kvasir_wallet::keyfile::open(&args.key)?;
     if !genesis.is_hub(&key.address()) {
         tracing::warn!(hub = %key.address(), "this key is not a hub authority in genesis: the ledger will refuse its receipts");
     }

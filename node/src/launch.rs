@@ -218,9 +218,9 @@ impl Loopback {
         keyfile: &Path,
     ) -> Result<String> {
         if !keyfile.exists() {
-            Keypair::generate().write_key_file(keyfile)?;
+            Keypair::generate().write_key_file(keyfile, None)?;
         }
-        let key = Keypair::read_key_file(keyfile)?;
+        let key = kvasir_wallet::keyfile::open(keyfile)?;
         let mut worker = Child::spawn(
             &[
                 "worker",

@@ -150,7 +150,7 @@ impl Ledger {
 
 pub fn run(args: Args) -> Result<()> {
     let genesis = Genesis::load(&args.genesis)?;
-    let validator = Keypair::read_key_file(&args.key)?;
+    let validator = kvasir_wallet::keyfile::open(&args.key)?;
     let ledger = Arc::new(
         Ledger::open(&genesis, &args.data_dir, validator)
             .with_context(|| format!("opening the ledger in {}", args.data_dir.display()))?,

@@ -52,7 +52,7 @@ struct Worker {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let key = Keypair::read_key_file(&args.keyfile)?;
+    let key = kvasir_wallet::keyfile::open(&args.keyfile)?;
     let config = Config::load(&args.model)?;
     let held = args.experts.resolve(&config);
     if held.is_empty() {

@@ -43,7 +43,7 @@ fn start() -> Chain {
         _ledger: ledger,
         _dir: dir,
         key: Box::new(move |role| {
-            Keypair::read_key_file(&keys.join(format!("{role}.key"))).unwrap()
+            Keypair::read_key_file(&keys.join(format!("{role}.key")), None).unwrap()
         }),
     }
 }

@@ -16,9 +16,10 @@ fn killing_the_gateway_while_it_credits_pays_every_byte_exactly_once() {
     swarm.add_worker("*:0-3");
     swarm.add_worker("*:4-7");
     let ledger = Client::new(&format!("http://{}", swarm.ledger_addr.clone().unwrap()));
-    let hub = kvasir_ledger::Keypair::read_key_file(&swarm.dir.path().join("chain/keys/hub.key"))
-        .unwrap()
-        .address();
+    let hub =
+        kvasir_ledger::Keypair::read_key_file(&swarm.dir.path().join("chain/keys/hub.key"), None)
+            .unwrap()
+            .address();
     let credited = |session: u64| {
         let mark = ledger.get(&format!("/sessions/{hub}/{session}")).unwrap();
         mark["cumulative_bytes"].as_u64().unwrap_or(0)

@@ -2,6 +2,7 @@
 //! of it). Errors name what went wrong in one line: the node unreachable, or the API's own
 //! `{error, message}`.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use kvasir_ledger::SignedTx;
@@ -23,6 +24,8 @@ pub enum ClientError {
     Rejected { hash: String, reason: String },
     #[error("transaction {0} was not committed in time")]
     Timeout(String),
+    #[error("certificate file {path}: {reason}")]
+    Ca { path: String, reason: String },
 }
 
 /// A signed transaction as the API takes it: borsh bytes in hex (writing to a Vec cannot fail).
@@ -36,9 +39,45 @@ pub struct Client {
 }
 
 impl Client {
-    /// A client of the API at `base`, e.g. `http://127.0.0.1:7200`.
+    /// A client of the API at `base`, e.g. `http://127.0.0.1:7200`; an `https://` base is
+    /// verified against the public web roots.
     pub fn new(base: &str) -> Client {
-        let agent = ureq::Agent::config_builder()
+        Client::with_agent(base, ureq::Agent::config_builder())
+    }
+
+    /// A client that also trusts the PEM certificate(s) in `ca` over HTTPS.
+    pub fn with_ca(base: &str, ca: Option<&Path>) -> Result<Client, ClientError> {
+        let Some(path) = ca else {
+            return Ok(Client::new(base));
+        };
+        let error = |reason: String| ClientError::Ca {
+            path: path.display().to_string(),
+            reason,
+        };
+        let pem = std::fs::read(path).map_err(|e| error(e.to_string()))?;
+        let mut certs = Vec::new();
+        for item in ureq::tls::parse_pem(&pem) {
+            if let ureq::tls::PemItem::Certificate(cert) = item.map_err(|e| error(e.to_string()))? {
+                certs.push(cert);
+            }
+        }
+        if certs.is_empty() {
+            return Err(error("no PEM certificate in it".into()));
+        }
+        let tls = ureq::tls::TlsConfig::builder()
+            .root_certs(ureq::tls::RootCerts::new_with_certs(&certs))
+            .build();
+        Ok(Client::with_agent(
+            base,
+            ureq::Agent::config_builder().tls_config(tls),
+        ))
+    }
+
+    fn with_agent(
+        base: &str,
+        config: ureq::config::ConfigBuilder<ureq::typestate::AgentScope>,
+    ) -> Client {
+        let agent = config
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(30)))
             .build()

@@ -2,3 +2,4 @@
 //! command line and by the gateway, which submits credits through it.
 
 pub mod client;
+pub mod keyfile;

@@ -1,5 +1,6 @@
 //! `kvasir-wallet`: your KVR account from the command line. Keys live in a key file
-//! (mode 0600); `balance` and `transfer` talk to a ledger node's REST API at `--url`.
+//! (mode 0600, optionally sealed under a passphrase); `balance`, `transfer` and `history`
+//! talk to the ledger REST API at `--url`: a ledger node, or a gateway over HTTPS.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -8,6 +9,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use kvasir_ledger::{Address, Amount, Keypair, TxKind};
 use kvasir_wallet::client::{balance_text, Client};
+use kvasir_wallet::keyfile;
 
 #[derive(Parser)]
 #[command(
@@ -30,6 +32,10 @@ struct Cli {
         default_value = "http://127.0.0.1:7200"
     )]
     url: String,
+    /// Also trust this PEM certificate for an https:// URL (a gateway with a self-signed
+    /// certificate, like the one `kvasir-node dev` starts).
+    #[arg(long, global = true, env = "KVASIR_CA")]
+    ca: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -37,7 +43,12 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Create a new key file (mode 0600) and print its address; never overwrites.
-    New,
+    New {
+        /// Seal the secret key under a passphrase (typed twice, or $KVASIR_PASSPHRASE);
+        /// every later use of the key asks for it.
+        #[arg(long)]
+        encrypt: bool,
+    },
     /// Print the address of the key file.
     Address,
     /// Settled balance and pending rewards (with the heights they settle at).
@@ -64,18 +75,23 @@ fn run(cli: Cli) -> Result<()> {
         Some(path) => path.clone(),
         None => default_keyfile()?,
     };
-    let client = Client::new(&cli.url);
+    let client = Client::with_ca(&cli.url, cli.ca.as_deref())?;
     match cli.command {
-        Command::New => {
+        Command::New { encrypt } => {
             if let Some(parent) = keyfile.parent().filter(|p| !p.as_os_str().is_empty()) {
                 std::fs::create_dir_all(parent)
                     .with_context(|| format!("creating {}", parent.display()))?;
             }
+            let passphrase = if encrypt {
+                Some(keyfile::new_passphrase()?)
+            } else {
+                None
+            };
             let keypair = Keypair::generate();
-            keypair.write_key_file(&keyfile)?;
-            print_address(&keypair, &keyfile, cli.json);
+            keypair.write_key_file(&keyfile, passphrase.as_deref())?;
+            print_address(keypair.address(), &keyfile, cli.json);
         }
-        Command::Address => print_address(&Keypair::read_key_file(&keyfile)?, &keyfile, cli.json),
+        Command::Address => print_address(address_or_own(None, &keyfile)?, &keyfile, cli.json),
         Command::History { address } => {
             let address = address_or_own(address, &keyfile)?;
             let history = client.get(&format!("/accounts/{address}/history"))?;
@@ -97,7 +113,7 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Transfer { to, amount } => {
-            let key = Keypair::read_key_file(&keyfile)?;
+            let key = keyfile::open(&keyfile)?;
             let head = client.get("/head")?;
             let chain_id = head["chain_id"]
                 .as_str()
@@ -125,7 +141,8 @@ fn run(cli: Cli) -> Result<()> {
 fn address_or_own(address: Option<Address>, keyfile: &std::path::Path) -> Result<Address> {
     match address {
         Some(address) => Ok(address),
-        None => Ok(Keypair::read_key_file(keyfile)?.address()),
+        None => Keypair::key_file_address(keyfile)
+            .with_context(|| format!("key file {}", keyfile.display())),
     }
 }
 
@@ -157,15 +174,15 @@ fn history_line(entry: &serde_json::Value) -> String {
     }
 }
 
-fn print_address(keypair: &Keypair, keyfile: &std::path::Path, json: bool) {
+fn print_address(address: Address, keyfile: &std::path::Path, json: bool) {
     if json {
         let value = serde_json::json!({
-            "address": keypair.address().to_string(),
+            "address": address.to_string(),
             "keyfile": keyfile,
         });
         println!("{value}");
     } else {
-        println!("{}", keypair.address());
+        println!("{address}");
     }
 }
 

@@ -81,7 +81,7 @@ pub fn run(args: Args) -> Result<()> {
     let scratch = tempfile::tempdir()?;
     let chain = scratch.path().join("chain");
     let genesis = init(&chain, &load_template(None)?)?;
-    let key = |role: &str| Keypair::read_key_file(&key_path(&chain, role));
+    let key = |role: &str| Keypair::read_key_file(&key_path(&chain, role), None);
     let text = |p: std::path::PathBuf| p.display().to_string();
     let mut ledger = Child::spawn(
         &[

@@ -1,0 +1,108 @@
+//! The wallet as a user runs it against the public side: over HTTPS through the gateway
+//! (trusting its self-signed certificate with `--ca`), with a key file sealed under a
+//! passphrase.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use kvasir_tests::swarm::Swarm;
+use kvasir_tests::{bin, stderr, stdout};
+use serde_json::Value;
+
+fn wallet(args: &[&str], passphrase: Option<&str>) -> Output {
+    let mut command = Command::new(bin("kvasir-wallet"));
+    command.args(args).env_remove("KVASIR_PASSPHRASE");
+    if let Some(passphrase) = passphrase {
+        command.env("KVASIR_PASSPHRASE", passphrase);
+    }
+    command.output().expect("running kvasir-wallet")
+}
+
+fn path_str(path: &Path) -> &str {
+    path.to_str().expect("utf-8 temp path")
+}
+
+fn one_line_error(output: &Output, says: &str) {
+    assert!(!output.status.success(), "{}", stdout(output));
+    let message = stderr(output);
+    assert!(message.starts_with("error: "), "{message}");
+    assert!(message.to_lowercase().contains(says), "{says}: {message}");
+    assert_eq!(message.trim_end().lines().count(), 1, "{message}");
+}
+
+#[test]
+fn a_sealed_wallet_sends_and_reads_over_the_gateways_https() {
+    let swarm = Swarm::start_with("tiny", true);
+    let port = swarm.gateway_addr.rsplit(':').next().unwrap().to_string();
+    let url = format!("https://localhost:{port}");
+    let ca = swarm.cert();
+    let public = ["--url", &url, "--ca", path_str(&ca)];
+    let dir = swarm.dir.path();
+
+    let sealed = dir.join("sealed.key");
+    let created = wallet(
+        &["new", "--encrypt", "--keyfile", path_str(&sealed)],
+        Some("pw 1"),
+    );
+    assert!(created.status.success(), "{}", stderr(&created));
+    let address = stdout(&created).trim().to_string();
+    let text = std::fs::read_to_string(&sealed).unwrap();
+    assert!(
+        text.contains("\"sealed\"") && !text.contains("secret_key"),
+        "{text}"
+    );
+    // The address is readable without the passphrase.
+    let shown = wallet(&["address", "--keyfile", path_str(&sealed)], None);
+    assert_eq!(stdout(&shown).trim(), address, "{}", stderr(&shown));
+
+    // The faucet (a plain key file) pays it, through the gateway over TLS.
+    let faucet = dir.join("chain/keys/faucet.key");
+    let mut args = public.to_vec();
+    args.extend(["transfer", &address, "2", "--keyfile", path_str(&faucet)]);
+    let sent = wallet(&args, None);
+    assert!(sent.status.success(), "{}", stderr(&sent));
+
+    // Spending from the sealed key needs its passphrase, and the right one.
+    let someone = kvasir_ledger::Keypair::generate().address().to_string();
+    let mut spend = public.to_vec();
+    spend.extend([
+        "transfer",
+        &someone,
+        "0.5",
+        "--keyfile",
+        path_str(&sealed),
+        "--json",
+    ]);
+    one_line_error(&wallet(&spend, None), "kvasir_passphrase");
+    one_line_error(&wallet(&spend, Some("pw 2")), "wrong passphrase");
+    let spent = wallet(&spend, Some("pw 1"));
+    assert!(spent.status.success(), "{}", stderr(&spent));
+
+    let mut balance = public.to_vec();
+    balance.extend(["balance", "--keyfile", path_str(&sealed), "--json"]);
+    let account: Value = serde_json::from_str(&stdout(&wallet(&balance, None))).unwrap();
+    assert_eq!(account["address"], address.as_str());
+    assert_eq!(account["balance"]["kvr"], "1.5", "{account}");
+    assert_eq!(account["nonce"], 1);
+
+    // Without the certificate the gateway is not trusted; a CA file that is no certificate is
+    // refused before any connection.
+    one_line_error(
+        &wallet(&["balance", &address, "--url", &url], None),
+        "cannot reach",
+    );
+    one_line_error(
+        &wallet(
+            &[
+                "balance",
+                &address,
+                "--url",
+                &url,
+                "--ca",
+                path_str(&sealed),
+            ],
+            None,
+        ),
+        "no pem certificate",
+    );
+}
