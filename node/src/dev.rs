@@ -236,8 +236,10 @@ pub fn run(args: Args) -> Result<()> {
     }
     if let Some((_, keyfile)) = workers.first() {
         println!(
-            "query a balance yourself (while `dev --serve` runs): cargo run --release -p kvasir-wallet -- balance --keyfile {} --url {ledger_url}",
-            keyfile.display()
+            "query a balance yourself (while `dev --serve` runs), through the gateway: cargo run --release -p kvasir-wallet -- balance --keyfile {} --url https://localhost:{} --ca {}",
+            keyfile.display(),
+            swarm.gateway_addr.port(),
+            swarm.cert.display()
         );
     }
     if args.json {
@@ -250,9 +252,8 @@ pub fn run(args: Args) -> Result<()> {
     }
     if args.serve {
         println!("the swarm is running; Ctrl-C stops it");
-        loop {
-            std::thread::sleep(Duration::from_secs(3600));
-        }
+        crate::shutdown::wait()?;
+        println!("stopping the swarm");
     }
     drop(backbone);
     swarm.stop();

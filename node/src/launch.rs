@@ -1,5 +1,6 @@
 //! Swarm roles as child processes of this binary on loopback: what `dev` and the swarm
-//! benchmarks start. A child is killed when its handle drops; its `<role> listening on ADDR`
+//! benchmarks start. A child is stopped when its handle drops (SIGTERM, then SIGKILL if it
+//! lingers), and it stops by itself when its parent dies; its `<role> listening on ADDR`
 //! line says where it listens.
 
 use std::io::{BufRead, BufReader};
@@ -15,6 +16,26 @@ use kvasir_ledger::keys::Keypair;
 use crate::genesis::{genesis_path, install_dev_chain, key_path};
 
 const START_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a child may take over a clean stop (the ledger finishing its block).
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Set in a child's environment to the pid of the process that started it.
+const PARENT_ENV: &str = "KVASIR_PARENT_PID";
+
+/// Called first thing in every process: a role started by `Child::spawn` gets SIGTERM when its
+/// parent dies (however it dies), so no worker outlives a killed `dev`.
+pub fn follow_parent() {
+    #[cfg(target_os = "linux")]
+    if let Some(parent) = std::env::var(PARENT_ENV)
+        .ok()
+        .and_then(|p| p.parse::<u32>().ok())
+    {
+        let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM);
+        // The parent may have died before the line above ran.
+        if std::os::unix::process::parent_id() != parent {
+            std::process::exit(1);
+        }
+    }
+}
 
 pub struct Child {
     child: std::process::Child,
@@ -28,7 +49,10 @@ impl Child {
     pub fn spawn(args: &[String]) -> Result<Child> {
         let exe = std::env::current_exe().context("locating this executable")?;
         let mut command = Command::new(exe);
-        command.args(args).stdout(Stdio::piped());
+        command
+            .args(args)
+            .stdout(Stdio::piped())
+            .env(PARENT_ENV, std::process::id().to_string());
         if std::env::var_os("RUST_LOG").is_none() {
             command.env("RUST_LOG", "warn");
         }
@@ -71,6 +95,19 @@ impl Child {
 
 impl Drop for Child {
     fn drop(&mut self) {
+        #[cfg(unix)]
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            let pid = nix::unistd::Pid::from_raw(pid);
+            if nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).is_ok() {
+                let deadline = std::time::Instant::now() + STOP_TIMEOUT;
+                while std::time::Instant::now() < deadline {
+                    if matches!(self.child.try_wait(), Ok(Some(_))) {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -177,9 +177,7 @@ pub fn run(args: Args) -> Result<()> {
         let listener = link::bind("ledger", args.listen).await?;
         let app = api::router(ledger.clone());
         axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
+            .with_graceful_shutdown(crate::shutdown::requested())
             .await?;
         anyhow::Ok(())
     })?;

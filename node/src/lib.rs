@@ -16,6 +16,7 @@ pub mod ledger;
 pub mod link;
 pub mod model;
 pub mod registry;
+pub mod shutdown;
 pub mod spec;
 pub mod tls;
 pub mod verify;

@@ -65,6 +65,7 @@ enum GenesisCommand {
 }
 
 fn main() -> ExitCode {
+    kvasir_node::launch::follow_parent();
     let cli = Cli::parse();
     // Logs go to stderr (stdout is for results); RUST_LOG overrides the level.
     tracing_subscriber::fmt()

@@ -88,6 +88,15 @@ impl Proc {
         self.line(&format!("{role} listening on "), Duration::from_secs(60))
     }
 
+    /// Sends `signal` (e.g. "INT") with the system's `kill`.
+    pub fn signal(&self, signal: &str) {
+        let sent = Command::new("kill")
+            .args(["-s", signal, &self.pid().to_string()])
+            .status()
+            .expect("running kill");
+        assert!(sent.success(), "kill -s {signal} failed");
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -121,6 +130,37 @@ impl Drop for Proc {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// The pids whose parent is `pid` (from /proc).
+pub fn children(pid: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(child) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if process_stat(child).is_some_and(|(_, parent)| parent == pid) {
+            found.push(child);
+        }
+    }
+    found
+}
+
+/// Whether `pid` is a live process (not gone, not a zombie).
+pub fn alive(pid: u32) -> bool {
+    process_stat(pid).is_some_and(|(state, _)| state != 'Z' && state != 'X')
+}
+
+/// State letter and parent pid from /proc/PID/stat (the name field may hold spaces).
+fn process_stat(pid: u32) -> Option<(char, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    Some((state, fields.next()?.parse().ok()?))
 }
 
 /// `GET path` on a plain HTTP endpoint; the body.

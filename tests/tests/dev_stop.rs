@@ -1,0 +1,59 @@
+//! `kvasir-node dev --serve` stops every process it started: cleanly on Ctrl-C (SIGINT) or
+//! SIGTERM, and even when it is itself SIGKILLed (each child follows its parent).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use kvasir_tests::swarm::{alive, children, Proc};
+
+/// `dev --serve` on the tiny model, up and serving; the process and the pids it started.
+fn serving(data: &Path) -> (Proc, Vec<u32>) {
+    let mut dev = Proc::start(
+        "kvasir-node",
+        &[
+            "dev",
+            "--serve",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--preset",
+            "tiny",
+            "--tokens",
+            "4",
+        ],
+    );
+    dev.line("the swarm is running", Duration::from_secs(300));
+    let started = children(dev.pid());
+    // Ledger, hub, gateway, two workers and the backbone.
+    assert_eq!(started.len(), 6, "{started:?}\n{}", dev.stderr());
+    (dev, started)
+}
+
+fn all_gone_within(pids: &[u32], timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while pids.iter().any(|p| alive(*p)) {
+        let left: Vec<&u32> = pids.iter().filter(|p| alive(**p)).collect();
+        assert!(Instant::now() < deadline, "still running: {left:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn ctrl_c_and_sigterm_stop_every_child_and_leave_a_verified_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    for signal in ["INT", "TERM"] {
+        let (dev, started) = serving(dir.path());
+        dev.signal(signal);
+        let out = dev.finish(Duration::from_secs(120));
+        assert!(out.contains("stopping the swarm"), "{out}");
+        assert!(out.contains("chain re-verified from genesis"), "{out}");
+        all_gone_within(&started, Duration::from_secs(5));
+    }
+}
+
+#[test]
+fn children_stop_when_dev_is_killed_outright() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut dev, started) = serving(dir.path());
+    dev.kill();
+    all_gone_within(&started, Duration::from_secs(30));
+}
