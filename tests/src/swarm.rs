@@ -390,7 +390,27 @@ impl Swarm {
         );
         let mut hub = Proc::start("kvasir-node", &args);
         hub.listening("hub");
+        hub.listening("hub registry");
         self.hub = Some(hub);
+    }
+
+    /// Kills the hub (SIGKILL) and starts it again on its addresses and data dir.
+    pub fn kill_and_restart_hub(&mut self) {
+        if let Some(mut hub) = self.hub.take() {
+            hub.kill();
+        }
+        self.restart_hub();
+    }
+
+    /// Kills the ledger (SIGKILL) and starts it again on its address and data dir.
+    pub fn restart_ledger(&mut self) {
+        let addr = self.ledger_addr.clone().expect("a swarm with a ledger");
+        if let Some(mut ledger) = self.ledger.take() {
+            ledger.kill();
+        }
+        let chain = self.dir.path().join("chain");
+        let (ledger, _) = start_ledger_on(&chain, &self.dir.path().join("ledger"), &addr);
+        self.ledger = Some(ledger);
     }
 
     pub fn cert(&self) -> PathBuf {
@@ -525,6 +545,10 @@ pub fn new_key(path: &Path) -> String {
 /// A ledger service for the chain in `chain` (genesis.json, keys/validator.key), storing in
 /// `data`; the process and its API address.
 pub fn start_ledger(chain: &Path, data: &Path) -> (Proc, String) {
+    start_ledger_on(chain, data, "127.0.0.1:0")
+}
+
+fn start_ledger_on(chain: &Path, data: &Path, listen: &str) -> (Proc, String) {
     let mut ledger = Proc::start(
         "kvasir-node",
         &[
@@ -534,7 +558,7 @@ pub fn start_ledger(chain: &Path, data: &Path) -> (Proc, String) {
             "--data-dir",
             path_str(data),
             "--listen",
-            "127.0.0.1:0",
+            listen,
             "--key",
             path_str(&chain.join("keys/validator.key")),
         ],

@@ -1,6 +1,7 @@
-//! Settlement over real processes: the gateway is SIGKILLed again and again while it credits,
-//! and in the end every worker's pending + settled rewards equal `earned` of its sessions'
-//! metered bytes, to the base unit: nothing lost, nothing paid twice.
+//! Settlement over real processes: the gateway, the hub or the ledger is SIGKILLed again and
+//! again while the gateway credits, and in the end every worker's pending + settled rewards
+//! equal `earned` of its sessions' metered bytes, to the base unit: nothing lost, nothing paid
+//! twice.
 
 use std::time::{Duration, Instant};
 
@@ -8,10 +9,24 @@ use kvasir_ledger::Genesis;
 use kvasir_tests::swarm::Swarm;
 use kvasir_wallet::client::Client;
 
-const KILLS: usize = 8;
-
 #[test]
 fn killing_the_gateway_while_it_credits_pays_every_byte_exactly_once() {
+    kill_while_crediting(8, Swarm::restart_gateway);
+}
+
+#[test]
+fn killing_the_hub_while_its_receipts_are_credited_pays_every_byte_exactly_once() {
+    kill_while_crediting(3, Swarm::kill_and_restart_hub);
+}
+
+#[test]
+fn killing_the_ledger_while_it_takes_credits_pays_every_byte_exactly_once() {
+    kill_while_crediting(3, Swarm::restart_ledger);
+}
+
+/// `kills` rounds of traffic, each with `restart` at a varying instant while the gateway is
+/// crediting it; then every session credited to its count, and each worker paid exactly.
+fn kill_while_crediting(kills: usize, restart: fn(&mut Swarm)) {
     let mut swarm = Swarm::start_with("tiny", true);
     swarm.add_worker("*:0-3");
     swarm.add_worker("*:4-7");
@@ -26,10 +41,10 @@ fn killing_the_gateway_while_it_credits_pays_every_byte_exactly_once() {
     };
     let credited_total =
         |swarm: &Swarm| -> u64 { swarm.metered().iter().map(|(s, _, _)| credited(*s)).sum() };
-    // Each round: a generation makes traffic, the gateway starts crediting it, and is killed
-    // at a varying instant while it does; the next gateway must pick up where it left off.
+    // Each round: a generation makes traffic, the gateway starts crediting it, and a role is
+    // killed at a varying instant while it does; the survivors must pick up where it left off.
     let mut before = 0;
-    for kill in 0..KILLS {
+    for kill in 0..kills {
         let backbone = swarm.start_backbone("*:*", "Once upon a time", 40);
         let deadline = Instant::now() + Duration::from_secs(120);
         while credited_total(&swarm) <= before {
@@ -40,7 +55,7 @@ fn killing_the_gateway_while_it_credits_pays_every_byte_exactly_once() {
             std::thread::sleep(Duration::from_millis(5));
         }
         std::thread::sleep(Duration::from_millis(37 * kill as u64 % 300));
-        swarm.restart_gateway();
+        restart(&mut swarm);
         backbone.finish(Duration::from_secs(300));
         before = credited_total(&swarm);
     }
