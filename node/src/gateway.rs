@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::atomic::AtomicBool;
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
@@ -88,7 +89,7 @@ pub fn run(args: Args) -> Result<()> {
             key: kvasir_wallet::keyfile::open(key)?,
         };
         let interval = Duration::from_millis(args.credit_interval_ms);
-        std::thread::spawn(move || crediting.run(interval));
+        std::thread::spawn(move || crediting.run(interval, &AtomicBool::new(false)));
     }
     let runtime = tokio::runtime::Runtime::new()?;
     let api = api(args.ledger.clone());

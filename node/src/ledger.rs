@@ -1,13 +1,15 @@
 //! `kvasir-node ledger`: the ledger service. Admits signed transactions (stateless checks,
 //! and the stateful ones when the nonce is the account's next), produces a block every
-//! genesis interval with the validator key, commits it atomically, and serves the REST API
-//! (`api`). Ctrl-C stops between blocks: nothing is ever half-committed.
+//! genesis interval with the validator key, or sooner when a full block's worth is waiting
+//! (so a backlog drains at the speed of verification, not one block per interval), commits
+//! it atomically, and serves the REST API (`api`). Ctrl-C or SIGTERM stops between blocks:
+//! nothing is ever half-committed.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
@@ -55,6 +57,8 @@ pub struct Ledger {
     pub store: Store,
     state: RwLock<State>,
     mempool: Mutex<Mempool>,
+    /// Signalled when the mempool holds a full block.
+    full: Condvar,
     rejected: Mutex<HashMap<Hash, Rejection>>,
     validator: Keypair,
     pub blocks_produced: std::sync::atomic::AtomicU64,
@@ -62,6 +66,10 @@ pub struct Ledger {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn block_limit(state: &State) -> usize {
+    state.genesis().params.max_block_txs as usize
 }
 
 fn now_ms() -> u64 {
@@ -84,6 +92,7 @@ impl Ledger {
             store,
             state: RwLock::new(state),
             mempool: Mutex::new(Mempool::new(MEMPOOL_CAPACITY)),
+            full: Condvar::new(),
             rejected: Mutex::new(HashMap::new()),
             validator,
             blocks_produced: Default::default(),
@@ -101,7 +110,7 @@ impl Ledger {
         let state = self.state();
         let checked = check_stateless(state.genesis(), txs);
         let mut mempool = lock(&self.mempool);
-        checked
+        let verdicts = checked
             .into_iter()
             .map(|verified| {
                 let verified = verified?;
@@ -113,7 +122,21 @@ impl Ledger {
                 }
                 Ok(mempool.insert(verified)?)
             })
-            .collect()
+            .collect();
+        if mempool.len() >= block_limit(&state) {
+            self.full.notify_one();
+        }
+        verdicts
+    }
+
+    /// Waits until `deadline`, or less if a full block's worth of transactions is waiting.
+    pub fn wait_for_block(&self, deadline: Instant) {
+        let limit = block_limit(&self.state());
+        let timeout = deadline.saturating_duration_since(Instant::now());
+        let waiting = lock(&self.mempool);
+        let _ = self
+            .full
+            .wait_timeout_while(waiting, timeout, |mempool| mempool.len() < limit);
     }
 
     pub fn is_pending(&self, hash: &Hash) -> bool {
@@ -131,8 +154,7 @@ impl Ledger {
     /// Produces and commits the next block from the mempool (possibly empty).
     pub fn produce(&self) -> Result<()> {
         let state = self.state();
-        let limit = state.genesis().params.max_block_txs as usize;
-        let candidates = lock(&self.mempool).candidates(limit);
+        let candidates = lock(&self.mempool).candidates(block_limit(&state));
         let produced = produce_block(&state, &candidates, &self.validator, now_ms())?;
         self.store.commit(&produced.block, &produced.changes)?;
         let included = produced.block.txs.iter().map(SignedTx::hash);
@@ -162,8 +184,11 @@ pub fn run(args: Args) -> Result<()> {
         std::thread::spawn(move || {
             let mut next = Instant::now() + interval;
             while !stop.load(Ordering::Relaxed) {
-                std::thread::sleep(next.saturating_duration_since(Instant::now()));
-                next += interval;
+                ledger.wait_for_block(next);
+                // A full block made early leaves the regular schedule as it was.
+                if Instant::now() >= next {
+                    next += interval;
+                }
                 if let Err(e) = ledger.produce() {
                     // Storage failing under us: stop rather than serve a head that cannot move.
                     eprintln!("error: producing a block: {e:#}");
@@ -186,4 +211,60 @@ pub fn run(args: Args) -> Result<()> {
         bail!("the block producer panicked");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::genesis::{init, key_path, load_template};
+    use kvasir_ledger::{Amount, TxKind};
+
+    /// A ledger whose blocks hold at most 3 transactions, and its faucet key.
+    fn small_blocks(dir: &std::path::Path) -> (Ledger, Keypair) {
+        let mut template = load_template(None).unwrap();
+        template.params.max_block_txs = 3;
+        let chain = dir.join("chain");
+        let genesis = init(&chain, &template).unwrap();
+        let key = |role| Keypair::read_key_file(&key_path(&chain, role), None).unwrap();
+        let ledger = Ledger::open(&genesis, &dir.join("ledger"), key("validator")).unwrap();
+        (ledger, key("faucet"))
+    }
+
+    fn transfers(ledger: &Ledger, from: &Keypair, nonces: std::ops::Range<u64>) {
+        let chain_id = ledger.state().genesis().params.chain_id.clone();
+        let to = Keypair::generate().address();
+        let txs = nonces
+            .map(|n| {
+                let amount = Amount::parse("1").unwrap();
+                TxKind::Transfer { to, amount }.signed(&chain_id, from, n)
+            })
+            .collect();
+        assert!(ledger.submit(txs).iter().all(Result::is_ok));
+    }
+
+    #[test]
+    fn a_full_block_is_made_without_waiting_for_the_interval() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, faucet) = small_blocks(dir.path());
+        // Two of three: the producer waits out its deadline.
+        transfers(&ledger, &faucet, 0..2);
+        let start = Instant::now();
+        ledger.wait_for_block(start + Duration::from_millis(200));
+        assert!(start.elapsed() >= Duration::from_millis(200));
+        // A full block's worth wakes it long before its deadline.
+        let ledger = Arc::new(ledger);
+        let waiter = {
+            let ledger = ledger.clone();
+            std::thread::spawn(move || {
+                let start = Instant::now();
+                ledger.wait_for_block(start + Duration::from_secs(60));
+                start.elapsed()
+            })
+        };
+        transfers(&ledger, &faucet, 2..4);
+        assert!(waiter.join().unwrap() < Duration::from_secs(30));
+        ledger.produce().unwrap();
+        assert_eq!(ledger.state().height(), 1);
+        assert_eq!(ledger.mempool_len(), 1);
+    }
 }

@@ -394,7 +394,7 @@ fn the_wallet_reads_balances_sends_and_explains_failures_in_one_line() {
     assert!(!unreachable.status.success());
     let message = stderr(&unreachable);
     assert!(
-        message.starts_with("error: cannot reach the ledger"),
+        message.starts_with("error: cannot reach http://127.0.0.1:9"),
         "{message}"
     );
     assert_eq!(message.trim_end().lines().count(), 1, "{message}");

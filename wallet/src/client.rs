@@ -10,7 +10,7 @@ use serde_json::Value;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("cannot reach the ledger at {url}: {reason}")]
+    #[error("cannot reach {url}: {reason}")]
     Unreachable { url: String, reason: String },
     #[error("{message} ({error}, HTTP {status})")]
     Api {
