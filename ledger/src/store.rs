@@ -1,7 +1,9 @@
 //! Storage: the only module that knows sled. Everything lives in one sled tree under short
 //! key prefixes, so a block, its state changes, its transaction index and the new head go in
 //! one atomic `apply_batch`, flushed before `commit` returns: a crash at any instant leaves
-//! either the whole block or none of it.
+//! either the whole block or none of it. Beside the block and state, two indexes: where each
+//! transaction was included, and per account the locations of the transactions it is a party
+//! to (so an account's history is a range read, however long the chain).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -21,6 +23,10 @@ const BLOCK_HASH: &[u8] = b"h/";
 const ACCOUNT: &[u8] = b"a/";
 const RECEIPT: &[u8] = b"r/";
 const TX: &[u8] = b"t/";
+const HISTORY: &[u8] = b"x/";
+/// Present once every stored block is in the HISTORY index (stores written before it existed
+/// are indexed when opened).
+const HISTORY_INDEXED: &[u8] = b"m/history-indexed";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -87,6 +93,32 @@ fn receipt_key(session: &SessionKey) -> Vec<u8> {
     )
 }
 
+impl TxLocation {
+    /// Big-endian height then index: byte order is chain order.
+    fn to_bytes(self) -> [u8; 12] {
+        let mut bytes = [0u8; 12];
+        bytes[..8].copy_from_slice(&self.height.to_be_bytes());
+        bytes[8..].copy_from_slice(&self.index.to_be_bytes());
+        bytes
+    }
+
+    fn from_bytes(what: &str, bytes: &[u8]) -> Result<TxLocation, StoreError> {
+        let index = bytes
+            .get(8..12)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_be_bytes)
+            .ok_or_else(|| StoreError::Corrupt(format!("{what}: short location")))?;
+        Ok(TxLocation {
+            height: be_u64(what, bytes)?,
+            index,
+        })
+    }
+}
+
+fn history_key(address: &Address, rest: &[u8]) -> Vec<u8> {
+    [HISTORY, address.as_bytes().as_slice(), rest].concat()
+}
+
 fn decode<T: BorshDeserialize>(what: &str, bytes: &[u8]) -> Result<T, StoreError> {
     borsh::from_slice(bytes).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
 }
@@ -110,6 +142,7 @@ impl Store {
         let block = genesis_block(genesis);
         let mut batch = sled::Batch::default();
         batch.insert(GENESIS, genesis.to_json().as_bytes());
+        batch.insert(HISTORY_INDEXED, &[]);
         let changes = ChangeSet {
             accounts: state.accounts().map(|(a, acc)| (*a, acc.clone())).collect(),
             receipts: Vec::new(),
@@ -130,7 +163,57 @@ impl Store {
         if !store.db.contains_key(GENESIS)? {
             return Err(not_there());
         }
+        if !store.db.contains_key(HISTORY_INDEXED)? {
+            store.index_history()?;
+        }
         Ok(store)
+    }
+
+    /// Adds every stored block's transactions to the account history index.
+    fn index_history(&self) -> Result<(), StoreError> {
+        const BLOCKS_PER_BATCH: u64 = 1_000;
+        let head = self.head()?;
+        let mut batch = sled::Batch::default();
+        for height in 0..=head {
+            let block = self
+                .block(height)?
+                .ok_or_else(|| StoreError::Corrupt(format!("no block at height {height}")))?;
+            write_history(&mut batch, &block);
+            if height % BLOCKS_PER_BATCH == 0 {
+                self.db.apply_batch(std::mem::take(&mut batch))?;
+            }
+        }
+        batch.insert(HISTORY_INDEXED, &[]);
+        self.db.apply_batch(batch)?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// Where the transactions `address` is a party to were included, newest first: at most
+    /// `limit` of them, all before location `before` when given.
+    pub fn history(
+        &self,
+        address: &Address,
+        before: Option<TxLocation>,
+        limit: usize,
+    ) -> Result<Vec<TxLocation>, StoreError> {
+        let start = history_key(address, &[]);
+        let end = match before {
+            Some(location) => history_key(address, &location.to_bytes()),
+            None => history_key(address, &[0xff; 13]),
+        };
+        self.db
+            .range(start..end)
+            .rev()
+            .take(limit)
+            .map(|entry| {
+                let (k, _) = entry?;
+                TxLocation::from_bytes(
+                    "history index",
+                    k.get(HISTORY.len() + 32..).unwrap_or_default(),
+                )
+            })
+            .collect()
     }
 
     /// Opens the ledger at `path`, creating it from `genesis` if absent; an existing ledger
@@ -192,16 +275,10 @@ impl Store {
     }
 
     pub fn tx_location(&self, hash: &Hash) -> Result<Option<TxLocation>, StoreError> {
-        let Some(value) = self.db.get(key(TX, hash.as_bytes()))? else {
-            return Ok(None);
-        };
-        let height = be_u64("tx index", &value)?;
-        let index = value
-            .get(8..12)
-            .and_then(|b| b.try_into().ok())
-            .map(u32::from_be_bytes)
-            .ok_or_else(|| StoreError::Corrupt("tx index: short".into()))?;
-        Ok(Some(TxLocation { height, index }))
+        self.db
+            .get(key(TX, hash.as_bytes()))?
+            .map(|value| TxLocation::from_bytes("tx index", &value))
+            .transpose()
     }
 
     /// Loads the committed state at the head and checks it against the head's state root.
@@ -278,14 +355,10 @@ impl Store {
             key(BLOCK_HASH, block.hash().as_bytes()),
             &height.to_be_bytes(),
         );
-        for (index, tx) in block.txs.iter().enumerate() {
-            let location = [
-                height.to_be_bytes().as_slice(),
-                &(index as u32).to_be_bytes(),
-            ]
-            .concat();
-            batch.insert(key(TX, tx.hash().as_bytes()), location);
+        for (location, tx) in locations(block) {
+            batch.insert(key(TX, tx.hash().as_bytes()), &location.to_bytes());
         }
+        write_history(batch, block);
         for (address, account) in &changes.accounts {
             batch.insert(
                 key(ACCOUNT, address.as_bytes()),
@@ -307,6 +380,24 @@ impl Store {
         self.db.insert(key(BLOCK, &height.to_be_bytes()), bytes)?;
         self.db.flush()?;
         Ok(())
+    }
+}
+
+fn locations(block: &Block) -> impl Iterator<Item = (TxLocation, &crate::tx::SignedTx)> {
+    let height = block.header.height;
+    block.txs.iter().enumerate().map(move |(index, tx)| {
+        let index = index as u32;
+        (TxLocation { height, index }, tx)
+    })
+}
+
+fn write_history(batch: &mut sled::Batch, block: &Block) {
+    for (location, tx) in locations(block) {
+        let [sender, paid] = tx.tx.parties();
+        batch.insert(history_key(&sender, &location.to_bytes()), &[]);
+        if paid != sender {
+            batch.insert(history_key(&paid, &location.to_bytes()), &[]);
+        }
     }
 }
 
@@ -356,6 +447,66 @@ mod tests {
         assert_eq!(store.tx_location(&Hash::ZERO).unwrap(), None);
         assert_eq!(store.block(1).unwrap().unwrap(), produced.block);
         assert_eq!(store.block(2).unwrap(), None);
+    }
+
+    #[test]
+    fn account_history_is_indexed_newest_first_pages_and_is_rebuilt_for_old_stores() {
+        let dir = tempfile::tempdir().unwrap();
+        let (genesis, keys) = test_genesis();
+        let store = Store::create(dir.path(), &genesis).unwrap();
+        let mut state = store.load_state().unwrap();
+        // Three blocks: alice pays bob twice, then bob pays alice once; carol is untouched.
+        let blocks = [
+            vec![
+                transfer(&keys.alice, 0, keys.bob.address(), "1"),
+                transfer(&keys.alice, 1, keys.bob.address(), "2"),
+            ],
+            vec![],
+            vec![transfer(&keys.bob, 0, keys.alice.address(), "1")],
+        ];
+        for (height, txs) in blocks.iter().enumerate() {
+            let checked: Vec<_> = check_stateless(&genesis, txs.clone())
+                .into_iter()
+                .map(Result::unwrap)
+                .collect();
+            let produced =
+                produce_block(&state, &checked, &keys.validator, height as u64 + 10).unwrap();
+            assert!(produced.rejected.is_empty());
+            store.commit(&produced.block, &produced.changes).unwrap();
+            state = produced.state;
+        }
+        let at = |height, index| TxLocation { height, index };
+        let bob = keys.bob.address();
+        let newest_first = vec![at(3, 0), at(1, 1), at(1, 0)];
+        assert_eq!(store.history(&bob, None, 10).unwrap(), newest_first);
+        assert_eq!(
+            store.history(&keys.alice.address(), None, 10).unwrap(),
+            newest_first
+        );
+        assert_eq!(store.history(&bob, None, 2).unwrap(), newest_first[..2]);
+        assert_eq!(
+            store.history(&bob, Some(at(3, 0)), 10).unwrap(),
+            newest_first[1..]
+        );
+        assert_eq!(
+            store.history(&bob, Some(at(1, 1)), 10).unwrap(),
+            newest_first[2..]
+        );
+        assert_eq!(store.history(&bob, Some(at(1, 0)), 10).unwrap(), vec![]);
+        assert_eq!(
+            store.history(&keys.worker.address(), None, 10).unwrap(),
+            vec![]
+        );
+
+        // A store written before the index existed is indexed when opened.
+        for entry in store.db.scan_prefix(HISTORY) {
+            store.db.remove(entry.unwrap().0).unwrap();
+        }
+        store.db.remove(HISTORY_INDEXED).unwrap();
+        assert_eq!(store.history(&bob, None, 10).unwrap(), vec![]);
+        drop(store);
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.history(&bob, None, 10).unwrap(), newest_first);
     }
 
     #[test]

@@ -76,6 +76,14 @@ pub struct Tx {
 }
 
 impl Tx {
+    /// The accounts whose history lists this transaction: its sender and the account it pays.
+    pub fn parties(&self) -> [Address; 2] {
+        match &self.kind {
+            TxKind::Transfer { to, .. } => [self.sender, *to],
+            TxKind::Credit(signed) => [self.sender, signed.receipt.worker],
+        }
+    }
+
     pub fn sign(self, sender: &Keypair) -> SignedTx {
         let signature = intent::sign(sender, Intent::Transaction, &self.chain_id, &self);
         SignedTx {

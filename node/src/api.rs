@@ -18,14 +18,15 @@ use std::str::FromStr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use borsh::BorshDeserialize;
 use kvasir_ledger::mempool::MempoolError;
 use kvasir_ledger::state::SessionKey;
+use kvasir_ledger::store::TxLocation;
 use kvasir_ledger::{Address, Amount, Block, Hash, SignedTx, TxKind};
 use serde_json::{json, Value};
 use utoipa::OpenApi;
@@ -47,6 +48,7 @@ use crate::ledger::{Ledger, Refusal};
         submit,
         submit_batch,
         tx_status,
+        history,
         session,
         sessions,
         metrics
@@ -151,52 +153,92 @@ async fn account(State(ledger): State<Arc<Ledger>>, Path(address): Path<String>)
     })))
 }
 
-/// Blocks one history request reads at most, newest first (the store has no per-account
-/// index yet, so history is a scan).
-const HISTORY_SCAN: u64 = 100_000;
+/// Entries one history request returns at most.
 const HISTORY_ENTRIES: usize = 100;
 
-#[utoipa::path(get, path = "/accounts/{address}/history", description = "The account's transfers (in and out) and credits, newest first: at most 100, from the latest 100,000 blocks.", params(("address" = String, Path, description = "A kvr1... address")), responses((status = 200, description = "JSON"), (status = 400, description = "{error, message}")))]
-async fn history(State(ledger): State<Arc<Ledger>>, Path(address): Path<String>) -> Reply {
+/// `?before=HEIGHT.INDEX` (or `HEIGHT`) pages back through a long history.
+#[derive(serde::Deserialize)]
+struct HistoryQuery {
+    before: Option<String>,
+}
+
+/// `12.3` is transaction 3 of block 12; `12` is the start of block 12.
+fn parse_location(text: &str) -> Result<TxLocation, ApiError> {
+    let bad = || bad_request(format!("{text:?} is not HEIGHT or HEIGHT.INDEX"));
+    let (height, index) = text.split_once('.').unwrap_or((text, "0"));
+    Ok(TxLocation {
+        height: height.parse().map_err(|_| bad())?,
+        index: index.parse().map_err(|_| bad())?,
+    })
+}
+
+#[utoipa::path(get, path = "/accounts/{address}/history", description = "The transactions the account is a party to, newest first, at most 100: transfers in and out, credits it received, and credits it submitted (a gateway). `before` lists those before a location; `next_before` is its value for the next page (absent on the last).", params(("address" = String, Path, description = "A kvr1... address"), ("before" = Option<String>, Query, description = "HEIGHT.INDEX or HEIGHT: only entries before it")), responses((status = 200, description = "JSON"), (status = 400, description = "{error, message}")))]
+async fn history(
+    State(ledger): State<Arc<Ledger>>,
+    Path(address): Path<String>,
+    query: Result<Query<HistoryQuery>, QueryRejection>,
+) -> Reply {
     let address = Address::from_str(&address).map_err(bad_request)?;
-    let head = ledger.state().height();
+    let Query(query) = query.map_err(bad_request)?;
+    let before = query.before.as_deref().map(parse_location).transpose()?;
     let entries = tokio::task::spawn_blocking(move || -> Result<Vec<Value>, ApiError> {
-        let mut entries = Vec::new();
-        for height in (head.saturating_sub(HISTORY_SCAN) + 1..=head).rev() {
-            let Some(block) = ledger.store.block(height).map_err(internal)? else {
-                continue;
-            };
-            for tx in &block.txs {
-                let t = &tx.tx;
-                let entry = match &t.kind {
-                    TxKind::Transfer { to, amount } if t.sender == address || *to == address => {
-                        json!({
-                            "kind": "transfer",
-                            "direction": if t.sender == address { "out" } else { "in" },
-                            "from": t.sender, "to": to, "amount": amount_json(*amount),
-                        })
-                    }
-                    TxKind::Credit(signed) if signed.receipt.worker == address => json!({
-                        "kind": "credit",
-                        "hub": signed.receipt.hub, "session_id": signed.receipt.session_id,
-                        "cumulative_bytes": signed.receipt.cumulative_bytes,
-                    }),
-                    _ => continue,
-                };
-                let mut entry = entry;
-                entry["height"] = json!(height);
-                entry["hash"] = json!(tx.hash().to_string());
-                entries.push(entry);
-                if entries.len() == HISTORY_ENTRIES {
-                    return Ok(entries);
-                }
+        let locations = ledger
+            .store
+            .history(&address, before, HISTORY_ENTRIES)
+            .map_err(internal)?;
+        let mut block: Option<Block> = None;
+        let mut entries = Vec::with_capacity(locations.len());
+        for location in locations {
+            if block.as_ref().map(|b| b.header.height) != Some(location.height) {
+                block = ledger.store.block(location.height).map_err(internal)?;
             }
+            let tx = block
+                .as_ref()
+                .and_then(|b| b.txs.get(location.index as usize))
+                .ok_or_else(|| {
+                    internal(format!(
+                        "history names a missing transaction at {location:?}"
+                    ))
+                })?;
+            entries.push(history_entry(tx, &address, location));
         }
         Ok(entries)
     })
     .await
     .map_err(internal)??;
-    Ok(Json(json!({"address": address, "entries": entries})))
+    let next_before = match entries.len() {
+        HISTORY_ENTRIES => entries
+            .last()
+            .map(|e| json!(format!("{}.{}", e["height"], e["index"]))),
+        _ => None,
+    };
+    let mut reply = json!({"address": address, "entries": entries});
+    if let Some(next) = next_before {
+        reply["next_before"] = next;
+    }
+    Ok(Json(reply))
+}
+
+/// One line of an account's history, as `address` sees `tx`.
+fn history_entry(tx: &SignedTx, address: &Address, location: TxLocation) -> Value {
+    let t = &tx.tx;
+    let mut entry = match &t.kind {
+        TxKind::Transfer { to, amount } => json!({
+            "kind": "transfer",
+            "direction": if t.sender == *address { "out" } else { "in" },
+            "from": t.sender, "to": to, "amount": amount_json(*amount),
+        }),
+        TxKind::Credit(signed) => json!({
+            "kind": "credit",
+            "worker": signed.receipt.worker, "gateway": t.sender,
+            "hub": signed.receipt.hub, "session_id": signed.receipt.session_id,
+            "cumulative_bytes": signed.receipt.cumulative_bytes,
+        }),
+    };
+    entry["height"] = json!(location.height);
+    entry["index"] = json!(location.index);
+    entry["hash"] = json!(tx.hash().to_string());
+    entry
 }
 
 fn block_json(block: &Block) -> Value {

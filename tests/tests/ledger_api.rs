@@ -255,9 +255,55 @@ fn credits_and_transfers_commit_and_bad_ones_change_nothing() {
 }
 
 #[test]
+fn a_long_history_is_served_newest_first_in_pages() {
+    let chain = start();
+    let faucet = (chain.key)("faucet");
+    let payee = Keypair::generate().address();
+    let txs: Vec<SignedTx> = (0..150)
+        .map(|nonce| {
+            let amount = kvasir_ledger::Amount::from_base_units(nonce + 1);
+            TxKind::Transfer { to: payee, amount }.signed(&chain.chain_id(), &faucet, nonce)
+        })
+        .collect();
+    let admitted = chain.client.submit_batch(&txs).unwrap();
+    let last = admitted.last().unwrap().clone().unwrap();
+    chain
+        .client
+        .wait_committed(&last, std::time::Duration::from_secs(60))
+        .unwrap();
+    let mut amounts = Vec::new();
+    let mut path = format!("/accounts/{payee}/history");
+    loop {
+        let page = chain.client.get(&path).unwrap();
+        let entries = page["entries"].as_array().unwrap();
+        assert!(entries.len() <= 100);
+        for entry in entries {
+            assert_eq!(entry["direction"], "in");
+            amounts.push(units(&entry["amount"]));
+        }
+        match page["next_before"].as_str() {
+            Some(before) => path = format!("/accounts/{payee}/history?before={before}"),
+            None => break,
+        }
+    }
+    // Together the pages list every transfer exactly once, newest (highest nonce) first, even
+    // where a page ends inside a block.
+    assert_eq!(amounts, (1..=150).rev().collect::<Vec<u64>>());
+    let faucet_history = chain
+        .client
+        .get(&format!("/accounts/{}/history", faucet.address()))
+        .unwrap();
+    assert_eq!(faucet_history["entries"][0]["direction"], "out");
+}
+
+#[test]
 fn malformed_requests_get_the_right_status_and_a_json_error() {
     let chain = start();
     let unknown_tx = format!("/txs/{}", "ab".repeat(32));
+    let bad_page = format!(
+        "/accounts/{}/history?before=soon",
+        Keypair::generate().address()
+    );
     let cases: Vec<(&str, &str, String, u16)> = vec![
         ("POST", "/txs", "{not json".into(), 400),
         ("POST", "/txs", r#"{"transaction": "00"}"#.into(), 422),
@@ -276,6 +322,8 @@ fn malformed_requests_get_the_right_status_and_a_json_error() {
         ("GET", "/txs/nothex", String::new(), 400),
         ("GET", "/sessions/kvr1x/1", String::new(), 400),
         ("GET", "/sessions/kvr1x", String::new(), 400),
+        ("GET", "/accounts/kvr1x/history", String::new(), 400),
+        ("GET", &bad_page, String::new(), 400),
         ("POST", "/txs/batch", r#"{"txs": ["zz"]}"#.into(), 400),
         ("POST", "/txs/batch", r#"{"txs": 5}"#.into(), 422),
         (
@@ -369,6 +417,10 @@ fn the_wallet_reads_balances_sends_and_explains_failures_in_one_line() {
         (
             vec!["transfer", "kvr1nope", "1", "--keyfile", path_str(&poor)],
             "invalid value",
+        ),
+        (
+            vec!["history", "--before", "1&x=2", "--keyfile", path_str(&poor)],
+            "is not height",
         ),
         (
             vec![

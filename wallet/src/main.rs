@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use kvasir_ledger::{Address, Amount, Keypair, TxKind};
 use kvasir_wallet::client::{balance_text, Client};
@@ -58,10 +58,14 @@ enum Command {
     },
     /// Send KVR: `transfer kvr1... 1.5`; waits until the transfer is committed.
     Transfer { to: Address, amount: Amount },
-    /// Transfers in and out and credits received, newest first.
+    /// Transfers in and out and credits, newest first, 100 at a time.
     History {
         /// Whose (default: the key file's address).
         address: Option<Address>,
+        /// Only entries before this location (`HEIGHT.INDEX` as the previous page ends, or
+        /// `HEIGHT`).
+        #[arg(long)]
+        before: Option<String>,
     },
 }
 
@@ -92,14 +96,24 @@ fn run(cli: Cli) -> Result<()> {
             print_address(keypair.address(), &keyfile, cli.json);
         }
         Command::Address => print_address(address_or_own(None, &keyfile)?, &keyfile, cli.json),
-        Command::History { address } => {
+        Command::History { address, before } => {
             let address = address_or_own(address, &keyfile)?;
-            let history = client.get(&format!("/accounts/{address}/history"))?;
+            let page = match &before {
+                Some(before) if before.chars().all(|c| c.is_ascii_digit() || c == '.') => {
+                    format!("?before={before}")
+                }
+                Some(before) => bail!("--before {before:?} is not HEIGHT or HEIGHT.INDEX"),
+                None => String::new(),
+            };
+            let history = client.get(&format!("/accounts/{address}/history{page}"))?;
             if cli.json {
                 println!("{history}");
             } else {
                 for entry in history["entries"].as_array().into_iter().flatten() {
                     println!("{}", history_line(entry));
+                }
+                if let Some(next) = history["next_before"].as_str() {
+                    println!("older entries: history --before {next}");
                 }
             }
         }
@@ -146,7 +160,8 @@ fn address_or_own(address: Option<Address>, keyfile: &std::path::Path) -> Result
     }
 }
 
-/// `height 12  in  2.5 KVR from kvr1...`, or `height 5  credit: session 3 of hub kvr1... at 1277952 bytes`.
+/// `height 12  in  2.5 KVR from kvr1...`, or
+/// `height 5  credit to kvr1...: session 3 of hub kvr1... at 1277952 bytes`.
 fn history_line(entry: &serde_json::Value) -> String {
     let text = |v: &serde_json::Value| v.as_str().unwrap_or("?").to_string();
     let head = format!("height {} ", entry["height"]);
@@ -166,7 +181,8 @@ fn history_line(entry: &serde_json::Value) -> String {
             )
         }
         _ => format!(
-            "{head} credit: session {} of hub {} at {} bytes",
+            "{head} credit to {}: session {} of hub {} at {} bytes",
+            text(&entry["worker"]),
             entry["session_id"],
             text(&entry["hub"]),
             entry["cumulative_bytes"]
