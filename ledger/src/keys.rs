@@ -312,23 +312,24 @@ fn derive_key(
     Ok(key)
 }
 
+/// What is wrong with a key file; callers name the file (`key file PATH: ...`).
 #[derive(Debug, thiserror::Error)]
 pub enum KeyFileError {
-    #[error("key file {0}: {1}")]
+    #[error("{1}")]
     Io(String, std::io::Error),
-    #[error("key file is not valid JSON of the form {{address, secret_key | sealed}}: {0}")]
+    #[error("not valid JSON of the form {{address, secret_key | sealed}}: {0}")]
     Json(serde_json::Error),
-    #[error("key file must hold exactly one of secret_key and sealed, well formed")]
+    #[error("must hold exactly one of secret_key and sealed, well formed")]
     Shape,
-    #[error("key file secret_key is not 64 hex digits")]
+    #[error("secret_key is not 64 hex digits")]
     BadSecret,
-    #[error("key file address does not match its secret key")]
+    #[error("the address does not match the secret key")]
     AddressMismatch,
-    #[error("key file is sealed with a passphrase and none was given")]
+    #[error("sealed with a passphrase, and none was given")]
     NeedsPassphrase,
-    #[error("wrong passphrase for the key file")]
+    #[error("wrong passphrase")]
     WrongPassphrase,
-    #[error("key file sealing not supported: {0}")]
+    #[error("sealing not supported: {0}")]
     Unsupported(String),
     #[error("sealing the key failed")]
     Sealing,

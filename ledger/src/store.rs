@@ -393,10 +393,8 @@ fn locations(block: &Block) -> impl Iterator<Item = (TxLocation, &crate::tx::Sig
 
 fn write_history(batch: &mut sled::Batch, block: &Block) {
     for (location, tx) in locations(block) {
-        let [sender, paid] = tx.tx.parties();
-        batch.insert(history_key(&sender, &location.to_bytes()), &[]);
-        if paid != sender {
-            batch.insert(history_key(&paid, &location.to_bytes()), &[]);
+        for party in tx.tx.parties() {
+            batch.insert(history_key(&party, &location.to_bytes()), &[]);
         }
     }
 }

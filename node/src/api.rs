@@ -172,7 +172,7 @@ fn parse_location(text: &str) -> Result<TxLocation, ApiError> {
     })
 }
 
-#[utoipa::path(get, path = "/accounts/{address}/history", description = "The transactions the account is a party to, newest first, at most 100: transfers in and out, credits it received, and credits it submitted (a gateway). `before` lists those before a location; `next_before` is its value for the next page (absent on the last).", params(("address" = String, Path, description = "A kvr1... address"), ("before" = Option<String>, Query, description = "HEIGHT.INDEX or HEIGHT: only entries before it")), responses((status = 200, description = "JSON"), (status = 400, description = "{error, message}")))]
+#[utoipa::path(get, path = "/accounts/{address}/history", description = "The transactions the account is a party to, newest first, at most 100: transfers in and out and credits it received. `before` lists those before a location; `next_before` is its value for the next page (absent on the last).", params(("address" = String, Path, description = "A kvr1... address"), ("before" = Option<String>, Query, description = "HEIGHT.INDEX or HEIGHT: only entries before it")), responses((status = 200, description = "JSON"), (status = 400, description = "{error, message}")))]
 async fn history(
     State(ledger): State<Arc<Ledger>>,
     Path(address): Path<String>,

@@ -126,7 +126,10 @@ pub fn run(args: Args) -> Result<()> {
     if backbone_key.exists() {
         std::fs::remove_file(&backbone_key)?;
     }
-    swarm.backbone.write_key_file(&backbone_key, None)?;
+    swarm
+        .backbone
+        .write_key_file(&backbone_key, None)
+        .with_context(|| format!("key file {}", backbone_key.display()))?;
     let tokens = args.tokens.to_string();
     let mut backbone = Child::spawn(
         &[

@@ -59,7 +59,10 @@ pub fn init(out: &Path, template: &Template) -> Result<Genesis> {
         .with_context(|| format!("creating {}", out.join("keys").display()))?;
     let keys: [Keypair; ROLES.len()] = std::array::from_fn(|_| Keypair::generate());
     for (role, keypair) in ROLES.iter().zip(&keys) {
-        keypair.write_key_file(&key_path(out, role), None)?;
+        let path = key_path(out, role);
+        keypair
+            .write_key_file(&path, None)
+            .with_context(|| format!("key file {}", path.display()))?;
     }
     let [validator, gateway, hub, faucet] = keys.map(|k| k.address());
     let genesis_time_ms = SystemTime::now()

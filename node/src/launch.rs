@@ -255,7 +255,9 @@ impl Loopback {
         keyfile: &Path,
     ) -> Result<String> {
         if !keyfile.exists() {
-            Keypair::generate().write_key_file(keyfile, None)?;
+            Keypair::generate()
+                .write_key_file(keyfile, None)
+                .with_context(|| format!("key file {}", keyfile.display()))?;
         }
         let key = kvasir_wallet::keyfile::open(keyfile)?;
         let mut worker = Child::spawn(

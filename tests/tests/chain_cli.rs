@@ -232,9 +232,12 @@ fn wallet_new_creates_a_private_key_file_and_address_reads_it() {
         &["address", "--keyfile", path_str(&keyfile)],
     );
     assert!(!broken.status.success());
+    let message = stderr(&broken);
     assert!(
-        stderr(&broken).starts_with("error: key file is not valid JSON"),
-        "{}",
-        stderr(&broken)
+        message.starts_with(&format!(
+            "error: key file {}: not valid JSON",
+            keyfile.display()
+        )),
+        "{message}"
     );
 }

@@ -92,7 +92,9 @@ fn run(cli: Cli) -> Result<()> {
                 None
             };
             let keypair = Keypair::generate();
-            keypair.write_key_file(&keyfile, passphrase.as_deref())?;
+            keypair
+                .write_key_file(&keyfile, passphrase.as_deref())
+                .with_context(|| format!("key file {}", keyfile.display()))?;
             print_address(keypair.address(), &keyfile, cli.json);
         }
         Command::Address => print_address(address_or_own(None, &keyfile)?, &keyfile, cli.json),
