@@ -71,12 +71,25 @@ pub struct Args {
 }
 
 /// The backbone's end of its hub link, shared by the link task and the executor.
-#[derive(Default)]
 struct LinkState {
     tx: Option<mpsc::UnboundedSender<Bytes>>,
     directory: Vec<DirectoryEntry>,
     pending: HashMap<u64, std_mpsc::Sender<Result<Vec<f32>, String>>>,
     next_id: u64,
+}
+
+impl LinkState {
+    /// Request ids start at a random point: a worker may still answer a request of a
+    /// backbone process that has since been restarted, and that late answer must not match
+    /// a new request that happens to reuse its id.
+    fn new() -> LinkState {
+        LinkState {
+            tx: None,
+            directory: Vec::new(),
+            pending: HashMap::new(),
+            next_id: rand::random::<u64>() >> 1,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Default, Debug)]
@@ -147,7 +160,7 @@ impl RemoteExperts {
         timeout: Duration,
     ) -> Result<RemoteExperts> {
         let config = Config::load(model_dir)?;
-        let link = Arc::new(Mutex::new(LinkState::default()));
+        let link = Arc::new(Mutex::new(LinkState::new()));
         let experts = RemoteExperts {
             local,
             remote,
