@@ -43,7 +43,7 @@ fn passphrase(prompt: &str) -> Result<String> {
         return Ok(passphrase);
     }
     if !std::io::stdin().is_terminal() {
-        bail!("the key file is sealed: set {PASSPHRASE_ENV} or run in a terminal");
+        bail!("a passphrase is needed: set {PASSPHRASE_ENV} or run in a terminal");
     }
     rpassword::prompt_password(prompt).context("reading the passphrase")
 }
