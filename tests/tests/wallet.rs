@@ -106,3 +106,57 @@ fn a_sealed_wallet_sends_and_reads_over_the_gateways_https() {
         "no pem certificate",
     );
 }
+
+#[test]
+fn a_role_opens_a_sealed_key_with_the_passphrase_from_its_environment() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let chain = dir.path().join("chain");
+    let init = kvasir_tests::run(
+        "kvasir-node",
+        &["genesis", "init", "--out", path_str(&chain)],
+    );
+    assert!(init.status.success(), "{}", stderr(&init));
+    let validator =
+        kvasir_ledger::Keypair::read_key_file(&chain.join("keys/validator.key"), None).unwrap();
+    let sealed = dir.path().join("validator-sealed.key");
+    validator.write_key_file(&sealed, Some("s3cret")).unwrap();
+    let ledger = |passphrase: Option<&str>| {
+        let mut command = Command::new(bin("kvasir-node"));
+        command
+            .args(["ledger", "--listen", "127.0.0.1:0", "--genesis"])
+            .arg(chain.join("genesis.json"))
+            .arg("--data-dir")
+            .arg(dir.path().join("ledger"))
+            .arg("--key")
+            .arg(&sealed)
+            .env_remove("KVASIR_PASSPHRASE")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        if let Some(passphrase) = passphrase {
+            command.env("KVASIR_PASSPHRASE", passphrase);
+        }
+        command.spawn().expect("starting the ledger")
+    };
+    for (passphrase, says) in [
+        (None, "passphrase is needed"),
+        (Some("guess"), "wrong passphrase"),
+    ] {
+        let refused = ledger(passphrase).wait_with_output().unwrap();
+        one_line_error(&refused, says);
+        assert!(
+            stderr(&refused).contains(path_str(&sealed)),
+            "{}",
+            stderr(&refused)
+        );
+    }
+    let mut opened = ledger(Some("s3cret"));
+    let mut first = String::new();
+    BufReader::new(opened.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let _ = opened.kill();
+    let _ = opened.wait();
+    assert!(first.starts_with("ledger listening on "), "{first}");
+}

@@ -15,7 +15,8 @@ pub fn open(path: &Path) -> Result<Keypair> {
     let context = || format!("key file {}", path.display());
     match Keypair::read_key_file(path, None) {
         Err(KeyFileError::NeedsPassphrase) => {
-            let passphrase = passphrase(&format!("passphrase for {}: ", path.display()))?;
+            let passphrase = passphrase(&format!("passphrase for {}: ", path.display()))
+                .with_context(context)?;
             Keypair::read_key_file(path, Some(&passphrase)).with_context(context)
         }
         other => other.with_context(context),
