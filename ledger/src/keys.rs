@@ -142,17 +142,14 @@ impl Keypair {
         passphrase: Option<&str>,
     ) -> Result<(), KeyFileError> {
         let secret = self.signing.to_bytes();
-        let file = match passphrase {
-            None => KeyFileJson {
-                address: self.address(),
-                secret_key: Some(hex::encode(secret)),
-                sealed: None,
-            },
-            Some(passphrase) => KeyFileJson {
-                address: self.address(),
-                secret_key: None,
-                sealed: Some(Sealed::seal(&secret, passphrase)?),
-            },
+        let (secret_key, sealed) = match passphrase {
+            None => (Some(hex::encode(secret)), None),
+            Some(passphrase) => (None, Some(Sealed::seal(&secret, passphrase)?)),
+        };
+        let file = KeyFileJson {
+            address: self.address(),
+            secret_key,
+            sealed,
         };
         let mut text = serde_json::to_string_pretty(&file).map_err(KeyFileError::Json)?;
         text.push('\n');
@@ -160,10 +157,9 @@ impl Keypair {
         options.write(true).create_new(true);
         #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        let io = |e| KeyFileError::Io(path.display().to_string(), e);
-        let mut out = options.open(path).map_err(io)?;
-        out.write_all(text.as_bytes()).map_err(io)?;
-        out.sync_all().map_err(io)
+        let mut out = options.open(path).map_err(KeyFileError::Io)?;
+        out.write_all(text.as_bytes()).map_err(KeyFileError::Io)?;
+        out.sync_all().map_err(KeyFileError::Io)
     }
 
     /// Reads a key file; a sealed one needs its passphrase (`KeyFileError::NeedsPassphrase`
@@ -198,7 +194,7 @@ impl Keypair {
 }
 
 fn read_text(path: &Path) -> Result<String, KeyFileError> {
-    fs::read_to_string(path).map_err(|e| KeyFileError::Io(path.display().to_string(), e))
+    fs::read_to_string(path).map_err(KeyFileError::Io)
 }
 
 impl fmt::Debug for Keypair {
@@ -315,8 +311,8 @@ fn derive_key(
 /// What is wrong with a key file; callers name the file (`key file PATH: ...`).
 #[derive(Debug, thiserror::Error)]
 pub enum KeyFileError {
-    #[error("{1}")]
-    Io(String, std::io::Error),
+    #[error(transparent)]
+    Io(std::io::Error),
     #[error("not valid JSON of the form {{address, secret_key | sealed}}: {0}")]
     Json(serde_json::Error),
     #[error("must hold exactly one of secret_key and sealed, well formed")]

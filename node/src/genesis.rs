@@ -46,6 +46,14 @@ pub fn genesis_path(dir: &Path) -> PathBuf {
     dir.join("genesis.json")
 }
 
+/// Writes `keys/<role>.key` under `dir` (mode 0600, never overwriting).
+fn write_role_key(dir: &Path, role: &str, keypair: &Keypair) -> Result<()> {
+    let path = key_path(dir, role);
+    keypair
+        .write_key_file(&path, None)
+        .with_context(|| format!("key file {}", path.display()))
+}
+
 /// Writes `genesis.json` and one key file per role into `out`, refusing to overwrite.
 pub fn init(out: &Path, template: &Template) -> Result<Genesis> {
     let genesis_file = genesis_path(out);
@@ -59,10 +67,7 @@ pub fn init(out: &Path, template: &Template) -> Result<Genesis> {
         .with_context(|| format!("creating {}", out.join("keys").display()))?;
     let keys: [Keypair; ROLES.len()] = std::array::from_fn(|_| Keypair::generate());
     for (role, keypair) in ROLES.iter().zip(&keys) {
-        let path = key_path(out, role);
-        keypair
-            .write_key_file(&path, None)
-            .with_context(|| format!("key file {}", path.display()))?;
+        write_role_key(out, role, keypair)?;
     }
     let [validator, gateway, hub, faucet] = keys.map(|k| k.address());
     let genesis_time_ms = SystemTime::now()
@@ -93,7 +98,7 @@ pub fn install_dev_chain(dir: &Path) -> Result<Genesis> {
     std::fs::create_dir_all(dir.join("keys"))
         .with_context(|| format!("creating {}", dir.join("keys").display()))?;
     for (role, text) in DEV_KEYS {
-        Keypair::parse_key_file(text, None)?.write_key_file(&key_path(dir, role), None)?;
+        write_role_key(dir, role, &Keypair::parse_key_file(text, None)?)?;
     }
     std::fs::write(genesis_path(dir), DEV_GENESIS)
         .with_context(|| format!("writing {}", genesis_path(dir).display()))?;

@@ -57,6 +57,8 @@ pub struct Ledger {
     pub store: Store,
     state: RwLock<State>,
     mempool: Mutex<Mempool>,
+    /// The genesis' max_block_txs: what makes a block full.
+    block_limit: usize,
     /// Signalled when the mempool holds a full block.
     full: Condvar,
     rejected: Mutex<HashMap<Hash, Rejection>>,
@@ -66,10 +68,6 @@ pub struct Ledger {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn block_limit(state: &State) -> usize {
-    state.genesis().params.max_block_txs as usize
 }
 
 fn now_ms() -> u64 {
@@ -92,6 +90,7 @@ impl Ledger {
             store,
             state: RwLock::new(state),
             mempool: Mutex::new(Mempool::new(MEMPOOL_CAPACITY)),
+            block_limit: genesis.params.max_block_txs as usize,
             full: Condvar::new(),
             rejected: Mutex::new(HashMap::new()),
             validator,
@@ -123,7 +122,7 @@ impl Ledger {
                 Ok(mempool.insert(verified)?)
             })
             .collect();
-        if mempool.len() >= block_limit(&state) {
+        if mempool.len() >= self.block_limit {
             self.full.notify_one();
         }
         verdicts
@@ -131,12 +130,11 @@ impl Ledger {
 
     /// Waits until `deadline`, or less if a full block's worth of transactions is waiting.
     pub fn wait_for_block(&self, deadline: Instant) {
-        let limit = block_limit(&self.state());
         let timeout = deadline.saturating_duration_since(Instant::now());
         let waiting = lock(&self.mempool);
         let _ = self
             .full
-            .wait_timeout_while(waiting, timeout, |mempool| mempool.len() < limit);
+            .wait_timeout_while(waiting, timeout, |mempool| mempool.len() < self.block_limit);
     }
 
     pub fn is_pending(&self, hash: &Hash) -> bool {
@@ -154,7 +152,7 @@ impl Ledger {
     /// Produces and commits the next block from the mempool (possibly empty).
     pub fn produce(&self) -> Result<()> {
         let state = self.state();
-        let candidates = lock(&self.mempool).candidates(block_limit(&state));
+        let candidates = lock(&self.mempool).candidates(self.block_limit);
         let produced = produce_block(&state, &candidates, &self.validator, now_ms())?;
         self.store.commit(&produced.block, &produced.changes)?;
         let included = produced.block.txs.iter().map(SignedTx::hash);

@@ -47,6 +47,11 @@ pub fn run(name: &str, args: &[&str]) -> Output {
         .expect("starting binary")
 }
 
+/// A temporary path as the `&str` a command line takes.
+pub fn path_str(path: &Path) -> &str {
+    path.to_str().expect("utf-8 temp path")
+}
+
 pub fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }

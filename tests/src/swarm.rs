@@ -9,7 +9,7 @@ use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::{bin, run, stderr, stdout};
+use crate::{bin, path_str, run, stderr, stdout};
 
 /// A running process; SIGKILLed on drop.
 pub struct Proc {
@@ -217,10 +217,6 @@ pub fn listening_sockets(pid: u32) -> usize {
         })
         .filter(|inode| inodes.contains(inode))
         .count()
-}
-
-fn path_str(p: &Path) -> &str {
-    p.to_str().expect("utf-8 temp path")
 }
 
 /// Hub, gateway and workers over a synthetic checkpoint and a fresh chain.

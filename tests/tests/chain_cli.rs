@@ -4,11 +4,7 @@
 use std::path::Path;
 
 use kvasir_ledger::{Address, Genesis, Store};
-use kvasir_tests::{run, stderr, stdout};
-
-fn path_str(path: &Path) -> &str {
-    path.to_str().expect("utf-8 temp path")
-}
+use kvasir_tests::{path_str, run, stderr, stdout};
 
 #[test]
 fn genesis_init_writes_a_chain_and_refuses_to_overwrite() {

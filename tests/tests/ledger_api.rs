@@ -1,18 +1,13 @@
 //! The ledger service's REST API over a real process: good transactions commit, and every
 //! kind of bad input gets the right status and changes nothing.
 
-use std::path::Path;
 use std::time::Duration;
 
 use kvasir_ledger::{Amount, Genesis, Keypair, Receipt, SignedTx, TxKind};
 use kvasir_tests::swarm::{http, start_ledger, Proc};
-use kvasir_tests::{run, stderr};
+use kvasir_tests::{path_str, run, stderr};
 use kvasir_wallet::client::{Client, ClientError};
 use serde_json::Value;
-
-fn path_str(path: &Path) -> &str {
-    path.to_str().expect("utf-8 temp path")
-}
 
 struct Chain {
     _dir: tempfile::TempDir,

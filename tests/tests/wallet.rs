@@ -2,11 +2,10 @@
 //! (trusting its self-signed certificate with `--ca`), with a key file sealed under a
 //! passphrase.
 
-use std::path::Path;
 use std::process::{Command, Output};
 
 use kvasir_tests::swarm::Swarm;
-use kvasir_tests::{bin, stderr, stdout};
+use kvasir_tests::{bin, path_str, stderr, stdout};
 use serde_json::Value;
 
 fn wallet(args: &[&str], passphrase: Option<&str>) -> Output {
@@ -16,10 +15,6 @@ fn wallet(args: &[&str], passphrase: Option<&str>) -> Output {
         command.env("KVASIR_PASSPHRASE", passphrase);
     }
     command.output().expect("running kvasir-wallet")
-}
-
-fn path_str(path: &Path) -> &str {
-    path.to_str().expect("utf-8 temp path")
 }
 
 fn one_line_error(output: &Output, says: &str) {

@@ -25,9 +25,6 @@ pub fn open(path: &Path) -> Result<Keypair> {
 
 /// A passphrase for sealing a new key file: from the environment, else typed twice.
 pub fn new_passphrase() -> Result<String> {
-    if let Ok(passphrase) = std::env::var(PASSPHRASE_ENV) {
-        return Ok(passphrase);
-    }
     let first = passphrase("passphrase for the new key file: ")?;
     let again = passphrase("the same passphrase again: ")?;
     if first != again {
