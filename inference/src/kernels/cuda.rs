@@ -5,6 +5,7 @@
 //! polynomial, so a GPU expert returns the CPU expert's bits.
 
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use cudarc::driver::{
@@ -67,7 +68,10 @@ extern "C" __global__ void swiglu(float* gate, const float* up, int count) {
 pub enum CudaError {
     #[error("the CUDA driver library (libcuda) is not installed or not on the library path")]
     NoDriver,
-    #[error("the NVRTC library (libnvrtc) is not installed or not on the library path")]
+    #[error(
+        "the NVRTC library (libnvrtc.so or libnvrtc.so.12, CUDA 12.8 or newer) is not installed \
+         or not on the library path; with CUDA 13 add the toolkit's lib64 to LD_LIBRARY_PATH"
+    )]
     NoNvrtc,
     #[error("CUDA: {0}")]
     Driver(String),
@@ -79,6 +83,20 @@ pub enum CudaError {
 
 fn driver(e: impl std::fmt::Display) -> CudaError {
     CudaError::Driver(e.to_string())
+}
+
+/// Runs a step that calls into the CUDA libraries. cudarc panics when a library lacks a
+/// function it needs (a CUDA older than the 12.8 bindings): that becomes an error, so a worker
+/// with the wrong CUDA reports it instead of crashing.
+fn catching<T>(step: impl FnOnce() -> Result<T, CudaError>) -> Result<T, CudaError> {
+    std::panic::catch_unwind(AssertUnwindSafe(step)).unwrap_or_else(|panic| {
+        let message = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("a CUDA library failed");
+        Err(CudaError::Driver(message.to_string()))
+    })
 }
 
 /// Whether the CUDA driver and NVRTC libraries can be loaded; checked before cudarc touches
@@ -119,6 +137,15 @@ impl CudaExperts {
         keep: impl Fn(usize, usize) -> bool,
     ) -> Result<CudaExperts, CudaError> {
         check_libraries()?;
+        catching(|| Self::load_checked(checkpoint, config, ordinal, keep))
+    }
+
+    fn load_checked(
+        checkpoint: &Checkpoint,
+        config: &Config,
+        ordinal: usize,
+        keep: impl Fn(usize, usize) -> bool,
+    ) -> Result<CudaExperts, CudaError> {
         let context = CudaContext::new(ordinal).map_err(driver)?;
         let stream = context.default_stream();
         let ptx =
@@ -133,7 +160,7 @@ impl CudaExperts {
                 let prefix = format!("model.layers.{layer}.mlp.experts.{expert}");
                 let upload = |name: &str, shape: [usize; 2]| -> Result<CudaSlice<f32>, CudaError> {
                     let weight = checkpoint.tensor(&format!("{prefix}.{name}.weight"), &shape)?;
-                    stream.memcpy_stod(&weight.to_f32()).map_err(driver)
+                    stream.clone_htod(&weight.to_f32()).map_err(driver)
                 };
                 let device = DeviceExpert {
                     gate: upload("gate_proj", [width, hidden])?,
@@ -184,7 +211,7 @@ impl CudaExperts {
 
     fn forward(&self, expert: &DeviceExpert, rows: &[f32]) -> Result<Vec<f32>, CudaError> {
         let n = rows.len() / self.hidden.max(1);
-        let x = self.stream.memcpy_stod(rows).map_err(driver)?;
+        let x = self.stream.clone_htod(rows).map_err(driver)?;
         let mut gate = self.matmul(&x, &expert.gate, n, self.hidden, expert.width)?;
         let up = self.matmul(&x, &expert.up, n, self.hidden, expert.width)?;
         let count = n * expert.width;
@@ -199,7 +226,7 @@ impl CudaExperts {
         // Safety: gate and up both hold `count` values.
         unsafe { launch.launch(config) }.map_err(driver)?;
         let out = self.matmul(&gate, &expert.down, n, expert.width, self.hidden)?;
-        self.stream.memcpy_dtov(&out).map_err(driver)
+        self.stream.clone_dtoh(&out).map_err(driver)
     }
 }
 
@@ -214,8 +241,7 @@ impl ExpertExecutor for CudaExperts {
         requests: &[ExpertRequest],
     ) -> Result<Vec<Vec<f32>>, ExpertError> {
         evaluate_held(&self.experts, layer, requests, |expert, rows| {
-            self.forward(expert, rows)
-                .map_err(|e| ExpertError::Device(e.to_string()))
+            catching(|| self.forward(expert, rows)).map_err(|e| ExpertError::Device(e.to_string()))
         })
     }
 }
