@@ -2,7 +2,9 @@
 //! of the same products in the same order as the portable code (lane `l` of 16 accumulates
 //! the products at `16c + l` in ascending `c`; then the pairwise fold and the in-order tail),
 //! so the bits match; it is faster only because a tile of 3 input rows by 2 weight rows
-//! stays in registers, each weight load serving three rows and each input load two columns.
+//! stays in registers, each weight load serving three rows and each input load two columns
+//! (f32 weights, or bf16 widened once for many rows; a bf16 row read for one or two input
+//! rows is widened in the loop and read alone, as one sequential stream).
 //! No fused multiply-add: a separate multiply and add, as the portable code does.
 
 use std::arch::x86_64::*;
@@ -159,12 +161,10 @@ pub(super) unsafe fn column_block(
         .then(|| columns.iter().map(|&j| w.row_bf16(j)).collect())
         .flatten();
     if let Some(bits) = bf16 {
-        for (pair, out) in bits.chunks(2).zip(block.chunks_mut(2 * rows)) {
-            match *pair {
-                [a, b] => columns_times_rows(x, rows, [a, b], out),
-                [a] => columns_times_rows(x, rows, [a], out),
-                _ => {}
-            }
+        // One weight row at a time: a decode step is bound by memory, and a single
+        // sequential stream reads faster than two rows interleaved (1.5x on one core).
+        for (row, out) in bits.into_iter().zip(block.chunks_mut(rows)) {
+            columns_times_rows(x, rows, [row], out);
         }
         return;
     }

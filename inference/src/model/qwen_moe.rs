@@ -184,6 +184,17 @@ impl Model {
         steps: &mut [Step<'_>],
         experts: &dyn ExpertExecutor,
     ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        // The pass runs on a worker of the thread pool: the hundreds of parallel kernels in
+        // it then split their work among workers directly, instead of each waking the pool
+        // from outside and sleeping until it is done (tens of microseconds a call).
+        rayon::scope(|_| self.forward_on_worker(steps, experts))
+    }
+
+    fn forward_on_worker(
+        &self,
+        steps: &mut [Step<'_>],
+        experts: &dyn ExpertExecutor,
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
         let c = &self.config;
         let h = c.hidden_size;
         let eps = c.rms_norm_eps as f32;
