@@ -14,27 +14,46 @@ use cudarc::driver::{
 
 use crate::checkpoint::Checkpoint;
 use crate::config::Config;
+use crate::weights::DType;
 use crate::moe::{evaluate_held, ExpertError, ExpertExecutor, ExpertRequest};
 
 const KERNELS: &str = r#"
-extern "C" __global__ void matmul_t(const float* x, const float* w, float* out, int rows, int k, int n) {
-    int j = blockIdx.x * blockDim.x + threadIdx.x;
+__device__ __forceinline__ float widen(float v) { return v; }
+__device__ __forceinline__ float widen(unsigned short bits) { return __uint_as_float(((unsigned int)bits) << 16); }
+
+// out[r][j] = dot(x[r], w[j]) in the CPU's order. One half-warp per output: lane l sums the
+// products at 16c + l in ascending c (neighbouring lanes read neighbouring weights, so the
+// reads coalesce), the lanes fold pairwise (8, 4, 2, 1) through shuffles, and lane 0 adds
+// the tail past the last full 16 in order.
+template <typename W>
+__device__ void matmul_t(const float* x, const W* w, float* out, int rows, int k, int n) {
+    int lane = threadIdx.x & 15;
+    int j = (blockIdx.x * blockDim.x + threadIdx.x) >> 4;
     int r = blockIdx.y;
-    if (j >= n || r >= rows) return;
+    bool active = j < n && r < rows;
     const float* xr = x + (size_t)r * k;
-    const float* wj = w + (size_t)j * k;
-    float acc[16];
-    for (int l = 0; l < 16; ++l) acc[l] = 0.0f;
+    const W* wj = w + (size_t)(active ? j : 0) * k;
     int chunks = k / 16;
-    for (int c = 0; c < chunks; ++c)
-        for (int l = 0; l < 16; ++l)
-            acc[l] = __fadd_rn(acc[l], __fmul_rn(xr[c * 16 + l], wj[c * 16 + l]));
-    for (int width = 8; width >= 1; width /= 2)
-        for (int l = 0; l < width; ++l)
-            acc[l] = __fadd_rn(acc[l], acc[l + width]);
-    float sum = acc[0];
-    for (int i = chunks * 16; i < k; ++i) sum = __fadd_rn(sum, __fmul_rn(xr[i], wj[i]));
-    out[(size_t)r * n + j] = sum;
+    float acc = 0.0f;
+    if (active)
+        for (int c = 0; c < chunks; ++c)
+            acc = __fadd_rn(acc, __fmul_rn(xr[c * 16 + lane], widen(wj[c * 16 + lane])));
+    // Every lane of the warp takes part in each shuffle, active or not.
+    for (int width = 8; width >= 1; width /= 2) {
+        float other = __shfl_down_sync(0xffffffffu, acc, width, 16);
+        if (lane < width) acc = __fadd_rn(acc, other);
+    }
+    if (!active || lane != 0) return;
+    for (int i = chunks * 16; i < k; ++i) acc = __fadd_rn(acc, __fmul_rn(xr[i], widen(wj[i])));
+    out[(size_t)r * n + j] = acc;
+}
+
+extern "C" __global__ void matmul_t_f32(const float* x, const float* w, float* out, int rows, int k, int n) {
+    matmul_t(x, w, out, rows, k, n);
+}
+
+extern "C" __global__ void matmul_t_bf16(const float* x, const unsigned short* w, float* out, int rows, int k, int n) {
+    matmul_t(x, w, out, rows, k, n);
 }
 
 __device__ float kvasir_exp(float x) {
@@ -112,17 +131,25 @@ pub fn check_libraries() -> Result<(), CudaError> {
     Ok(())
 }
 
+/// A weight matrix in GPU memory: bf16 stays bf16 (the kernel widens it, exactly, as it
+/// reads), any other dtype is widened to f32 on upload (also exact).
+enum DeviceWeight {
+    F32(CudaSlice<f32>),
+    Bf16(CudaSlice<u16>),
+}
+
 struct DeviceExpert {
-    gate: CudaSlice<f32>,
-    up: CudaSlice<f32>,
-    down: CudaSlice<f32>,
+    gate: DeviceWeight,
+    up: DeviceWeight,
+    down: DeviceWeight,
     width: usize,
 }
 
-/// Experts held in GPU memory (widened to f32 on upload, which is exact).
+/// Experts held in GPU memory.
 pub struct CudaExperts {
     stream: Arc<CudaStream>,
-    matmul: CudaFunction,
+    matmul_f32: CudaFunction,
+    matmul_bf16: CudaFunction,
     swiglu: CudaFunction,
     hidden: usize,
     experts: HashMap<(usize, usize), DeviceExpert>,
@@ -151,16 +178,29 @@ impl CudaExperts {
         let ptx =
             cudarc::nvrtc::compile_ptx(KERNELS).map_err(|e| CudaError::Compile(e.to_string()))?;
         let module = context.load_module(ptx).map_err(driver)?;
-        let matmul = module.load_function("matmul_t").map_err(driver)?;
+        let matmul_f32 = module.load_function("matmul_t_f32").map_err(driver)?;
+        let matmul_bf16 = module.load_function("matmul_t_bf16").map_err(driver)?;
         let swiglu = module.load_function("swiglu").map_err(driver)?;
         let (hidden, width) = (config.hidden_size, config.moe_intermediate_size);
         let mut experts = HashMap::new();
         for layer in (0..config.num_hidden_layers).filter(|l| config.is_moe_layer(*l)) {
             for expert in (0..config.num_experts).filter(|e| keep(layer, *e)) {
                 let prefix = format!("model.layers.{layer}.mlp.experts.{expert}");
-                let upload = |name: &str, shape: [usize; 2]| -> Result<CudaSlice<f32>, CudaError> {
+                let upload = |name: &str, shape: [usize; 2]| -> Result<DeviceWeight, CudaError> {
                     let weight = checkpoint.tensor(&format!("{prefix}.{name}.weight"), &shape)?;
-                    stream.clone_htod(&weight.to_f32()).map_err(driver)
+                    Ok(match weight.dtype() {
+                        DType::BF16 => {
+                            let bits: Vec<u16> = (0..shape[0])
+                                .filter_map(|row| weight.row_bf16(row))
+                                .flatten()
+                                .copied()
+                                .collect();
+                            DeviceWeight::Bf16(stream.clone_htod(&bits).map_err(driver)?)
+                        }
+                        DType::F32 | DType::F16 => {
+                            DeviceWeight::F32(stream.clone_htod(&weight.to_f32()).map_err(driver)?)
+                        }
+                    })
                 };
                 let device = DeviceExpert {
                     gate: upload("gate_proj", [width, hidden])?,
@@ -173,7 +213,8 @@ impl CudaExperts {
         }
         Ok(CudaExperts {
             stream,
-            matmul,
+            matmul_f32,
+            matmul_bf16,
             swiglu,
             hidden,
             experts,
@@ -183,22 +224,29 @@ impl CudaExperts {
     fn matmul(
         &self,
         x: &CudaSlice<f32>,
-        w: &CudaSlice<f32>,
+        w: &DeviceWeight,
         rows: usize,
         k: usize,
         n: usize,
     ) -> Result<CudaSlice<f32>, CudaError> {
         let mut out = self.stream.alloc_zeros::<f32>(rows * n).map_err(driver)?;
         let (rows_i, k_i, n_i) = (rows as i32, k as i32, n as i32);
+        // 16 threads (a half-warp) per output.
         let config = LaunchConfig {
-            grid_dim: (n.div_ceil(128) as u32, rows as u32, 1),
+            grid_dim: ((n * 16).div_ceil(128) as u32, rows as u32, 1),
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut launch = self.stream.launch_builder(&self.matmul);
+        let mut launch = match w {
+            DeviceWeight::F32(_) => self.stream.launch_builder(&self.matmul_f32),
+            DeviceWeight::Bf16(_) => self.stream.launch_builder(&self.matmul_bf16),
+        };
+        launch.arg(x);
+        match w {
+            DeviceWeight::F32(w) => launch.arg(w),
+            DeviceWeight::Bf16(w) => launch.arg(w),
+        };
         launch
-            .arg(x)
-            .arg(w)
             .arg(&mut out)
             .arg(&rows_i)
             .arg(&k_i)
