@@ -9,13 +9,14 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, LaunchConfig,
+    PushKernelArg,
 };
 
 use crate::checkpoint::Checkpoint;
 use crate::config::Config;
+use crate::moe::{ExpertError, ExpertExecutor, ExpertRequest};
 use crate::weights::DType;
-use crate::moe::{evaluate_held, ExpertError, ExpertExecutor, ExpertRequest};
 
 const KERNELS: &str = r#"
 __device__ __forceinline__ float widen(float v) { return v; }
@@ -221,15 +222,14 @@ impl CudaExperts {
         })
     }
 
+    /// `out = x * w^T` for `rows` rows of `k` values and `n` outputs each.
     fn matmul(
         &self,
-        x: &CudaSlice<f32>,
+        x: &CudaView<f32>,
         w: &DeviceWeight,
-        rows: usize,
-        k: usize,
-        n: usize,
-    ) -> Result<CudaSlice<f32>, CudaError> {
-        let mut out = self.stream.alloc_zeros::<f32>(rows * n).map_err(driver)?;
+        (rows, k, n): (usize, usize, usize),
+        out: &mut CudaViewMut<f32>,
+    ) -> Result<(), CudaError> {
         let (rows_i, k_i, n_i) = (rows as i32, k as i32, n as i32);
         // 16 threads (a half-warp) per output.
         let config = LaunchConfig {
@@ -246,35 +246,72 @@ impl CudaExperts {
             DeviceWeight::F32(w) => launch.arg(w),
             DeviceWeight::Bf16(w) => launch.arg(w),
         };
-        launch
-            .arg(&mut out)
-            .arg(&rows_i)
-            .arg(&k_i)
-            .arg(&n_i);
-        // Safety: the arguments match the kernel's signature and every buffer holds the
+        launch.arg(out).arg(&rows_i).arg(&k_i).arg(&n_i);
+        // Safety: the arguments match the kernel's signature and the callers' views hold the
         // rows x k, n x k and rows x n values the kernel indexes.
         unsafe { launch.launch(config) }.map_err(driver)?;
-        Ok(out)
+        Ok(())
     }
 
-    fn forward(&self, expert: &DeviceExpert, rows: &[f32]) -> Result<Vec<f32>, CudaError> {
-        let n = rows.len() / self.hidden.max(1);
-        let x = self.stream.clone_htod(rows).map_err(driver)?;
-        let mut gate = self.matmul(&x, &expert.gate, n, self.hidden, expert.width)?;
-        let up = self.matmul(&x, &expert.up, n, self.hidden, expert.width)?;
-        let count = n * expert.width;
-        let count_i = count as i32;
+    /// A layer step's requests in one round trip: every request's rows go to the GPU in one
+    /// copy, each expert runs on its slice of them, and the partials come back in one copy.
+    fn evaluate_layer(
+        &self,
+        experts: &[&DeviceExpert],
+        requests: &[ExpertRequest],
+    ) -> Result<Vec<Vec<f32>>, CudaError> {
+        let h = self.hidden;
+        let counts: Vec<usize> = requests.iter().map(|r| r.rows.len() / h.max(1)).collect();
+        let total: usize = counts.iter().sum();
+        if total == 0 {
+            return Ok(vec![Vec::new(); requests.len()]);
+        }
+        let rows: Vec<f32> = requests
+            .iter()
+            .zip(&counts)
+            .flat_map(|(r, n)| r.rows[..n * h].iter().copied())
+            .collect();
+        let inner: usize = experts.iter().zip(&counts).map(|(e, n)| n * e.width).sum();
+        let x = self.stream.clone_htod(&rows).map_err(driver)?;
+        let mut gate = self.stream.alloc_zeros::<f32>(inner).map_err(driver)?;
+        let mut up = self.stream.alloc_zeros::<f32>(inner).map_err(driver)?;
+        let mut out = self.stream.alloc_zeros::<f32>(total * h).map_err(driver)?;
+        // Each request's place in the row, inner and output buffers.
+        let spans: Vec<(usize, usize, usize)> = experts
+            .iter()
+            .zip(&counts)
+            .scan((0, 0), |(row, mid), (e, &n)| {
+                let span = (*row, *mid, n);
+                (*row, *mid) = (*row + n, *mid + n * e.width);
+                Some(span)
+            })
+            .collect();
+        for (expert, &(row, mid, n)) in experts.iter().zip(&spans).filter(|(_, s)| s.2 > 0) {
+            let (x, inner) = (x.slice(row * h..(row + n) * h), mid..mid + n * expert.width);
+            let shape = (n, h, expert.width);
+            self.matmul(&x, &expert.gate, shape, &mut gate.slice_mut(inner.clone()))?;
+            self.matmul(&x, &expert.up, shape, &mut up.slice_mut(inner))?;
+        }
+        let inner_i = inner as i32;
         let config = LaunchConfig {
-            grid_dim: (count.div_ceil(256) as u32, 1, 1),
+            grid_dim: (inner.div_ceil(256) as u32, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut launch = self.stream.launch_builder(&self.swiglu);
-        launch.arg(&mut gate).arg(&up).arg(&count_i);
-        // Safety: gate and up both hold `count` values.
+        launch.arg(&mut gate).arg(&up).arg(&inner_i);
+        // Safety: gate and up both hold `inner` values.
         unsafe { launch.launch(config) }.map_err(driver)?;
-        let out = self.matmul(&gate, &expert.down, n, expert.width, self.hidden)?;
-        self.stream.clone_dtoh(&out).map_err(driver)
+        for (expert, &(row, mid, n)) in experts.iter().zip(&spans).filter(|(_, s)| s.2 > 0) {
+            let activated = gate.slice(mid..mid + n * expert.width);
+            let mut partial = out.slice_mut(row * h..(row + n) * h);
+            self.matmul(&activated, &expert.down, (n, expert.width, h), &mut partial)?;
+        }
+        let all = self.stream.clone_dtoh(&out).map_err(driver)?;
+        Ok(spans
+            .iter()
+            .map(|&(row, _, n)| all[row * h..(row + n) * h].to_vec())
+            .collect())
     }
 }
 
@@ -288,8 +325,18 @@ impl ExpertExecutor for CudaExperts {
         layer: usize,
         requests: &[ExpertRequest],
     ) -> Result<Vec<Vec<f32>>, ExpertError> {
-        evaluate_held(&self.experts, layer, requests, |expert, rows| {
-            catching(|| self.forward(expert, rows)).map_err(|e| ExpertError::Device(e.to_string()))
-        })
+        let experts = requests
+            .iter()
+            .map(|r| {
+                self.experts
+                    .get(&(layer, r.expert))
+                    .ok_or(ExpertError::NotHeld {
+                        layer,
+                        expert: r.expert,
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        catching(|| self.evaluate_layer(&experts, requests))
+            .map_err(|e| ExpertError::Device(e.to_string()))
     }
 }
