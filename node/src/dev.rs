@@ -17,7 +17,7 @@ use kvasir_wallet::client::{balance_text, Client};
 
 use crate::genesis::{genesis_path, install_dev_chain};
 use crate::launch::{Child, Loopback};
-use crate::model::{load_local, run_generation};
+use crate::model::{load_local, run_generation, Backend};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -37,6 +37,10 @@ pub struct Args {
     /// The synthetic checkpoint to serve.
     #[arg(long, default_value = "small")]
     preset: String,
+    /// Where the workers run their experts: cpu, or cuda (needs a build with `--features
+    /// cuda`); the output is still checked bit for bit against an all-local CPU run.
+    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
+    backend: Backend,
     /// Also print one JSON object with the figures (for scripts and tests).
     #[arg(long)]
     json: bool,
@@ -117,7 +121,7 @@ pub fn run(args: Args) -> Result<()> {
     for i in 0..args.workers {
         let keyfile = dir.join("keys").join(format!("worker-{}.key", i + 1));
         let experts = share(i, args.workers, config.num_experts);
-        let address = swarm.add_worker(&model_dir, &experts, &url, &keyfile)?;
+        let address = swarm.add_worker(&model_dir, &experts, &url, &keyfile, args.backend)?;
         println!("worker {}: {address} holds experts {experts}", i + 1);
         workers.push((address, keyfile));
     }

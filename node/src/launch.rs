@@ -14,6 +14,7 @@ use anyhow::{anyhow, Context, Result};
 use kvasir_ledger::keys::Keypair;
 
 use crate::genesis::{genesis_path, install_dev_chain, key_path};
+use crate::model::Backend;
 
 const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a child may take over a clean stop (the ledger finishing its block).
@@ -253,6 +254,7 @@ impl Loopback {
         experts: &str,
         url: &str,
         keyfile: &Path,
+        backend: Backend,
     ) -> Result<String> {
         if !keyfile.exists() {
             Keypair::generate()
@@ -273,6 +275,8 @@ impl Loopback {
                 experts,
                 "--ca",
                 &text(&self.cert),
+                "--backend",
+                backend.name(),
             ]
             .map(String::from),
         )?;

@@ -73,6 +73,16 @@ pub enum Backend {
     Cuda,
 }
 
+impl Backend {
+    /// The name `--backend` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+        }
+    }
+}
+
 pub fn synth(command: ModelCommand) -> Result<()> {
     let ModelCommand::Synth { out, preset: name } = command;
     let preset = preset(&name)?;

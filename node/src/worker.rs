@@ -64,7 +64,7 @@ pub fn run(args: Args) -> Result<()> {
     let worker = Arc::new(Worker {
         key,
         model_id: model_id(&args.model)?,
-        backend: format!("{:?}", args.backend).to_lowercase(),
+        backend: args.backend.name().to_string(),
         hidden: config.hidden_size,
         held,
         experts,

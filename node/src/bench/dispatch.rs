@@ -23,6 +23,7 @@ use std::io::{Read, Write};
 use super::decode::decode_rate;
 use crate::backbone::RemoteExperts;
 use crate::launch::Loopback;
+use crate::model::Backend;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -149,6 +150,7 @@ pub fn run(args: Args) -> Result<()> {
         "0:*",
         &Loopback::swarm_url(proxy_port),
         &keyfile,
+        Backend::Cpu,
     )?;
     let remote = RemoteExperts::attach(
         &runtime,
