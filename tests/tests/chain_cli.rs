@@ -237,3 +237,39 @@ fn wallet_new_creates_a_private_key_file_and_address_reads_it() {
         "{message}"
     );
 }
+
+/// With `--backend cuda` the workers either run their experts on a GPU and the output still
+/// equals the local CPU run bit for bit, or (no CUDA build, no GPU) `dev` stops with an
+/// error that says so, never a panic.
+#[test]
+fn dev_with_cuda_workers_is_identical_output_or_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = run(
+        "kvasir-node",
+        &[
+            "dev",
+            "--data-dir",
+            path_str(&dir.path().join("data")),
+            "--preset",
+            "tiny",
+            "--tokens",
+            "8",
+            "--backend",
+            "cuda",
+        ],
+    );
+    let (out, err) = (stdout(&output), stderr(&output));
+    if output.status.success() {
+        assert!(
+            out.contains("8/8 tokens identical, logits identical"),
+            "{out}"
+        );
+        return;
+    }
+    assert!(!err.contains("panicked"), "{err}");
+    let first = err.lines().find(|l| l.starts_with("error: ")).unwrap_or("");
+    assert!(
+        first.contains("CUDA") || first.contains("libcuda") || first.contains("libnvrtc"),
+        "{err}"
+    );
+}
