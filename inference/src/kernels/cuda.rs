@@ -238,13 +238,16 @@ impl CudaExperts {
             shared_mem_bytes: 0,
         };
         let mut launch = match w {
-            DeviceWeight::F32(_) => self.stream.launch_builder(&self.matmul_f32),
-            DeviceWeight::Bf16(_) => self.stream.launch_builder(&self.matmul_bf16),
-        };
-        launch.arg(x);
-        match w {
-            DeviceWeight::F32(w) => launch.arg(w),
-            DeviceWeight::Bf16(w) => launch.arg(w),
+            DeviceWeight::F32(w) => {
+                let mut launch = self.stream.launch_builder(&self.matmul_f32);
+                launch.arg(x).arg(w);
+                launch
+            }
+            DeviceWeight::Bf16(w) => {
+                let mut launch = self.stream.launch_builder(&self.matmul_bf16);
+                launch.arg(x).arg(w);
+                launch
+            }
         };
         launch.arg(out).arg(&rows_i).arg(&k_i).arg(&n_i);
         // Safety: the arguments match the kernel's signature and the callers' views hold the
