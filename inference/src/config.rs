@@ -140,6 +140,11 @@ impl Config {
             && (layer + 1).is_multiple_of(self.decoder_sparse_step)
     }
 
+    /// The layers that route to experts, in order.
+    pub fn moe_layers(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.num_hidden_layers).filter(|l| self.is_moe_layer(*l))
+    }
+
     /// Qwen2-MoE carries q/k/v biases and a shared expert; Qwen3-MoE has q/k norms.
     pub fn is_qwen2(&self) -> bool {
         self.model_type == "qwen2_moe"

@@ -110,7 +110,7 @@ impl LocalExperts {
         keep: impl Fn(usize, usize) -> bool,
     ) -> Result<LocalExperts, LoadError> {
         let mut experts = HashMap::new();
-        for layer in (0..config.num_hidden_layers).filter(|l| config.is_moe_layer(*l)) {
+        for layer in config.moe_layers() {
             for expert in (0..config.num_experts).filter(|e| keep(layer, *e)) {
                 let prefix = format!("model.layers.{layer}.mlp.experts.{expert}");
                 let weights = SwiGlu::load(

@@ -65,8 +65,8 @@ impl ExpertSpec {
 
     /// The selected experts that exist in `config`, in (layer, expert) order.
     pub fn resolve(&self, config: &Config) -> Vec<ExpertId> {
-        (0..config.num_hidden_layers)
-            .filter(|l| config.is_moe_layer(*l))
+        config
+            .moe_layers()
             .flat_map(|l| (0..config.num_experts).map(move |e| (l, e)))
             .filter(|(l, e)| self.contains(*l, *e))
             .map(|(l, e)| (l as u16, e as u16))

@@ -184,7 +184,7 @@ impl CudaExperts {
         let swiglu = module.load_function("swiglu").map_err(driver)?;
         let (hidden, width) = (config.hidden_size, config.moe_intermediate_size);
         let mut experts = HashMap::new();
-        for layer in (0..config.num_hidden_layers).filter(|l| config.is_moe_layer(*l)) {
+        for layer in config.moe_layers() {
             for expert in (0..config.num_experts).filter(|e| keep(layer, *e)) {
                 let prefix = format!("model.layers.{layer}.mlp.experts.{expert}");
                 let upload = |name: &str, shape: [usize; 2]| -> Result<DeviceWeight, CudaError> {

@@ -60,7 +60,7 @@ fn prompt(seed: usize, len: usize, vocab: usize) -> Vec<u32> {
 /// Evaluates every expert once, so the timed steps find all the memory-mapped weights paged
 /// in: a short decode routes to only some experts, and a page fault costs more than its read.
 fn page_in(experts: &LocalExperts, config: &Config) -> Result<()> {
-    for layer in (0..config.num_hidden_layers).filter(|l| config.is_moe_layer(*l)) {
+    for layer in config.moe_layers() {
         let requests: Vec<ExpertRequest> = (0..config.num_experts)
             .map(|expert| ExpertRequest {
                 expert,
@@ -173,9 +173,7 @@ pub fn run(args: Args) -> Result<()> {
     for _ in 0..3 {
         batch1 = batch1.max(decode_rate(&model, &experts, 1, args.tokens)?);
     }
-    let moe_layers = (0..config.num_hidden_layers)
-        .filter(|l| config.is_moe_layer(*l))
-        .count();
+    let moe_layers = config.moe_layers().count();
     let context = PROMPT_LEN + args.tokens / 2;
     let kv_bytes =
         config.num_hidden_layers * 2 * context * config.num_key_value_heads * config.head_dim() * 4;
