@@ -69,7 +69,7 @@ impl Checkpoint {
 
     fn add_file(&mut self, path: &Path) -> Result<(), LoadError> {
         let file = File::open(path).map_err(|e| LoadError::io(path, e))?;
-        // Safety: the checkpoint is treated as read-only input; a file truncated while
+        // SAFETY: the checkpoint is treated as read-only input; a file truncated while
         // mapped is outside what this process can defend against.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| LoadError::io(path, e))?;
         let format = |reason: String| LoadError::Format {

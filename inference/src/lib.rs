@@ -5,6 +5,9 @@
 //! `moe::MoeBlock` groups rows by expert and hands them to an `moe::ExpertExecutor`, and
 //! combines the partials in ascending expert order.
 
+// Unsafe code (SIMD kernels, memory maps, GPU launches) says what it relies on.
+#![warn(clippy::missing_safety_doc, clippy::undocumented_unsafe_blocks)]
+
 pub mod checkpoint;
 pub mod config;
 pub mod generate;

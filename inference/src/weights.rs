@@ -93,6 +93,12 @@ impl Weight {
         }
     }
 
+    /// A bf16 matrix from its raw bits (the layout checkpoints store).
+    pub fn from_bf16(bits: &[u16], rows: usize, cols: usize) -> Weight {
+        assert_eq!(bits.len(), rows * cols, "weight shape");
+        Weight::owned_bytes(bytemuck::cast_slice(bits), DType::BF16, rows, cols)
+    }
+
     pub fn dtype(&self) -> DType {
         self.dtype
     }

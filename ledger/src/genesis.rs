@@ -80,7 +80,7 @@ pub enum GenesisError {
     SupplyOverflow,
     #[error("genesis names no validator")]
     NoValidator,
-    #[error("genesis authority {0} is not a valid ed25519 key")]
+    #[error("genesis authority {0} is not a usable ed25519 key")]
     BadAuthorityKey(Address),
 }
 
@@ -143,7 +143,7 @@ impl Genesis {
         }
         let a = &self.authorities;
         for key in a.validators.iter().chain(&a.gateways).chain(&a.hubs) {
-            key.verifying_key()
+            key.check_key()
                 .map_err(|_| GenesisError::BadAuthorityKey(*key))?;
         }
         Ok(())

@@ -4,9 +4,8 @@
 //! another chain.
 
 use borsh::BorshSerialize;
-use ed25519_dalek::Signer;
 
-use crate::keys::{Address, Keypair, Signature};
+use crate::keys::{self, Address, BadSignature, Keypair, Signature};
 
 const DOMAIN: &[u8] = b"KVASIR-SIG-V1";
 
@@ -38,26 +37,12 @@ pub fn sign(
     chain_id: &str,
     payload: &impl BorshSerialize,
 ) -> Signature {
-    let message = signing_message(intent, chain_id, payload);
-    Signature(keypair.signing_key().sign(&message).to_bytes())
+    keypair.sign(&signing_message(intent, chain_id, payload))
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("signature does not verify")]
-pub struct BadSignature;
-
-/// Verifies one signature by itself (the fallback when a batch fails and the culprit is sought).
-pub fn verify_message(
-    signer: &Address,
-    message: &[u8],
-    signature: &Signature,
-) -> Result<(), BadSignature> {
-    let key = signer.verifying_key().map_err(|_| BadSignature)?;
-    let signature = ed25519_dalek::Signature::from_bytes(&signature.0);
-    key.verify_strict(message, &signature)
-        .map_err(|_| BadSignature)
-}
-
+/// Verifies one signature by itself (a block's proposer, a swarm hello) under the ledger's
+/// one rule (`keys::verify`); the signatures transactions carry are batch-checked under the
+/// same rule by `tx::check_stateless`.
 pub fn verify(
     signer: &Address,
     intent: Intent,
@@ -65,7 +50,7 @@ pub fn verify(
     payload: &impl BorshSerialize,
     signature: &Signature,
 ) -> Result<(), BadSignature> {
-    verify_message(
+    keys::verify(
         signer,
         &signing_message(intent, chain_id, payload),
         signature,

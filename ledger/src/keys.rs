@@ -1,16 +1,20 @@
-//! Accounts are ed25519 keys. An address is the public key in bech32m text with hrp `kvr`;
-//! key files hold the secret key and are created with mode 0600.
+//! Accounts are ed25519 keys, and this is the one module that knows the ed25519 library
+//! (ed25519-consensus). An address is the public key in bech32m text with hrp `kvr`; a
+//! `Keypair` signs; and one verification rule holds for every signature, checked alone or in
+//! a batch: ZIP-215 (cofactored, so that a batch and single checks accept exactly the same
+//! signatures), and never for a small-order key, for which under that rule anyone can sign.
+//! Keeping key files (and their passphrases) is not the ledger's business: see the
+//! `kvasir-keyfile` crate.
 
 use std::fmt;
-use std::fs;
-use std::io::Write;
-use std::path::Path;
 use std::str::FromStr;
 
 use bech32::{Bech32m, Hrp};
 use borsh::{BorshDeserialize, BorshSerialize};
-use ed25519_dalek::{SigningKey, VerifyingKey};
+use curve25519_dalek_ng::edwards::CompressedEdwardsY;
+use ed25519_consensus::{batch, SigningKey, VerificationKeyBytes};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use zeroize::{Zeroize, Zeroizing};
 
 const HRP: Hrp = Hrp::parse_unchecked("kvr");
 
@@ -28,6 +32,8 @@ pub enum AddressError {
     WrongLength(usize),
     #[error("address is not a valid ed25519 public key")]
     NotAKey,
+    #[error("address is a small-order ed25519 point, for which anyone can sign")]
+    SmallOrderKey,
 }
 
 impl Address {
@@ -39,15 +45,16 @@ impl Address {
         &self.0
     }
 
-    /// The public key behind this address; fails for byte strings that are not a curve point.
-    pub fn verifying_key(&self) -> Result<VerifyingKey, AddressError> {
-        VerifyingKey::from_bytes(&self.0).map_err(|_| AddressError::NotAKey)
-    }
-}
-
-impl From<VerifyingKey> for Address {
-    fn from(key: VerifyingKey) -> Self {
-        Address(key.to_bytes())
+    /// Whether a signature can bind this address: it must be a curve point, and not one of
+    /// small order (under the cofactored rule anyone can sign for those).
+    pub fn check_key(&self) -> Result<(), AddressError> {
+        let point = CompressedEdwardsY(self.0)
+            .decompress()
+            .ok_or(AddressError::NotAKey)?;
+        if point.is_small_order() {
+            return Err(AddressError::SmallOrderKey);
+        }
+        Ok(())
     }
 }
 
@@ -105,7 +112,7 @@ impl fmt::Debug for Signature {
     }
 }
 
-/// A signing key and the address it controls.
+/// A signing key and the address it controls. Its secret is wiped when it is dropped.
 #[derive(Clone)]
 pub struct Keypair {
     signing: SigningKey,
@@ -114,87 +121,40 @@ pub struct Keypair {
 impl Keypair {
     pub fn generate() -> Self {
         Keypair {
-            signing: SigningKey::generate(&mut rand::rngs::OsRng),
+            signing: SigningKey::new(rand::rngs::OsRng),
         }
     }
 
-    /// A key derived from a public seed: for tests and the dev chain only, never for value.
+    /// The key whose RFC 8032 secret is `seed`. With a public seed: for tests and the dev
+    /// chain only, never for value.
     pub fn from_seed(seed: &[u8; 32]) -> Self {
         Keypair {
-            signing: SigningKey::from_bytes(seed),
+            signing: SigningKey::from(*seed),
         }
     }
 
     pub fn address(&self) -> Address {
-        self.signing.verifying_key().into()
+        Address(self.signing.verification_key().to_bytes())
     }
 
-    pub(crate) fn signing_key(&self) -> &SigningKey {
-        &self.signing
+    /// The 32-byte RFC 8032 secret that `from_seed` turns back into this key. The ledger
+    /// never needs it; it exists so that a key can be kept outside the process (a key file,
+    /// sealed or not). The copy is wiped when dropped.
+    pub fn secret_bytes(&self) -> Zeroizing<[u8; 32]> {
+        Zeroizing::new(self.signing.to_bytes())
     }
 
-    /// Writes the key file with mode 0600; refuses to overwrite an existing file. With a
-    /// passphrase the secret key is sealed (argon2id, then XChaCha20-Poly1305); the address
-    /// stays readable either way.
-    pub fn write_key_file(
-        &self,
-        path: &Path,
-        passphrase: Option<&str>,
-    ) -> Result<(), KeyFileError> {
-        let secret = self.signing.to_bytes();
-        let (secret_key, sealed) = match passphrase {
-            None => (Some(hex::encode(secret)), None),
-            Some(passphrase) => (None, Some(Sealed::seal(&secret, passphrase)?)),
-        };
-        let file = KeyFileJson {
-            address: self.address(),
-            secret_key,
-            sealed,
-        };
-        let mut text = serde_json::to_string_pretty(&file).map_err(KeyFileError::Json)?;
-        text.push('\n');
-        let mut options = fs::OpenOptions::new();
-        options.write(true).create_new(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        let mut out = options.open(path).map_err(KeyFileError::Io)?;
-        out.write_all(text.as_bytes()).map_err(KeyFileError::Io)?;
-        out.sync_all().map_err(KeyFileError::Io)
-    }
-
-    /// Reads a key file; a sealed one needs its passphrase (`KeyFileError::NeedsPassphrase`
-    /// without one).
-    pub fn read_key_file(path: &Path, passphrase: Option<&str>) -> Result<Keypair, KeyFileError> {
-        Keypair::parse_key_file(&read_text(path)?, passphrase)
-    }
-
-    /// Parses the contents of a key file.
-    pub fn parse_key_file(text: &str, passphrase: Option<&str>) -> Result<Keypair, KeyFileError> {
-        let file = KeyFileJson::parse(text)?;
-        let seed = match (&file.secret_key, &file.sealed, passphrase) {
-            (Some(hex_key), None, _) => {
-                let bytes = hex::decode(hex_key.trim()).map_err(|_| KeyFileError::BadSecret)?;
-                bytes.try_into().map_err(|_| KeyFileError::BadSecret)?
-            }
-            (None, Some(sealed), Some(passphrase)) => sealed.open(passphrase)?,
-            (None, Some(_), None) => return Err(KeyFileError::NeedsPassphrase),
-            _ => return Err(KeyFileError::Shape),
-        };
-        let keypair = Keypair::from_seed(&seed);
-        if keypair.address() != file.address {
-            return Err(KeyFileError::AddressMismatch);
-        }
-        Ok(keypair)
-    }
-
-    /// The address a key file names, without its passphrase.
-    pub fn key_file_address(path: &Path) -> Result<Address, KeyFileError> {
-        Ok(KeyFileJson::parse(&read_text(path)?)?.address)
+    /// Signs `message` as it is. Crate-private: everything outside signs through `intent`,
+    /// so that every signature commits to what it authorises.
+    pub(crate) fn sign(&self, message: &[u8]) -> Signature {
+        Signature(self.signing.sign(message).to_bytes())
     }
 }
 
-fn read_text(path: &Path) -> Result<String, KeyFileError> {
-    fs::read_to_string(path).map_err(KeyFileError::Io)
+impl Drop for Keypair {
+    fn drop(&mut self) {
+        self.signing.zeroize();
+    }
 }
 
 impl fmt::Debug for Keypair {
@@ -203,138 +163,62 @@ impl fmt::Debug for Keypair {
     }
 }
 
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct KeyFileJson {
-    address: Address,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    secret_key: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    sealed: Option<Sealed>,
-}
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("signature does not verify")]
+pub struct BadSignature;
 
-impl KeyFileJson {
-    fn parse(text: &str) -> Result<KeyFileJson, KeyFileError> {
-        serde_json::from_str(text).map_err(KeyFileError::Json)
+/// One signature ready to verify, by itself or in a `SignatureBatch`. It can only be made
+/// for a usable key (`Address::check_key`), so both ways apply the same rule.
+#[derive(Clone)]
+pub(crate) struct SignatureCheck(batch::Item);
+
+impl SignatureCheck {
+    pub(crate) fn new(
+        signer: &Address,
+        message: &[u8],
+        signature: &Signature,
+    ) -> Result<SignatureCheck, AddressError> {
+        signer.check_key()?;
+        let key = VerificationKeyBytes::from(signer.0);
+        let signature = ed25519_consensus::Signature::from(signature.0);
+        Ok(SignatureCheck((key, signature, message).into()))
+    }
+
+    pub(crate) fn verify(self) -> Result<(), BadSignature> {
+        self.0.verify_single().map_err(|_| BadSignature)
     }
 }
 
-/// A secret key sealed under a passphrase. The argon2id cost is stored so that files written
-/// with other settings still open; it is bounded so that a hostile file cannot ask for
-/// gigabytes of memory.
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Sealed {
-    kdf: String,
-    memory_kib: u32,
-    iterations: u32,
-    salt: String,
-    cipher: String,
-    nonce: String,
-    ciphertext: String,
-}
+/// Many signatures checked at once: one multiscalar multiplication, a signer's repeated key
+/// folded into one term. It tells only whether all verify; finding the bad one is checking
+/// each alone.
+#[derive(Default)]
+pub(crate) struct SignatureBatch(batch::Verifier);
 
-const KDF: &str = "argon2id";
-const CIPHER: &str = "xchacha20poly1305";
-/// OWASP's argon2id setting: 19 MiB, 2 passes, 1 lane.
-const MEMORY_KIB: u32 = 19 * 1024;
-const ITERATIONS: u32 = 2;
-const MAX_MEMORY_KIB: u32 = 1024 * 1024;
-const MAX_ITERATIONS: u32 = 64;
-
-impl Sealed {
-    fn seal(secret: &[u8; 32], passphrase: &str) -> Result<Sealed, KeyFileError> {
-        use chacha20poly1305::aead::{Aead, AeadCore, KeyInit, OsRng};
-        use rand::RngCore;
-        let mut salt = [0u8; 16];
-        rand::rngs::OsRng.fill_bytes(&mut salt);
-        let key = derive_key(passphrase, &salt, MEMORY_KIB, ITERATIONS)?;
-        let nonce = chacha20poly1305::XChaCha20Poly1305::generate_nonce(&mut OsRng);
-        let ciphertext = chacha20poly1305::XChaCha20Poly1305::new(&key.into())
-            .encrypt(&nonce, secret.as_slice())
-            .map_err(|_| KeyFileError::Sealing)?;
-        Ok(Sealed {
-            kdf: KDF.into(),
-            memory_kib: MEMORY_KIB,
-            iterations: ITERATIONS,
-            salt: hex::encode(salt),
-            cipher: CIPHER.into(),
-            nonce: hex::encode(nonce),
-            ciphertext: hex::encode(ciphertext),
-        })
+impl SignatureBatch {
+    pub(crate) fn queue(&mut self, check: &SignatureCheck) {
+        self.0.queue(check.0.clone());
     }
 
-    fn open(&self, passphrase: &str) -> Result<[u8; 32], KeyFileError> {
-        use chacha20poly1305::aead::{Aead, KeyInit};
-        if self.kdf != KDF || self.cipher != CIPHER {
-            return Err(KeyFileError::Unsupported(format!(
-                "{} + {}",
-                self.kdf, self.cipher
-            )));
-        }
-        if self.memory_kib > MAX_MEMORY_KIB || self.iterations > MAX_ITERATIONS {
-            return Err(KeyFileError::Unsupported(format!(
-                "argon2id cost {} KiB x {} passes",
-                self.memory_kib, self.iterations
-            )));
-        }
-        let field = |text: &str| hex::decode(text).map_err(|_| KeyFileError::Shape);
-        let (salt, nonce, ciphertext) = (
-            field(&self.salt)?,
-            field(&self.nonce)?,
-            field(&self.ciphertext)?,
-        );
-        let nonce: [u8; 24] = nonce.try_into().map_err(|_| KeyFileError::Shape)?;
-        let key = derive_key(passphrase, &salt, self.memory_kib, self.iterations)?;
-        let plain = chacha20poly1305::XChaCha20Poly1305::new(&key.into())
-            .decrypt(&nonce.into(), ciphertext.as_slice())
-            .map_err(|_| KeyFileError::WrongPassphrase)?;
-        plain.try_into().map_err(|_| KeyFileError::BadSecret)
+    pub(crate) fn verify(self) -> Result<(), BadSignature> {
+        self.0.verify(rand::thread_rng()).map_err(|_| BadSignature)
     }
 }
 
-fn derive_key(
-    passphrase: &str,
-    salt: &[u8],
-    memory_kib: u32,
-    iterations: u32,
-) -> Result<[u8; 32], KeyFileError> {
-    let params = argon2::Params::new(memory_kib, iterations, 1, Some(32))
-        .map_err(|e| KeyFileError::Unsupported(e.to_string()))?;
-    let mut key = [0u8; 32];
-    argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params)
-        .hash_password_into(passphrase.as_bytes(), salt, &mut key)
-        .map_err(|e| KeyFileError::Unsupported(e.to_string()))?;
-    Ok(key)
-}
-
-/// What is wrong with a key file; callers name the file (`key file PATH: ...`).
-#[derive(Debug, thiserror::Error)]
-pub enum KeyFileError {
-    #[error(transparent)]
-    Io(std::io::Error),
-    #[error("not valid JSON of the form {{address, secret_key | sealed}}: {0}")]
-    Json(serde_json::Error),
-    #[error("must hold exactly one of secret_key and sealed, well formed")]
-    Shape,
-    #[error("secret_key is not 64 hex digits")]
-    BadSecret,
-    #[error("the address does not match the secret key")]
-    AddressMismatch,
-    #[error("sealed with a passphrase, and none was given")]
-    NeedsPassphrase,
-    #[error("wrong passphrase")]
-    WrongPassphrase,
-    #[error("sealing not supported: {0}")]
-    Unsupported(String),
-    #[error("sealing the key failed")]
-    Sealing,
+/// Verifies one signature by `signer` over `message`.
+pub fn verify(signer: &Address, message: &[u8], signature: &Signature) -> Result<(), BadSignature> {
+    SignatureCheck::new(signer, message, signature)
+        .map_err(|_| BadSignature)?
+        .verify()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use curve25519_dalek_ng::constants::BASEPOINT_ORDER;
+    use curve25519_dalek_ng::scalar::Scalar;
     use proptest::prelude::*;
+    use sha2::{Digest, Sha512};
 
     #[test]
     fn address_text_round_trips_and_is_checksummed() {
@@ -368,128 +252,108 @@ mod tests {
     }
 
     #[test]
-    fn key_file_is_private_and_round_trips() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("wallet.key");
-        let keypair = Keypair::generate();
-        keypair.write_key_file(&path, None).unwrap();
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let mode = fs::metadata(&path).unwrap().permissions().mode();
-            assert_eq!(mode & 0o777, 0o600);
-        }
+    fn keys_derive_from_seeds_as_rfc_8032_says() {
+        // RFC 8032, section 7.1, test 1: the dev chain's keys depend on this derivation.
+        let seed = hex::decode("9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60")
+            .unwrap();
+        let keypair = Keypair::from_seed(&seed.try_into().unwrap());
         assert_eq!(
-            Keypair::read_key_file(&path, None).unwrap().address(),
+            hex::encode(keypair.address().as_bytes()),
+            "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a"
+        );
+        assert_eq!(hex::encode(keypair.sign(b"").0), "e5564300c360ac729086e2cc806e828a84877f1eb8e5d974d873e065224901555fb8821590a33bacc61e39701cf9b46bd25bf5f0595bbe24655141438e7a100b");
+        assert_eq!(
+            Keypair::from_seed(&keypair.secret_bytes()).address(),
             keypair.address()
         );
-        assert!(matches!(
-            keypair.write_key_file(&path, None),
-            Err(KeyFileError::Io(..))
-        ));
+    }
+
+    /// The identity point, canonically encoded: of small order.
+    const IDENTITY: [u8; 32] = {
+        let mut bytes = [0u8; 32];
+        bytes[0] = 1;
+        bytes
+    };
+
+    #[test]
+    fn small_order_and_off_curve_keys_cannot_sign() {
+        assert_eq!(
+            Address(IDENTITY).check_key(),
+            Err(AddressError::SmallOrderKey)
+        );
+        // A point of order 4 (y = 0).
+        assert_eq!(
+            Address([0; 32]).check_key(),
+            Err(AddressError::SmallOrderKey)
+        );
+        // y = 2 is not on the curve.
+        let mut off_curve = [0u8; 32];
+        off_curve[0] = 2;
+        assert_eq!(Address(off_curve).check_key(), Err(AddressError::NotAKey));
+        assert_eq!(Keypair::from_seed(&[9; 32]).address().check_key(), Ok(()));
+    }
+
+    /// Checks `signature` alone and in a batch of its own; the two must agree.
+    fn single_and_batch(signer: &Address, message: &[u8], signature: &Signature) -> bool {
+        let single = verify(signer, message, signature).is_ok();
+        let batched = SignatureCheck::new(signer, message, signature).is_ok_and(|check| {
+            let mut batch = SignatureBatch::default();
+            batch.queue(&check);
+            batch.verify().is_ok()
+        });
+        assert_eq!(single, batched, "single and batch disagree");
+        single
     }
 
     #[test]
-    fn bad_key_files_are_typed_errors() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("bad.key");
-        let address = Keypair::from_seed(&[1; 32]).address();
-        let cases = [
-            ("not json".to_string(), "Json"),
-            (
-                format!(r#"{{"address":"{address}","secret_key":"zz"}}"#),
-                "BadSecret",
-            ),
-            (
-                format!(
-                    r#"{{"address":"{address}","secret_key":"{}"}}"#,
-                    "00".repeat(32)
-                ),
-                "Mismatch",
-            ),
-        ];
-        for (text, want) in cases {
-            fs::write(&path, text).unwrap();
-            let err = Keypair::read_key_file(&path, None).unwrap_err();
-            assert!(
-                format!("{err:?}").contains(want),
-                "{err:?} should be {want}"
-            );
-        }
-        assert!(matches!(
-            Keypair::read_key_file(&dir.path().join("missing"), None),
-            Err(KeyFileError::Io(..))
+    fn single_and_batch_verification_agree_on_edge_cases() {
+        let keypair = Keypair::from_seed(&[11; 32]);
+        let signer = keypair.address();
+        let message = b"edge cases".as_slice();
+        let good = keypair.sign(message);
+        assert!(single_and_batch(&signer, message, &good));
+        assert!(!single_and_batch(&signer, b"another message", &good));
+        assert!(!single_and_batch(
+            &Keypair::from_seed(&[12; 32]).address(),
+            message,
+            &good
         ));
-    }
 
-    #[test]
-    fn sealed_key_file_opens_with_its_passphrase_only() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sealed.key");
-        let keypair = Keypair::generate();
-        keypair
-            .write_key_file(&path, Some("correct horse"))
-            .unwrap();
-        let text = fs::read_to_string(&path).unwrap();
-        assert!(!text.contains(&hex::encode(keypair.signing.to_bytes())));
-        assert_eq!(Keypair::key_file_address(&path).unwrap(), keypair.address());
-        let opened = Keypair::read_key_file(&path, Some("correct horse")).unwrap();
-        assert_eq!(opened.address(), keypair.address());
-        assert!(matches!(
-            Keypair::read_key_file(&path, Some("wrong horse")),
-            Err(KeyFileError::WrongPassphrase)
-        ));
-        assert!(matches!(
-            Keypair::read_key_file(&path, None),
-            Err(KeyFileError::NeedsPassphrase)
-        ));
-    }
+        // S + l: the same scalar, not canonically encoded.
+        let mut s_plus_l = good;
+        let mut carry = 0u16;
+        for (byte, l) in s_plus_l.0[32..].iter_mut().zip(BASEPOINT_ORDER.to_bytes()) {
+            let sum = u16::from(*byte) + u16::from(l) + carry;
+            *byte = sum as u8;
+            carry = sum >> 8;
+        }
+        assert!(!single_and_batch(&signer, message, &s_plus_l));
 
-    #[test]
-    fn tampered_or_hostile_sealed_files_are_refused() {
-        let keypair = Keypair::from_seed(&[3; 32]);
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sealed.key");
-        keypair.write_key_file(&path, Some("pw")).unwrap();
-        let original: serde_json::Value =
-            serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
-        let with = |field: &str, value: serde_json::Value| {
-            let mut file = original.clone();
-            file["sealed"][field] = value;
-            file.to_string()
-        };
-        let mut flipped = hex::decode(original["sealed"]["ciphertext"].as_str().unwrap()).unwrap();
-        flipped[0] ^= 1;
-        let cases = [
-            (
-                with("ciphertext", hex::encode(flipped).into()),
-                "WrongPassphrase",
-            ),
-            (with("nonce", "00".into()), "Shape"),
-            (with("salt", "zz".into()), "Shape"),
-            (with("kdf", "scrypt".into()), "Unsupported"),
-            (with("memory_kib", u32::MAX.into()), "Unsupported"),
-            (with("iterations", 0.into()), "Unsupported"),
-            (with("extra", 1.into()), "Json"),
-        ];
-        for (text, want) in cases {
-            let err = Keypair::parse_key_file(&text, Some("pw")).unwrap_err();
-            assert!(
-                format!("{err:?}").contains(want),
-                "{err:?} should be {want}"
-            );
-        }
-        // Both forms at once, or neither, is not a key file.
-        let mut both = original.clone();
-        both["secret_key"] = "00".repeat(32).into();
-        let mut neither = original;
-        neither.as_object_mut().unwrap().remove("sealed");
-        for file in [both, neither] {
-            assert!(matches!(
-                Keypair::parse_key_file(&file.to_string(), Some("pw")),
-                Err(KeyFileError::Shape)
-            ));
-        }
+        // R the identity, non-canonically encoded (y = p + 1), and s = k * a: ZIP-215 accepts
+        // it, RFC 8032's strict rule would not. Either way only the key's holder can make it.
+        let mut r = [0xffu8; 32];
+        r[0] = 0xee;
+        r[31] = 0x7f;
+        let mut expanded = [0u8; 32];
+        expanded.copy_from_slice(&Sha512::digest(keypair.secret_bytes().as_slice())[..32]);
+        expanded[0] &= 248;
+        expanded[31] &= 127;
+        expanded[31] |= 64;
+        let a = Scalar::from_bits(expanded);
+        let k = Scalar::from_hash(Sha512::new().chain(r).chain(signer.0).chain(message));
+        let mut weird_r = Signature([0; 64]);
+        weird_r.0[..32].copy_from_slice(&r);
+        weird_r.0[32..].copy_from_slice((k * a).as_bytes());
+        assert!(single_and_batch(&signer, message, &weird_r));
+
+        // A small-order key with R the identity and s = 0 satisfies the cofactored equation
+        // for every message: the library alone accepts it, the rule refuses the key.
+        let mut forged = Signature([0; 64]);
+        forged.0[..32].copy_from_slice(&IDENTITY);
+        let raw_key = ed25519_consensus::VerificationKey::try_from(IDENTITY).unwrap();
+        let raw_signature = ed25519_consensus::Signature::from(forged.0);
+        assert!(raw_key.verify(&raw_signature, message).is_ok());
+        assert!(!single_and_batch(&Address(IDENTITY), message, &forged));
     }
 
     proptest! {

@@ -1,9 +1,12 @@
 //! The Kvasir ledger: KVR amounts, ed25519 accounts, signed transactions with a three-stage
-//! check, blocks hash-chained with blake3, an authenticated state root, and sled storage.
+//! check, blocks hash-chained with blake3, an authenticated state root, and storage behind a
+//! trait (sled on disk).
 //!
 //! Data flows one way: transactions pass `tx::check_stateless`, wait in the `mempool`, are
 //! packed by `apply::produce_block`, and every node replays them with the pure
-//! `apply::apply_block` before `store::Store::commit` persists block and state atomically.
+//! `apply::apply_block` before `store::Storage::commit` persists block and state atomically.
+
+#![forbid(unsafe_code)]
 
 pub mod amount;
 pub mod apply;
@@ -24,8 +27,8 @@ pub use apply::{apply_block, produce_block, BlockError, Produced};
 pub use block::{Block, BlockHeader};
 pub use genesis::Genesis;
 pub use hash::Hash;
-pub use keys::{Address, KeyFileError, Keypair};
+pub use keys::{Address, Keypair};
 pub use state::{Account, ChangeSet, State};
-pub use store::{Store, StoreError};
+pub use store::{MemoryStore, SledStore, Storage, StoreError};
 pub use tx::{check_stateless, Receipt, SignedReceipt, SignedTx, Tx, TxError, TxKind, VerifiedTx};
 pub use verify::{verify_chain, VerifyError, VerifyReport};

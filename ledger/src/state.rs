@@ -373,6 +373,16 @@ impl<'a> Staged<'a> {
         self.writes
     }
 
+    /// The state being read through, as it was before anything was staged.
+    pub(crate) fn state(&self) -> &'a State {
+        self.state
+    }
+
+    /// Raises a metering session's mark (a transaction sets at most one).
+    pub(crate) fn set_receipt_mark(&mut self, key: SessionKey, mark: ReceiptMark) {
+        self.writes.receipt = Some((key, mark));
+    }
+
     fn add_pending(&mut self, address: Address, amount: Amount) -> Result<(), TxError> {
         if amount.is_zero() {
             return Ok(());
@@ -398,7 +408,11 @@ impl<'a> Staged<'a> {
     }
 
     /// Pays `delta` from the pool into pending rewards; returns what the pool could cover.
-    fn pay_from_pool(&mut self, worker: Address, delta: Amount) -> Result<Amount, TxError> {
+    pub(crate) fn pay_from_pool(
+        &mut self,
+        worker: Address,
+        delta: Amount,
+    ) -> Result<Amount, TxError> {
         let pool_address = self.state.pool;
         let mut pool = self.account(&pool_address);
         let paid = delta.min(pool.balance);
@@ -406,35 +420,6 @@ impl<'a> Staged<'a> {
         self.set_account(pool_address, pool);
         self.add_pending(worker, paid)?;
         Ok(paid)
-    }
-
-    /// A checked receipt: pays `earned(new) - earned(old)`, records what the pool could not
-    /// cover as owed, and raises the session's mark.
-    pub(crate) fn credit(&mut self, receipt: &Receipt) -> Result<(), TxError> {
-        let key = SessionKey::of(receipt);
-        let old = self
-            .state
-            .receipts
-            .get(&key)
-            .map_or(0, |m| m.cumulative_bytes);
-        let genesis = &self.state.genesis;
-        let earned = |bytes| genesis.earned(bytes).ok_or(TxError::Overflow);
-        let delta = earned(receipt.cumulative_bytes)?
-            .checked_sub(earned(old)?)
-            .ok_or(TxError::Overflow)?;
-        let paid = self.pay_from_pool(receipt.worker, delta)?;
-        let unpaid = delta.checked_sub(paid).ok_or(TxError::Overflow)?;
-        if !unpaid.is_zero() {
-            let mut worker = self.account(&receipt.worker);
-            worker.owed = worker.owed.checked_add(unpaid).ok_or(TxError::Overflow)?;
-            self.set_account(receipt.worker, worker);
-        }
-        let mark = ReceiptMark {
-            worker: receipt.worker,
-            cumulative_bytes: receipt.cumulative_bytes,
-        };
-        self.writes.receipt = Some((key, mark));
-        Ok(())
     }
 }
 

@@ -6,7 +6,7 @@ use crate::apply::apply_block;
 use crate::block::{genesis_block, Block};
 use crate::hash::Hash;
 use crate::state::State;
-use crate::store::{Store, StoreError};
+use crate::store::{Storage, StoreError};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerifyReport {
@@ -29,7 +29,7 @@ pub enum VerifyError {
 
 /// Replays the whole chain in `store`. `progress(done, total)` is called after each block.
 pub fn verify_chain(
-    store: &Store,
+    store: &dyn Storage,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<VerifyReport, VerifyError> {
     let genesis = store.genesis()?;

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use kvasir_ledger::mempool::Mempool;
 use kvasir_ledger::{
     check_stateless, produce_block, verify_chain, Address, Amount, Genesis, Hash, Keypair, Receipt,
-    Store, StoreError, TxKind,
+    SledStore, Storage, StoreError, TxKind,
 };
 use rand::{Rng, SeedableRng};
 
@@ -28,7 +28,7 @@ fn dev_chain() -> PathBuf {
 }
 
 fn dev_key(role: &str) -> Keypair {
-    Keypair::read_key_file(&dev_chain().join("keys").join(format!("{role}.key")), None).unwrap()
+    kvasir_keyfile::read(&dev_chain().join("keys").join(format!("{role}.key")), None).unwrap()
 }
 
 fn dev_genesis() -> Genesis {
@@ -50,7 +50,7 @@ fn crash_child_commits_blocks_forever() {
         dev_key("hub"),
         dev_key("faucet"),
     );
-    let store = Store::open_or_create(Path::new(&dir), &genesis).unwrap();
+    let store = SledStore::open_or_create(Path::new(&dir), &genesis).unwrap();
     let mut state = store.load_state().unwrap();
     loop {
         let height = state.height() + 1;
@@ -183,7 +183,7 @@ fn sigkill_at_random_instants_loses_no_committed_block() {
         if !reported.is_empty() {
             kills_after_commits += 1;
         }
-        let store = match Store::open(&path) {
+        let store = match SledStore::open(&path) {
             Ok(store) => store,
             // Killed before the chain was ever created: nothing can have been reported.
             Err(StoreError::NotInitialised(_)) => {

@@ -1,10 +1,13 @@
 //! `kvasir-node`: one binary, one subcommand per role.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use kvasir_node::{backbone, bench, dev, gateway, genesis, hub, ledger, model, verify, worker};
+use kvasir_node::commands::{genesis, model, verify};
+use kvasir_node::{backbone, bench, dev, gateway, hub, ledger, worker};
 
 #[derive(Parser)]
 #[command(
@@ -65,7 +68,7 @@ enum GenesisCommand {
 }
 
 fn main() -> ExitCode {
-    kvasir_node::launch::follow_parent();
+    kvasir_node::dev::launch::follow_parent();
     let cli = Cli::parse();
     // Logs go to stderr (stdout is for results); RUST_LOG overrides the level.
     tracing_subscriber::fmt()
@@ -81,28 +84,7 @@ fn main() -> ExitCode {
             out,
             template,
             json,
-        }) => genesis::load_template(template.as_deref())
-            .and_then(|t| genesis::init(&out, &t))
-            .map(|g| {
-                if json {
-                    let value = serde_json::json!({
-                        "chain_id": g.params.chain_id,
-                        "genesis_hash": g.hash().to_string(),
-                        "genesis": genesis::genesis_path(&out),
-                        "keys": genesis::ROLES.map(|r| genesis::key_path(&out, r)),
-                    });
-                    println!("{value}");
-                } else {
-                    println!("chain {} genesis {}", g.params.chain_id, g.hash());
-                    println!("wrote {}", genesis::genesis_path(&out).display());
-                    for role in genesis::ROLES {
-                        println!(
-                            "wrote {} (mode 0600)",
-                            genesis::key_path(&out, role).display()
-                        );
-                    }
-                }
-            }),
+        }) => genesis::init_command(&out, template.as_deref(), json),
         Command::Model(command) => model::synth(command),
         Command::Generate(args) => model::generate_command(args),
         Command::VerifyChain(args) => verify::run(args),

@@ -2,11 +2,11 @@
 //! provider): a certificate from PEM files, or a self-signed one for dev, and a client that
 //! trusts either the web's roots or one given CA.
 
-use std::io::BufReader;
 use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
+use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::{self, ClientConfig, RootCertStore, ServerConfig};
 
@@ -15,9 +15,8 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 }
 
 fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
-    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let certs = rustls_pemfile::certs(&mut BufReader::new(file))
-        .collect::<Result<Vec<_>, _>>()
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
         .with_context(|| format!("reading PEM certificates from {}", path.display()))?;
     if certs.is_empty() {
         bail!("{} holds no PEM certificate", path.display());
@@ -39,10 +38,8 @@ fn server(
 
 /// A server identity from PEM files.
 pub fn server_from_files(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>> {
-    let file = std::fs::File::open(key).with_context(|| format!("opening {}", key.display()))?;
-    let key = rustls_pemfile::private_key(&mut BufReader::new(file))
-        .with_context(|| format!("reading a PEM private key from {}", key.display()))?
-        .with_context(|| format!("{} holds no PEM private key", key.display()))?;
+    let key = PrivateKeyDer::from_pem_file(key)
+        .with_context(|| format!("reading a PEM private key from {}", key.display()))?;
     server(read_certs(cert)?, key)
 }
 
@@ -77,4 +74,40 @@ pub fn client(ca: Option<&Path>) -> Result<Arc<ClientConfig>> {
         .with_root_certificates(roots)
         .with_no_client_auth();
     Ok(Arc::new(config))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pem_certificate_and_key_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+        let certified = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        std::fs::write(&cert, certified.cert.pem()).unwrap();
+        std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
+        server_from_files(&cert, &key).unwrap();
+        client(Some(&cert)).unwrap();
+    }
+
+    #[test]
+    fn garbage_and_missing_files_are_one_line_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let garbage = dir.path().join("garbage.pem");
+        std::fs::write(&garbage, b"not a certificate\n\x00\xff-----BEGIN\n").unwrap();
+        let truncated = dir.path().join("truncated.pem");
+        std::fs::write(&truncated, "-----BEGIN CERTIFICATE-----\nMIIB\n").unwrap();
+        let missing = dir.path().join("missing.pem");
+        for path in [&garbage, &truncated, &missing] {
+            for error in [
+                server_from_files(path, path).unwrap_err(),
+                client(Some(path)).unwrap_err(),
+            ] {
+                let line = format!("{error:#}");
+                assert!(!line.contains('\n'), "{line}");
+                assert!(line.contains(&*path.to_string_lossy()), "{line}");
+            }
+        }
+    }
 }

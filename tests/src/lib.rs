@@ -1,6 +1,8 @@
 //! Helpers for the cross-crate scenarios in `tests/tests/`: they run the real
 //! `kvasir-node` and `kvasir-wallet` binaries as separate processes.
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;

@@ -9,6 +9,9 @@ use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use kvasir_api::generation::GenerationReport;
+use kvasir_api::registry::ReceiptListing;
+
 use crate::{bin, path_str, run, stderr, stdout};
 
 /// A running process; SIGKILLed on drop.
@@ -484,7 +487,7 @@ impl Swarm {
     }
 
     /// A backbone run to completion: its JSON report.
-    pub fn backbone(&self, remote: &str, prompt: &str, tokens: usize) -> serde_json::Value {
+    pub fn backbone(&self, remote: &str, prompt: &str, tokens: usize) -> GenerationReport {
         let out = self
             .start_backbone(remote, prompt, tokens)
             .finish(Duration::from_secs(300));
@@ -492,7 +495,7 @@ impl Swarm {
     }
 
     /// The same generation with every expert local.
-    pub fn local(&self, prompt: &str, tokens: usize) -> serde_json::Value {
+    pub fn local(&self, prompt: &str, tokens: usize) -> GenerationReport {
         let tokens = tokens.to_string();
         let out = run(
             "kvasir-node",
@@ -514,19 +517,12 @@ impl Swarm {
     /// Cumulative metered bytes per session id, from the hub's registry.
     pub fn metered(&self) -> Vec<(u64, String, u64)> {
         let body = http_get(&self.registry_addr, "/receipts");
-        let value: serde_json::Value =
+        let listing: ReceiptListing =
             serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
-        value["receipts"]
-            .as_array()
-            .expect("receipts")
-            .iter()
-            .map(|r| {
-                (
-                    r["session_id"].as_u64().unwrap(),
-                    r["worker"].as_str().unwrap().to_string(),
-                    r["cumulative_bytes"].as_u64().unwrap(),
-                )
-            })
+        listing
+            .receipts
+            .into_iter()
+            .map(|r| (r.session_id, r.worker.to_string(), r.cumulative_bytes))
             .collect()
     }
 }

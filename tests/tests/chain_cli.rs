@@ -3,7 +3,8 @@
 
 use std::path::Path;
 
-use kvasir_ledger::{Address, Genesis, Store};
+use kvasir_api::reports::{AddressReport, DevReport, GenesisReport, VerifyReport};
+use kvasir_ledger::{Address, Genesis, SledStore, Storage};
 use kvasir_tests::{path_str, run, stderr, stdout};
 
 #[test]
@@ -15,10 +16,11 @@ fn genesis_init_writes_a_chain_and_refuses_to_overwrite() {
         &["genesis", "init", "--out", path_str(&out), "--json"],
     );
     assert!(output.status.success(), "{}", stderr(&output));
-    let report: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    let report: GenesisReport = serde_json::from_str(&stdout(&output)).unwrap();
     let genesis = Genesis::load(&out.join("genesis.json")).unwrap();
-    assert_eq!(report["genesis_hash"], genesis.hash().to_string());
-    assert_eq!(report["chain_id"], "kvasir-dev");
+    assert_eq!(report.genesis_hash, genesis.hash());
+    assert_eq!(report.chain_id, "kvasir-dev");
+    assert_eq!(report.keys.len(), 4);
     for role in ["validator", "gateway", "hub", "faucet"] {
         let key = out.join("keys").join(format!("{role}.key"));
         #[cfg(unix)]
@@ -46,7 +48,7 @@ fn genesis_init_writes_a_chain_and_refuses_to_overwrite() {
 }
 
 /// Runs `dev` on the tiny preset; its JSON report.
-fn dev(data: &Path) -> serde_json::Value {
+fn dev(data: &Path) -> DevReport {
     let output = run(
         "kvasir-node",
         &[
@@ -70,33 +72,29 @@ fn dev(data: &Path) -> serde_json::Value {
         .lines()
         .find(|l| l.starts_with('{'))
         .expect("a JSON report");
-    serde_json::from_str(json).unwrap()
+    let report: DevReport = serde_json::from_str(json).unwrap();
+    // It went remote: requests reached the workers and none fell back.
+    assert!(report.remote_requests > 0 && report.fallbacks == 0, "{report:?}");
+    report
 }
 
 /// Every worker's pending + settled rewards equal `earned` of each of its sessions' metered
 /// bytes, to the base unit.
-fn assert_paid_exactly(report: &serde_json::Value, genesis: &Genesis) {
-    let sessions = report["sessions"].as_array().unwrap();
-    for worker in report["workers"].as_array().unwrap() {
-        let address = worker["address"].as_str().unwrap();
-        let earned: u64 = sessions
+fn assert_paid_exactly(report: &DevReport, genesis: &Genesis) {
+    for worker in &report.workers {
+        let earned: u64 = report
+            .sessions
             .iter()
-            .filter(|s| s["worker"] == address)
-            .map(|s| {
-                genesis
-                    .earned(s["cumulative_bytes"].as_u64().unwrap())
-                    .unwrap()
-                    .base_units()
-            })
+            .filter(|s| s.worker == worker.address)
+            .map(|s| genesis.earned(s.cumulative_bytes).unwrap().base_units())
             .sum();
-        assert!(earned > 0, "worker {address} earned nothing: {report}");
-        let account = &worker["account"];
-        let units =
-            |v: &serde_json::Value| v["base_units"].as_str().unwrap().parse::<u64>().unwrap();
+        assert!(earned > 0, "worker {} earned nothing: {report:?}", worker.address);
+        let account = &worker.account;
         assert_eq!(
-            units(&account["balance"]) + units(&account["pending_total"]),
+            account.balance.base_units.base_units() + account.pending_total.base_units.base_units(),
             earned,
-            "worker {address}: {account}"
+            "worker {}: {account:?}",
+            worker.address
         );
     }
 }
@@ -108,18 +106,13 @@ fn dev_runs_the_swarm_credits_exactly_and_verify_chain_catches_one_flipped_byte(
     let first = dev(&data);
     let genesis = Genesis::load(&data.join("genesis.json")).unwrap();
     assert_paid_exactly(&first, &genesis);
-    assert_eq!(first["workers"].as_array().unwrap().len(), 2);
+    assert_eq!(first.workers.len(), 2);
 
     // A second run reuses the chain, the keys and the model, and adds sessions.
     let second = dev(&data);
     assert_paid_exactly(&second, &genesis);
-    assert!(
-        second["sessions"].as_array().unwrap().len() > first["sessions"].as_array().unwrap().len()
-    );
-    assert_eq!(
-        first["workers"][0]["address"],
-        second["workers"][0]["address"]
-    );
+    assert!(second.sessions.len() > first.sessions.len());
+    assert_eq!(first.workers[0].address, second.workers[0].address);
 
     let ledger = data.join("ledger");
     let verify = run(
@@ -127,8 +120,8 @@ fn dev_runs_the_swarm_credits_exactly_and_verify_chain_catches_one_flipped_byte(
         &["verify-chain", "--data-dir", path_str(&ledger), "--json"],
     );
     assert!(verify.status.success(), "{}", stderr(&verify));
-    let report: serde_json::Value = serde_json::from_str(&stdout(&verify)).unwrap();
-    assert!(report["transactions"].as_u64().unwrap() >= 4, "{report}");
+    let report: VerifyReport = serde_json::from_str(&stdout(&verify)).unwrap();
+    assert!(report.ok && report.transactions >= 4, "{report:?}");
 
     // The worker really holds what dev printed, under the address of its own key file.
     let wallet = run(
@@ -140,16 +133,12 @@ fn dev_runs_the_swarm_credits_exactly_and_verify_chain_catches_one_flipped_byte(
         ],
     );
     assert_eq!(
-        stdout(&wallet)
-            .trim()
-            .parse::<Address>()
-            .unwrap()
-            .to_string(),
-        second["workers"][0]["address"].as_str().unwrap()
+        stdout(&wallet).trim().parse::<Address>().unwrap(),
+        second.workers[0].address
     );
     // Tamper with the latest block that carries transactions.
     let (height, original) = {
-        let store = Store::open(&ledger).unwrap();
+        let store = SledStore::open(&ledger).unwrap();
         let height = (1..=store.head().unwrap())
             .rev()
             .find(|h| !store.block(*h).unwrap().unwrap().txs.is_empty())
@@ -165,7 +154,7 @@ fn dev_runs_the_swarm_credits_exactly_and_verify_chain_catches_one_flipped_byte(
     ] {
         let mut tampered = original.clone();
         tampered[at] ^= 0x01;
-        Store::open(&ledger)
+        SledStore::open(&ledger)
             .unwrap()
             .tamper_block_bytes(height, &tampered)
             .unwrap();
@@ -213,8 +202,9 @@ fn wallet_new_creates_a_private_key_file_and_address_reads_it() {
         &["new", "--keyfile", path_str(&keyfile), "--json"],
     );
     assert!(created.status.success(), "{}", stderr(&created));
-    let value: serde_json::Value = serde_json::from_str(&stdout(&created)).unwrap();
-    let address: Address = value["address"].as_str().unwrap().parse().unwrap();
+    let report: AddressReport = serde_json::from_str(&stdout(&created)).unwrap();
+    let address = report.address;
+    assert_eq!(report.keyfile, keyfile);
     let shown = run(
         "kvasir-wallet",
         &["address", "--keyfile", path_str(&keyfile)],

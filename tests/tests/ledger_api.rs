@@ -6,8 +6,9 @@ use std::time::Duration;
 use kvasir_ledger::{Amount, Genesis, Keypair, Receipt, SignedTx, TxKind};
 use kvasir_tests::swarm::{http, start_ledger, Proc};
 use kvasir_tests::{path_str, run, stderr};
-use kvasir_wallet::client::{Client, ClientError};
-use serde_json::Value;
+use kvasir_api::ledger::{AccountView, Direction, History, HistoryEvent, TxState};
+use kvasir_api::{Client, ClientError, ErrorBody};
+use utoipa::openapi::{OpenApi, RefOr};
 
 struct Chain {
     _dir: tempfile::TempDir,
@@ -38,7 +39,7 @@ fn start() -> Chain {
         _ledger: ledger,
         _dir: dir,
         key: Box::new(move |role| {
-            Keypair::read_key_file(&keys.join(format!("{role}.key")), None).unwrap()
+            kvasir_keyfile::read(&keys.join(format!("{role}.key")), None).unwrap()
         }),
     }
 }
@@ -48,14 +49,12 @@ impl Chain {
         self.keys.join(format!("{role}.key"))
     }
 
-    fn account(&self, who: &Keypair) -> Value {
-        self.client
-            .get(&format!("/accounts/{}", who.address()))
-            .unwrap()
+    fn account(&self, who: &Keypair) -> AccountView {
+        self.client.account(&who.address()).unwrap()
     }
 
     fn nonce(&self, who: &Keypair) -> u64 {
-        self.account(who)["nonce"].as_u64().unwrap()
+        self.account(who).nonce
     }
 
     fn chain_id(&self) -> String {
@@ -71,9 +70,6 @@ impl Chain {
     }
 }
 
-fn units(v: &Value) -> u64 {
-    v["base_units"].as_str().unwrap().parse().unwrap()
-}
 
 #[test]
 fn credits_and_transfers_commit_and_bad_ones_change_nothing() {
@@ -107,37 +103,32 @@ fn credits_and_transfers_commit_and_bad_ones_change_nothing() {
         .wait_committed(&hash, Duration::from_secs(30))
         .unwrap();
     let paid = chain.account(&worker);
-    assert_eq!(units(&paid["pending_total"]), 8_945_664, "{paid}");
-    let session = chain
-        .client
-        .get(&format!("/sessions/{}/7", hub.address()))
-        .unwrap();
-    assert_eq!(session["cumulative_bytes"], 1_277_952);
-    let history = chain
-        .client
-        .get(&format!("/accounts/{}/history", worker.address()))
-        .unwrap();
-    assert_eq!(history["entries"][0]["kind"], "credit", "{history}");
-    assert_eq!(history["entries"][0]["cumulative_bytes"], 1_277_952);
-    let committed = chain.client.get(&format!("/txs/{hash}")).unwrap();
-    assert_eq!(committed["status"], "committed");
-    let block = chain
-        .client
-        .get(&format!("/blocks/{}", committed["height"]))
-        .unwrap();
-    assert!(block["txs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|t| t == hash.as_str()));
-    let by_hash = chain
-        .client
-        .get(&format!(
-            "/blocks/by-hash/{}",
-            block["hash"].as_str().unwrap()
-        ))
-        .unwrap();
-    assert_eq!(by_hash, block);
+    assert_eq!(
+        paid.pending_total.base_units.base_units(),
+        8_945_664,
+        "{paid:?}"
+    );
+    let session = chain.client.session(&hub.address(), 7).unwrap();
+    assert_eq!(session.cumulative_bytes, 1_277_952);
+    assert_eq!(session.worker, Some(worker.address()));
+    let history = chain.client.history(&worker.address(), None).unwrap();
+    assert!(
+        matches!(
+            history.entries[0].event,
+            HistoryEvent::Credit {
+                cumulative_bytes: 1_277_952,
+                ..
+            }
+        ),
+        "{history:?}"
+    );
+    let committed = chain.client.tx_status(&hash).unwrap();
+    let TxState::Committed { height, .. } = committed.state else {
+        panic!("not committed: {committed:?}");
+    };
+    let block = chain.client.block(height).unwrap();
+    assert!(block.txs.contains(&hash));
+    assert_eq!(chain.client.block_by_hash(&block.hash).unwrap(), block);
 
     // Unauthorised or stale credits: refused, nothing changes.
     let stranger = Keypair::generate();
@@ -246,7 +237,10 @@ fn credits_and_transfers_commit_and_bad_ones_change_nothing() {
         .client
         .wait_committed(&hash, Duration::from_secs(30))
         .unwrap();
-    assert_eq!(units(&chain.account(&stranger)["balance"]), 3_000_000_000);
+    assert_eq!(
+        chain.account(&stranger).balance.base_units.base_units(),
+        3_000_000_000
+    );
 }
 
 #[test]
@@ -267,28 +261,106 @@ fn a_long_history_is_served_newest_first_in_pages() {
         .wait_committed(&last, std::time::Duration::from_secs(60))
         .unwrap();
     let mut amounts = Vec::new();
-    let mut path = format!("/accounts/{payee}/history");
+    let mut before: Option<String> = None;
     loop {
-        let page = chain.client.get(&path).unwrap();
-        let entries = page["entries"].as_array().unwrap();
-        assert!(entries.len() <= 100);
-        for entry in entries {
-            assert_eq!(entry["direction"], "in");
-            amounts.push(units(&entry["amount"]));
+        let page = chain.client.history(&payee, before.as_deref()).unwrap();
+        assert!(page.entries.len() <= 100);
+        for entry in &page.entries {
+            match &entry.event {
+                HistoryEvent::Transfer {
+                    direction: Direction::In,
+                    amount,
+                    ..
+                } => amounts.push(amount.base_units.base_units()),
+                other => panic!("not a transfer in: {other:?}"),
+            }
         }
-        match page["next_before"].as_str() {
-            Some(before) => path = format!("/accounts/{payee}/history?before={before}"),
+        match page.next_before {
+            Some(next) => before = Some(next),
             None => break,
         }
     }
     // Together the pages list every transfer exactly once, newest (highest nonce) first, even
     // where a page ends inside a block.
     assert_eq!(amounts, (1..=150).rev().collect::<Vec<u64>>());
-    let faucet_history = chain
-        .client
-        .get(&format!("/accounts/{}/history", faucet.address()))
-        .unwrap();
-    assert_eq!(faucet_history["entries"][0]["direction"], "out");
+    let faucet_history = chain.client.history(&faucet.address(), None).unwrap();
+    assert!(matches!(
+        faucet_history.entries[0].event,
+        HistoryEvent::Transfer {
+            direction: Direction::Out,
+            ..
+        }
+    ));
+}
+
+/// The statuses `/openapi.json` documents for `method` on the route that `path` matches (a
+/// `{name}` segment matches any one segment); None for a path it does not describe.
+fn documented_statuses(openapi: &OpenApi, method: &str, path: &str) -> Option<Vec<String>> {
+    let path = path.split('?').next().unwrap_or_default();
+    let segments: Vec<&str> = path.split('/').collect();
+    let (_, item) = openapi.paths.paths.iter().find(|(template, _)| {
+        let parts: Vec<&str> = template.split('/').collect();
+        parts.len() == segments.len()
+            && parts
+                .iter()
+                .zip(&segments)
+                .all(|(t, s)| t == s || t.starts_with('{'))
+    })?;
+    let operation = match method {
+        "GET" => item.get.as_ref(),
+        "POST" => item.post.as_ref(),
+        _ => None,
+    }?;
+    Some(operation.responses.responses.keys().cloned().collect())
+}
+
+#[test]
+fn every_route_and_body_is_in_the_openapi_document() {
+    let chain = start();
+    let openapi: OpenApi = chain.client.get("/openapi.json").unwrap();
+    for (method, path) in [
+        ("GET", "/healthz"),
+        ("GET", "/head"),
+        ("GET", "/accounts/{address}"),
+        ("GET", "/accounts/{address}/history"),
+        ("GET", "/blocks/{height}"),
+        ("GET", "/blocks/by-hash/{hash}"),
+        ("POST", "/txs"),
+        ("POST", "/txs/batch"),
+        ("GET", "/txs/{hash}"),
+        ("GET", "/sessions/{hub}/{session}"),
+        ("GET", "/sessions/{hub}"),
+        ("GET", "/metrics"),
+    ] {
+        let item = openapi
+            .paths
+            .paths
+            .get(path)
+            .unwrap_or_else(|| panic!("{path} missing from /openapi.json"));
+        let operation = match method {
+            "GET" => item.get.as_ref(),
+            _ => item.post.as_ref(),
+        }
+        .unwrap_or_else(|| panic!("{method} {path} missing from /openapi.json"));
+        // Every response, errors included, says what its body is.
+        for (status, response) in &operation.responses.responses {
+            let RefOr::T(response) = response else {
+                panic!("{method} {path} {status}: a bare reference")
+            };
+            let described = response.content.values().all(|c| c.schema.is_some());
+            assert!(
+                !response.content.is_empty() && described,
+                "{method} {path} {status}: no body schema"
+            );
+        }
+        if method == "POST" {
+            assert!(operation.request_body.is_some(), "{path}: no request body schema");
+        }
+    }
+    for schema in ["AccountView", "History", "TxStatus", "BatchVerdicts", "ErrorBody"] {
+        let components = openapi.components.as_ref().expect("components");
+        assert!(components.schemas.contains_key(schema), "{schema} has no schema");
+    }
 }
 
 #[test]
@@ -329,36 +401,22 @@ fn malformed_requests_get_the_right_status_and_a_json_error() {
         ),
         ("GET", "/no/such/thing", String::new(), 404),
     ];
+    let openapi: OpenApi = chain.client.get("/openapi.json").unwrap();
     for (method, path, body, expected) in &cases {
         let (status, reply) = http(&chain.addr, method, path, body);
         assert_eq!(status, *expected, "{method} {path}: {reply}");
-        if status != 413 {
-            let error: Value =
-                serde_json::from_str(&reply).unwrap_or_else(|e| panic!("{path}: {e}: {reply}"));
+        if let Some(documented) = documented_statuses(&openapi, method, path) {
             assert!(
-                error["error"].is_string() && error["message"].is_string(),
-                "{reply}"
+                documented.contains(&status.to_string()),
+                "{method} {path} answered {status}, which /openapi.json does not list: {documented:?}"
             );
         }
+        let error: Result<ErrorBody, _> = serde_json::from_str(&reply);
+        assert!(error.is_ok(), "{method} {path}: not an error body: {reply}");
     }
     // An account nobody has used is an empty account, not an error.
-    let fresh = chain
-        .client
-        .get(&format!("/accounts/{}", Keypair::generate().address()))
-        .unwrap();
-    assert_eq!(units(&fresh["balance"]), 0);
-    let openapi: Value = chain.client.get("/openapi.json").unwrap();
-    for path in [
-        "/accounts/{address}",
-        "/txs",
-        "/txs/batch",
-        "/sessions/{hub}/{session}",
-    ] {
-        assert!(
-            openapi["paths"][path].is_object(),
-            "{path} missing from /openapi.json"
-        );
-    }
+    let fresh = chain.client.account(&Keypair::generate().address()).unwrap();
+    assert!(fresh.balance.base_units.is_zero() && fresh.nonce == 0);
     let metrics = http(&chain.addr, "GET", "/metrics", "").1;
     assert!(metrics.contains("kvasir_height"), "{metrics}");
 }
@@ -388,8 +446,8 @@ fn the_wallet_reads_balances_sends_and_explains_failures_in_one_line() {
     ]);
     assert!(sent.status.success(), "{}", stderr(&sent));
     let balance = wallet(&["balance", &poor_address, "--json"]);
-    let account: Value = serde_json::from_str(&kvasir_tests::stdout(&balance)).unwrap();
-    assert_eq!(account["balance"]["kvr"], "0.25");
+    let account: AccountView = serde_json::from_str(&kvasir_tests::stdout(&balance)).unwrap();
+    assert_eq!(account.balance.kvr.to_decimal(), "0.25");
     let text = wallet(&["balance", "--keyfile", path_str(&poor)]);
     assert!(
         kvasir_tests::stdout(&text).contains("settled 0.25 KVR, pending 0 KVR"),
@@ -397,10 +455,15 @@ fn the_wallet_reads_balances_sends_and_explains_failures_in_one_line() {
         kvasir_tests::stdout(&text)
     );
     let history = wallet(&["history", "--keyfile", path_str(&poor), "--json"]);
-    let history: Value = serde_json::from_str(&kvasir_tests::stdout(&history)).unwrap();
-    assert_eq!(history["entries"][0]["kind"], "transfer");
-    assert_eq!(history["entries"][0]["direction"], "in");
-    assert_eq!(history["entries"][0]["amount"]["kvr"], "0.25");
+    let history: History = serde_json::from_str(&kvasir_tests::stdout(&history)).unwrap();
+    match &history.entries[0].event {
+        HistoryEvent::Transfer {
+            direction: Direction::In,
+            amount,
+            ..
+        } => assert_eq!(amount.kvr.to_decimal(), "0.25"),
+        other => panic!("not a transfer in: {other:?}"),
+    }
     let lines = kvasir_tests::stdout(&wallet(&["history", "--keyfile", path_str(&poor)]));
     assert!(lines.contains("in  0.25 KVR from"), "{lines}");
     let someone = Keypair::generate().address().to_string();

@@ -1,6 +1,7 @@
 //! The inference engine's command line over real processes: synthesis and generation as the
 //! README shows them, and clear errors for bad input.
 
+use kvasir_api::generation::GenerationReport;
 use kvasir_tests::{run, stderr, stdout};
 
 #[test]
@@ -25,14 +26,15 @@ fn synth_then_generate_greedy_is_reproducible_and_reports_ids() {
     ];
     let first = run("kvasir-node", &args);
     assert!(first.status.success(), "{}", stderr(&first));
-    let value: serde_json::Value = serde_json::from_str(&stdout(&first)).unwrap();
-    assert_eq!(value["token_ids"].as_array().unwrap().len(), 8);
-    assert!(!value["prompt_ids"].as_array().unwrap().is_empty());
-    assert!(value["tokens_per_s"].as_f64().unwrap() > 0.0);
+    let report: GenerationReport = serde_json::from_str(&stdout(&first)).unwrap();
+    assert_eq!(report.token_ids.len(), 8);
+    assert!(!report.prompt_ids.is_empty());
+    assert!(report.tokens_per_s > 0.0);
+    assert_eq!(report.backend.as_deref(), Some("cpu"));
     let second = run("kvasir-node", &args);
-    let again: serde_json::Value = serde_json::from_str(&stdout(&second)).unwrap();
+    let again: GenerationReport = serde_json::from_str(&stdout(&second)).unwrap();
     assert_eq!(
-        value["token_ids"], again["token_ids"],
+        report.token_ids, again.token_ids,
         "greedy generation must repeat exactly"
     );
     let text = run(

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use kvasir_ledger::Genesis;
 use kvasir_tests::swarm::Swarm;
-use kvasir_wallet::client::Client;
+use kvasir_api::Client;
 
 #[test]
 fn killing_the_gateway_while_it_credits_pays_every_byte_exactly_once() {
@@ -31,14 +31,10 @@ fn kill_while_crediting(kills: usize, restart: fn(&mut Swarm)) {
     swarm.add_worker("*:0-3");
     swarm.add_worker("*:4-7");
     let ledger = Client::new(&format!("http://{}", swarm.ledger_addr.clone().unwrap()));
-    let hub =
-        kvasir_ledger::Keypair::read_key_file(&swarm.dir.path().join("chain/keys/hub.key"), None)
-            .unwrap()
-            .address();
-    let credited = |session: u64| {
-        let mark = ledger.get(&format!("/sessions/{hub}/{session}")).unwrap();
-        mark["cumulative_bytes"].as_u64().unwrap_or(0)
-    };
+    let hub = kvasir_keyfile::read(&swarm.dir.path().join("chain/keys/hub.key"), None)
+        .unwrap()
+        .address();
+    let credited = |session: u64| ledger.session(&hub, session).unwrap().cumulative_bytes;
     let credited_total =
         |swarm: &Swarm| -> u64 { swarm.metered().iter().map(|(s, _, _)| credited(*s)).sum() };
     // Each round: a generation makes traffic, the gateway starts crediting it, and a role is
@@ -67,13 +63,13 @@ fn kill_while_crediting(kills: usize, restart: fn(&mut Swarm)) {
     let deadline = Instant::now() + Duration::from_secs(120);
     for (session, _, bytes) in &sessions {
         loop {
-            let mark = ledger.get(&format!("/sessions/{hub}/{session}")).unwrap();
-            if mark["cumulative_bytes"].as_u64() == Some(*bytes) {
+            let mark = ledger.session(&hub, *session).unwrap();
+            if mark.cumulative_bytes == *bytes {
                 break;
             }
             assert!(
                 Instant::now() < deadline,
-                "session {session} never fully credited: {mark}"
+                "session {session} never fully credited: {mark:?}"
             );
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -88,14 +84,12 @@ fn kill_while_crediting(kills: usize, restart: fn(&mut Swarm)) {
             .filter(|(_, w, _)| w == worker)
             .map(|(_, _, b)| genesis.earned(*b).unwrap().base_units())
             .sum();
-        let account = ledger.get(&format!("/accounts/{worker}")).unwrap();
-        let units =
-            |v: &serde_json::Value| v["base_units"].as_str().unwrap().parse::<u64>().unwrap();
+        let account = ledger.account(&worker.parse().unwrap()).unwrap();
         assert!(earned > 0);
         assert_eq!(
-            units(&account["balance"]) + units(&account["pending_total"]),
+            account.balance.base_units.base_units() + account.pending_total.base_units.base_units(),
             earned,
-            "worker {worker}: {account}"
+            "worker {worker}: {account:?}"
         );
     }
 }

@@ -5,25 +5,22 @@
 use std::time::{Duration, Instant};
 
 use kvasir_tests::swarm::{http, listening_sockets, Swarm};
-use serde_json::Value;
+use kvasir_api::generation::{DispatchCounts, GenerateRequest, GenerationReport};
+use kvasir_api::ErrorBody;
 
 const PROMPT: &str = "The capital of France is";
 
-fn assert_same_output(remote: &Value, local: &Value) {
+fn assert_same_output(remote: &GenerationReport, local: &GenerationReport) {
+    assert_eq!(remote.token_ids, local.token_ids, "token streams differ");
     assert_eq!(
-        remote["token_ids"], local["token_ids"],
-        "token streams differ"
-    );
-    assert_eq!(
-        remote["logits_blake3"], local["logits_blake3"],
+        remote.logits_blake3, local.logits_blake3,
         "final logits differ"
     );
 }
 
-fn count(v: &Value, field: &str) -> u64 {
-    v[field]
-        .as_u64()
-        .unwrap_or_else(|| panic!("{field} missing in {v}"))
+/// The backbone's dispatch counts, which its report must carry.
+fn dispatch(report: &GenerationReport) -> DispatchCounts {
+    report.dispatch.expect("the backbone reports its dispatch counts")
 }
 
 #[test]
@@ -33,10 +30,10 @@ fn layer0_experts_remote_give_the_local_tokens_and_logits_bit_for_bit() {
     let remote = swarm.backbone("0:*", PROMPT, 32);
     let local = swarm.local(PROMPT, 32);
     assert_same_output(&remote, &local);
-    assert_eq!(remote["token_ids"].as_array().unwrap().len(), 32);
+    assert_eq!(remote.token_ids.len(), 32);
     // One request per layer-0 step: everything went over the network, nothing fell back.
-    assert_eq!(count(&remote, "remote_requests"), 32);
-    assert_eq!(count(&remote, "fallbacks"), 0);
+    assert_eq!(dispatch(&remote).remote_requests, 32);
+    assert_eq!(dispatch(&remote).fallbacks, 0);
     // The worker dialled out and listens on nothing; the hub does listen (the check works).
     assert_eq!(listening_sockets(swarm.workers[worker].pid()), 0);
     assert!(listening_sockets(swarm.hub.as_ref().unwrap().pid()) >= 2);
@@ -56,8 +53,8 @@ fn every_moe_layer_across_three_overlapping_workers_gives_the_local_output() {
     }
     let remote = swarm.backbone("*:*", PROMPT, 32);
     assert_same_output(&remote, &swarm.local(PROMPT, 32));
-    assert_eq!(count(&remote, "fallbacks"), 0);
-    assert!(count(&remote, "remote_requests") >= 64, "{remote}");
+    assert_eq!(dispatch(&remote).fallbacks, 0);
+    assert!(dispatch(&remote).remote_requests >= 64, "{remote:?}");
     let metered = swarm.metered();
     assert_eq!(metered.len(), 3);
     assert!(
@@ -89,9 +86,9 @@ fn a_worker_killed_mid_generation_changes_nothing_and_hangs_nothing() {
     wait_for_traffic(&swarm);
     swarm.workers[worker].kill();
     let out = backbone.finish(Duration::from_secs(300));
-    let remote: Value = serde_json::from_str(&out).unwrap();
+    let remote: GenerationReport = serde_json::from_str(&out).unwrap();
     assert_same_output(&remote, &swarm.local(PROMPT, LONG));
-    let sent = count(&remote, "remote_requests");
+    let sent = dispatch(&remote).remote_requests;
     assert!(
         sent > 0 && sent < LONG as u64,
         "the kill must land mid-generation: {sent} remote requests of {LONG} steps"
@@ -110,7 +107,7 @@ fn a_hub_restart_mid_generation_loses_no_count_and_dispatch_resumes() {
     }
     swarm.restart_hub();
     let out = backbone.finish(Duration::from_secs(300));
-    let first: Value = serde_json::from_str(&out).unwrap();
+    let first: GenerationReport = serde_json::from_str(&out).unwrap();
     assert_same_output(&first, &swarm.local(PROMPT, LONG));
     // Counts served before the kill survived it.
     let after = swarm.metered();
@@ -126,7 +123,7 @@ fn a_hub_restart_mid_generation_loses_no_count_and_dispatch_resumes() {
     swarm.workers[0].line("worker session ", Duration::from_secs(60));
     let second = swarm.backbone("0:*", PROMPT, 16);
     assert_same_output(&second, &swarm.local(PROMPT, 16));
-    assert_eq!(count(&second, "remote_requests"), 16);
+    assert_eq!(dispatch(&second).remote_requests, 16);
     let last = swarm.metered();
     assert!(last.len() > before.len(), "{last:?}");
     let newest = last.iter().max_by_key(|(s, _, _)| *s).unwrap();
@@ -138,12 +135,16 @@ fn the_backbone_http_endpoint_generates_remotely_and_refuses_bad_bodies() {
     let mut swarm = Swarm::start("tiny");
     swarm.add_worker("*:*");
     let (_backbone, addr) = swarm.serve_backbone("*:*");
-    let body = serde_json::json!({"prompt": PROMPT, "tokens": 8}).to_string();
+    let request = GenerateRequest {
+        prompt: PROMPT.into(),
+        tokens: 8,
+    };
+    let body = serde_json::to_string(&request).unwrap();
     let (status, reply) = http(&addr, "POST", "/generate", &body);
     assert_eq!(status, 200, "{reply}");
-    let remote: Value = serde_json::from_str(&reply).unwrap();
+    let remote: GenerationReport = serde_json::from_str(&reply).unwrap();
     assert_same_output(&remote, &swarm.local(PROMPT, 8));
-    assert!(count(&remote, "remote_requests") > 0);
+    assert!(dispatch(&remote).remote_requests > 0);
     for (bad, expected) in [
         ("{not json", 400),
         (r#"{"tokens": 3}"#, 422),
@@ -152,11 +153,8 @@ fn the_backbone_http_endpoint_generates_remotely_and_refuses_bad_bodies() {
     ] {
         let (status, reply) = http(&addr, "POST", "/generate", bad);
         assert_eq!(status, expected, "{bad}: {reply}");
-        let error: Value = serde_json::from_str(&reply).unwrap();
-        assert!(
-            error["error"].is_string() && error["message"].is_string(),
-            "{reply}"
-        );
+        let error: Result<ErrorBody, _> = serde_json::from_str(&reply);
+        assert!(error.is_ok(), "not an error body: {reply}");
     }
     let oversized = format!(r#"{{"prompt": "{}"}}"#, "a".repeat(100_000));
     assert_eq!(http(&addr, "POST", "/generate", &oversized).0, 413);

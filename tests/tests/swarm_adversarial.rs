@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use kvasir_ledger::keys::Keypair;
 use kvasir_node::link::{dial, next_frame, next_message};
-use kvasir_node::model::model_id;
+use kvasir_node::engine::model_id;
 use kvasir_node::tls;
 use kvasir_node::wire::{Hello, Message, Response, Role, MAX_FRAME};
 use kvasir_tests::swarm::Swarm;
@@ -99,12 +99,10 @@ fn bad_answers_drop_the_worker_earn_nothing_and_change_nothing() {
         let remote = swarm.backbone("0:*", PROMPT, 4);
         let (session, dropped) = runtime.block_on(worker).unwrap();
         assert!(dropped, "{how:?}: the hub must drop the worker");
-        assert_eq!(remote["token_ids"], local["token_ids"], "{how:?}");
-        assert_eq!(remote["logits_blake3"], local["logits_blake3"], "{how:?}");
-        assert!(
-            remote["fallbacks"].as_u64().unwrap() >= 1,
-            "{how:?}: {remote}"
-        );
+        assert_eq!(remote.token_ids, local.token_ids, "{how:?}");
+        assert_eq!(remote.logits_blake3, local.logits_blake3, "{how:?}");
+        let fallbacks = remote.dispatch.map_or(0, |d| d.fallbacks);
+        assert!(fallbacks >= 1, "{how:?}: {remote:?}");
         let metered = swarm.metered();
         let earned = metered.iter().find(|(s, _, _)| *s == session).map(|m| m.2);
         assert_eq!(earned, Some(0), "{how:?}: bytes counted for a bad answer");
@@ -113,8 +111,8 @@ fn bad_answers_drop_the_worker_earn_nothing_and_change_nothing() {
     let mut swarm = swarm;
     swarm.add_worker("0:*");
     let remote = swarm.backbone("0:*", PROMPT, 4);
-    assert_eq!(remote["token_ids"], local["token_ids"]);
-    assert_eq!(remote["fallbacks"], 0);
+    assert_eq!(remote.token_ids, local.token_ids);
+    assert_eq!(remote.dispatch.map(|d| d.fallbacks), Some(0));
 }
 
 /// Sends `hello` in answer to a fresh challenge; whether the hub welcomed it.
@@ -231,4 +229,62 @@ fn slow_clients_are_cut_off() {
         "gateway kept a trickling client"
     );
     assert!(hub.join().unwrap(), "hub kept a trickling client");
+}
+
+/// A wrong-sized answer is refused by the hub, which tells the backbone at once: the backbone
+/// computes those experts locally right away instead of waiting out its dispatch timeout (a
+/// minute here), and its output is still the local output.
+#[test]
+fn a_wrong_sized_answer_falls_back_at_once() {
+    const DISPATCH_TIMEOUT: Duration = Duration::from_secs(60);
+    let swarm = Swarm::start("tiny");
+    let local = swarm.local(PROMPT, 4);
+    let model = model_id(&swarm.model).unwrap();
+    let runtime = Runtime::new().unwrap();
+    let hub = format!("ws://{}", swarm.hub_addr);
+    // `Swarm::start` writes the backbone's key file here.
+    let key = swarm.dir.path().join("backbone.key");
+    let timeout_ms = DISPATCH_TIMEOUT.as_millis().to_string();
+    for how in [Misbehaviour::TooFewValues, Misbehaviour::Padding] {
+        let (url, cert, model) = (swarm.gateway_url(), swarm.cert(), model.clone());
+        let worker = runtime.spawn(async move { bad_worker(url, &cert, model, how).await });
+        let started = Instant::now();
+        let out = kvasir_tests::swarm::Proc::start(
+            "kvasir-node",
+            &[
+                "backbone",
+                "--model",
+                kvasir_tests::path_str(&swarm.model),
+                "--hub",
+                &hub,
+                "--key",
+                kvasir_tests::path_str(&key),
+                "--dispatch-timeout-ms",
+                &timeout_ms,
+                "--wait-ms",
+                "20000",
+                "--remote",
+                "0:*",
+                "--prompt",
+                PROMPT,
+                "--tokens",
+                "4",
+                "--json",
+            ],
+        )
+        .finish(Duration::from_secs(300));
+        let took = started.elapsed();
+        let remote: kvasir_api::generation::GenerationReport =
+            serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+        let (_, dropped) = runtime.block_on(worker).unwrap();
+        assert!(dropped, "{how:?}: the hub must drop the worker");
+        assert_eq!(remote.token_ids, local.token_ids, "{how:?}");
+        assert_eq!(remote.logits_blake3, local.logits_blake3, "{how:?}");
+        let fallbacks = remote.dispatch.map_or(0, |d| d.fallbacks);
+        assert!(fallbacks >= 1, "{how:?}: {remote:?}");
+        assert!(
+            took < DISPATCH_TIMEOUT / 3,
+            "{how:?}: the backbone took {took:?}: it waited for the refused answer"
+        );
+    }
 }

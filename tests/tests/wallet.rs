@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 
 use kvasir_tests::swarm::Swarm;
 use kvasir_tests::{bin, path_str, stderr, stdout};
-use serde_json::Value;
+use kvasir_api::ledger::AccountView;
 
 fn wallet(args: &[&str], passphrase: Option<&str>) -> Output {
     let mut command = Command::new(bin("kvasir-wallet"));
@@ -75,10 +75,10 @@ fn a_sealed_wallet_sends_and_reads_over_the_gateways_https() {
 
     let mut balance = public.to_vec();
     balance.extend(["balance", "--keyfile", path_str(&sealed), "--json"]);
-    let account: Value = serde_json::from_str(&stdout(&wallet(&balance, None))).unwrap();
-    assert_eq!(account["address"], address.as_str());
-    assert_eq!(account["balance"]["kvr"], "1.5", "{account}");
-    assert_eq!(account["nonce"], 1);
+    let account: AccountView = serde_json::from_str(&stdout(&wallet(&balance, None))).unwrap();
+    assert_eq!(account.address.to_string(), address);
+    assert_eq!(account.balance.kvr.to_decimal(), "1.5", "{account:?}");
+    assert_eq!(account.nonce, 1);
 
     // Without the certificate the gateway is not trusted; a CA file that is no certificate is
     // refused before any connection.
@@ -112,10 +112,9 @@ fn a_role_opens_a_sealed_key_with_the_passphrase_from_its_environment() {
         &["genesis", "init", "--out", path_str(&chain)],
     );
     assert!(init.status.success(), "{}", stderr(&init));
-    let validator =
-        kvasir_ledger::Keypair::read_key_file(&chain.join("keys/validator.key"), None).unwrap();
+    let validator = kvasir_keyfile::read(&chain.join("keys/validator.key"), None).unwrap();
     let sealed = dir.path().join("validator-sealed.key");
-    validator.write_key_file(&sealed, Some("s3cret")).unwrap();
+    kvasir_keyfile::write(&sealed, &validator, Some("s3cret")).unwrap();
     let ledger = |passphrase: Option<&str>| {
         let mut command = Command::new(bin("kvasir-node"));
         command

@@ -1,5 +1,3 @@
-//! The wallet's library: a small client of the ledger REST API, shared by the `kvasir-wallet`
-//! command line and by the gateway, which submits credits through it.
+//! The wallet's library. Key files, which it used to open, are the `kvasir-keyfile` crate's.
 
-pub mod client;
-pub mod keyfile;
+#![forbid(unsafe_code)]

@@ -2,14 +2,17 @@
 //! (mode 0600, optionally sealed under a passphrase); `balance`, `transfer` and `history`
 //! talk to the ledger REST API at `--url`: a ledger node, or a gateway over HTTPS.
 
-use std::path::PathBuf;
+#![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use kvasir_ledger::{Address, Amount, Keypair, TxKind};
-use kvasir_wallet::client::{balance_text, Client};
-use kvasir_wallet::keyfile;
+use kvasir_api::ledger::{Direction, HistoryEntry, HistoryEvent};
+use kvasir_api::reports::{AddressReport, TransferReport};
+use kvasir_api::Client;
 
 #[derive(Parser)]
 #[command(
@@ -87,63 +90,62 @@ fn run(cli: Cli) -> Result<()> {
                     .with_context(|| format!("creating {}", parent.display()))?;
             }
             let passphrase = if encrypt {
-                Some(keyfile::new_passphrase()?)
+                Some(kvasir_keyfile::new_passphrase()?)
             } else {
                 None
             };
             let keypair = Keypair::generate();
-            keypair
-                .write_key_file(&keyfile, passphrase.as_deref())
-                .with_context(|| format!("key file {}", keyfile.display()))?;
-            print_address(keypair.address(), &keyfile, cli.json);
+            kvasir_keyfile::write(
+                &keyfile,
+                &keypair,
+                passphrase.as_deref().map(String::as_str),
+            )?;
+            print_address(keypair.address(), &keyfile, cli.json)?;
         }
-        Command::Address => print_address(address_or_own(None, &keyfile)?, &keyfile, cli.json),
+        Command::Address => print_address(address_or_own(None, &keyfile)?, &keyfile, cli.json)?,
         Command::History { address, before } => {
             let address = address_or_own(address, &keyfile)?;
-            let page = match &before {
-                Some(before) if before.chars().all(|c| c.is_ascii_digit() || c == '.') => {
-                    format!("?before={before}")
+            if let Some(before) = &before {
+                if !before.chars().all(|c| c.is_ascii_digit() || c == '.') {
+                    bail!("--before {before:?} is not HEIGHT or HEIGHT.INDEX");
                 }
-                Some(before) => bail!("--before {before:?} is not HEIGHT or HEIGHT.INDEX"),
-                None => String::new(),
-            };
-            let history = client.get(&format!("/accounts/{address}/history{page}"))?;
+            }
+            let history = client.history(&address, before.as_deref())?;
             if cli.json {
-                println!("{history}");
+                println!("{}", serde_json::to_string(&history)?);
             } else {
-                for entry in history["entries"].as_array().into_iter().flatten() {
+                for entry in &history.entries {
                     println!("{}", history_line(entry));
                 }
-                if let Some(next) = history["next_before"].as_str() {
+                if let Some(next) = &history.next_before {
                     println!("older entries: history --before {next}");
                 }
             }
         }
         Command::Balance { address } => {
             let address = address_or_own(address, &keyfile)?;
-            let account = client.get(&format!("/accounts/{address}"))?;
+            let account = client.account(&address)?;
             if cli.json {
-                println!("{account}");
+                println!("{}", serde_json::to_string(&account)?);
             } else {
-                println!("{}", balance_text(&account));
+                println!("{}", account.summary());
             }
         }
         Command::Transfer { to, amount } => {
-            let key = keyfile::open(&keyfile)?;
-            let head = client.get("/head")?;
-            let chain_id = head["chain_id"]
-                .as_str()
-                .context("the node did not name its chain")?;
-            let account = client.get(&format!("/accounts/{}", key.address()))?;
-            let nonce = account["nonce"]
-                .as_u64()
-                .context("the node did not give a nonce")?;
-            let tx = TxKind::Transfer { to, amount }.signed(chain_id, &key, nonce);
+            let key = kvasir_keyfile::open(&keyfile)?;
+            let chain_id = client.head()?.chain_id;
+            let nonce = client.account(&key.address())?.nonce;
+            let tx = TxKind::Transfer { to, amount }.signed(&chain_id, &key, nonce);
             let hash = client.submit(&tx)?;
             let height = client.wait_committed(&hash, std::time::Duration::from_secs(60))?;
             if cli.json {
-                let value = serde_json::json!({"hash": hash, "height": height, "to": to, "amount": amount.to_decimal()});
-                println!("{value}");
+                let report = TransferReport {
+                    hash,
+                    height,
+                    to,
+                    amount,
+                };
+                println!("{}", serde_json::to_string(&report)?);
             } else {
                 println!(
                     "sent {amount} to {to} in transaction {hash}, committed at height {height}"
@@ -154,54 +156,50 @@ fn run(cli: Cli) -> Result<()> {
     Ok(())
 }
 
-fn address_or_own(address: Option<Address>, keyfile: &std::path::Path) -> Result<Address> {
+fn address_or_own(address: Option<Address>, keyfile: &Path) -> Result<Address> {
     match address {
         Some(address) => Ok(address),
-        None => Keypair::key_file_address(keyfile)
-            .with_context(|| format!("key file {}", keyfile.display())),
+        None => Ok(kvasir_keyfile::address(keyfile)?),
     }
 }
 
 /// `height 12  in  2.5 KVR from kvr1...`, or
 /// `height 5  credit to kvr1...: session 3 of hub kvr1... at 1277952 bytes`.
-fn history_line(entry: &serde_json::Value) -> String {
-    let text = |v: &serde_json::Value| v.as_str().unwrap_or("?").to_string();
-    let head = format!("height {} ", entry["height"]);
-    match entry["kind"].as_str() {
-        Some("transfer") if entry["direction"] == "out" => {
-            format!(
-                "{head} out {} KVR to {}",
-                text(&entry["amount"]["kvr"]),
-                text(&entry["to"])
-            )
+fn history_line(entry: &HistoryEntry) -> String {
+    let head = format!("height {} ", entry.height);
+    match &entry.event {
+        HistoryEvent::Transfer {
+            direction: Direction::Out,
+            to,
+            amount,
+            ..
+        } => format!("{head} out {} to {to}", amount.kvr),
+        HistoryEvent::Transfer { from, amount, .. } => {
+            format!("{head} in  {} from {from}", amount.kvr)
         }
-        Some("transfer") => {
-            format!(
-                "{head} in  {} KVR from {}",
-                text(&entry["amount"]["kvr"]),
-                text(&entry["from"])
-            )
-        }
-        _ => format!(
-            "{head} credit to {}: session {} of hub {} at {} bytes",
-            text(&entry["worker"]),
-            entry["session_id"],
-            text(&entry["hub"]),
-            entry["cumulative_bytes"]
+        HistoryEvent::Credit {
+            worker,
+            hub,
+            session_id,
+            cumulative_bytes,
+            ..
+        } => format!(
+            "{head} credit to {worker}: session {session_id} of hub {hub} at {cumulative_bytes} bytes"
         ),
     }
 }
 
-fn print_address(address: Address, keyfile: &std::path::Path, json: bool) {
+fn print_address(address: Address, keyfile: &Path, json: bool) -> Result<()> {
     if json {
-        let value = serde_json::json!({
-            "address": address.to_string(),
-            "keyfile": keyfile,
-        });
-        println!("{value}");
+        let report = AddressReport {
+            address,
+            keyfile: keyfile.to_path_buf(),
+        };
+        println!("{}", serde_json::to_string(&report)?);
     } else {
         println!("{address}");
     }
+    Ok(())
 }
 
 fn main() -> ExitCode {

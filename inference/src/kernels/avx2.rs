@@ -15,12 +15,19 @@ use crate::weights::{widen_bf16, Weight};
 /// One weight row as the kernel reads it: 8 lanes at a time, or one element for the tail.
 trait WeightRow: Copy {
     fn len(self) -> usize;
-    /// Lanes `offset..offset + 8` widened to f32; the caller keeps `offset + 8 <= len`.
+    /// Lanes `offset..offset + 8` widened to f32.
+    ///
+    /// # Safety
+    ///
+    /// `offset + 8 <= self.len()` (the load reads those 8 elements unchecked), and the CPU
+    /// supports AVX2 (every caller is a `#[target_feature(enable = "avx2")]` function, reached
+    /// only after `is_x86_feature_detected!("avx2")`).
     unsafe fn load8(self, offset: usize) -> __m256;
     /// A hint to fetch the cache line holding element `offset` (may lie past the end).
     #[inline(always)]
     fn prefetch(self, offset: usize) {
-        // Safety: a prefetch never faults, and the address is only computed, not read.
+        // SAFETY: a prefetch never faults, and the address is only computed (with wrapping
+        // arithmetic), not read; `_mm_prefetch` is SSE, which every x86_64 CPU has.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(self.address(offset)) }
     }
     fn address(self, offset: usize) -> *const i8;
@@ -31,6 +38,9 @@ impl WeightRow for &[f32] {
     fn len(self) -> usize {
         <[f32]>::len(self)
     }
+    /// # Safety
+    ///
+    /// As `WeightRow::load8`: `offset + 8 <= len` and AVX2 present.
     #[inline(always)]
     unsafe fn load8(self, offset: usize) -> __m256 {
         _mm256_loadu_ps(self.as_ptr().add(offset))
@@ -49,6 +59,10 @@ impl WeightRow for &[u16] {
         <[u16]>::len(self)
     }
     /// bf16 widens by shifting its bits into the top half of an f32 (exact).
+    ///
+    /// # Safety
+    ///
+    /// As `WeightRow::load8`: `offset + 8 <= len` (16 bytes read) and AVX2 present.
     #[inline(always)]
     unsafe fn load8(self, offset: usize) -> __m256 {
         let halves = _mm_loadu_si128(self.as_ptr().add(offset).cast());
@@ -69,6 +83,11 @@ const PREFETCH_AHEAD: usize = 1024;
 
 /// `dot(x[r], w[c])` for every `r < R`, `c < C`. (Plain loops: closures here would be
 /// compiled without AVX2 and not inlined; index loops keep the register tile explicit.)
+///
+/// # Safety
+///
+/// The CPU supports AVX2. Lengths need no promise: every row is checked to have the same
+/// length `k` before any load, and loads stay below `k / 16 * 16`.
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2")]
 #[inline]
@@ -116,6 +135,10 @@ unsafe fn tile<const R: usize, const C: usize, W: WeightRow>(
 
 /// Columns `columns` (one weight row each) times every input row, into `block`
 /// (column-major: `block[c * rows + r]`), tiling rows by 3.
+///
+/// # Safety
+///
+/// The CPU supports AVX2. (Slicing `x` and `block` is bounds-checked.)
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn columns_times_rows<const C: usize, W: WeightRow>(
@@ -147,6 +170,11 @@ unsafe fn columns_times_rows<const C: usize, W: WeightRow>(
 
 /// Columns `first..` of `x * w^T`, stored column by column in `block`: the AVX2 build of
 /// `cpu::column_block`, with the same results.
+///
+/// # Safety
+///
+/// The CPU supports AVX2: `cpu::matmul_t` calls this only after
+/// `is_x86_feature_detected!("avx2")` said so. (Shapes are checked by bounds-checked slicing.)
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn column_block(
     x: &[f32],

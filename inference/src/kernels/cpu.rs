@@ -109,7 +109,8 @@ pub fn matmul_t(x: &[f32], rows: usize, w: &Weight, out: &mut [f32]) {
             let first = task * COLUMNS_PER_TASK;
             #[cfg(target_arch = "x86_64")]
             if avx2 {
-                // Safety: the CPU supports AVX2 (checked at run time).
+                // SAFETY: `has_avx2` checked with `is_x86_feature_detected!` that this CPU
+                // supports AVX2, the one promise `column_block` asks for.
                 return unsafe { super::avx2::column_block(x, rows, w, first, block) };
             }
             let _ = avx2;
@@ -301,7 +302,7 @@ mod tests {
                 let block = (n - first) * rows;
                 let (mut baseline, mut avx2) = (vec![0f32; block], vec![0f32; block]);
                 column_block(&x, rows, w, first, &mut baseline);
-                // Safety: prop_assume above checked the CPU has AVX2.
+                // SAFETY: prop_assume above checked the CPU has AVX2.
                 unsafe { super::super::avx2::column_block(&x, rows, w, first, &mut avx2) };
                 prop_assert_eq!(bytemuck::cast_slice::<f32, u8>(&baseline), bytemuck::cast_slice::<f32, u8>(&avx2));
             }

@@ -122,10 +122,11 @@ fn catching<T>(step: impl FnOnce() -> Result<T, CudaError>) -> Result<T, CudaErr
 /// Whether the CUDA driver and NVRTC libraries can be loaded; checked before cudarc touches
 /// them, since cudarc panics when a library is missing.
 pub fn check_libraries() -> Result<(), CudaError> {
-    // Safety: these only try to open the shared libraries.
+    // SAFETY: this only tries to open the CUDA driver library (dlopen), touching nothing else.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
         return Err(CudaError::NoDriver);
     }
+    // SAFETY: as above, this only tries to open the NVRTC library.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Err(CudaError::NoNvrtc);
     }
@@ -250,7 +251,7 @@ impl CudaExperts {
             }
         };
         launch.arg(out).arg(&rows_i).arg(&k_i).arg(&n_i);
-        // Safety: the arguments match the kernel's signature and the callers' views hold the
+        // SAFETY: the arguments match the kernel's signature and the callers' views hold the
         // rows x k, n x k and rows x n values the kernel indexes.
         unsafe { launch.launch(config) }.map_err(driver)?;
         Ok(())
@@ -303,7 +304,7 @@ impl CudaExperts {
         };
         let mut launch = self.stream.launch_builder(&self.swiglu);
         launch.arg(&mut gate).arg(&up).arg(&inner_i);
-        // Safety: gate and up both hold `inner` values.
+        // SAFETY: gate and up both hold `inner` values, as the kernel's signature expects.
         unsafe { launch.launch(config) }.map_err(driver)?;
         for (expert, &(row, mid, n)) in experts.iter().zip(&spans).filter(|(_, s)| s.2 > 0) {
             let activated = gate.slice(mid..mid + n * expert.width);

@@ -9,8 +9,8 @@ use anyhow::{bail, Result};
 use kvasir_ledger::genesis::{Allocation, Authorities, ChainParams};
 use kvasir_ledger::intent::{signing_message, Intent};
 use kvasir_ledger::{
-    check_stateless, produce_block, Address, Amount, Genesis, Keypair, SignedTx, State, Store,
-    TxKind, VerifiedTx,
+    check_stateless, produce_block, Address, Amount, Genesis, Keypair, SignedTx, SledStore, State,
+    Storage, TxKind, VerifiedTx,
 };
 use rayon::prelude::*;
 
@@ -134,7 +134,7 @@ fn verify_rate(txs: &[SignedTx]) -> Result<f64> {
 /// service, while this thread produces and commits. Returns the time of each block's
 /// produce + commit.
 fn commit_all(
-    store: &Store,
+    store: &SledStore,
     state: &mut State,
     validator: &Keypair,
     txs: Vec<SignedTx>,
@@ -215,7 +215,7 @@ fn commit_times_at(
         produced.push((block.block, block.changes));
     }
     let dir = tempfile::tempdir()?;
-    let store = Store::create(dir.path(), &genesis)?;
+    let store = SledStore::create(dir.path(), &genesis)?;
     let mut sled_commit = Vec::new();
     for (block, changes) in &produced {
         let start = Instant::now();
@@ -257,7 +257,7 @@ pub fn run(args: Args) -> Result<()> {
     drop(checked);
 
     let dir = tempfile::tempdir()?;
-    let store = Store::create(dir.path(), &genesis)?;
+    let store = SledStore::create(dir.path(), &genesis)?;
     let mut state = store.load_state()?;
     let count = txs.len();
     let start = Instant::now();

@@ -10,7 +10,7 @@ use kvasir_ledger::keys::Keypair;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::launch::Loopback;
+use crate::dev::launch::Loopback;
 use crate::link::{connect, next_frame, next_message, Dialed, Identity};
 use crate::tls;
 use crate::wire::{Message, Relayed, Request, Response, Role};

@@ -1,0 +1,266 @@
+//! A blocking client of the ledger REST API (a ledger node, or the gateway in front of one)
+//! and of the hub's registry. Every reply is decoded into its typed body; errors name what
+//! went wrong in one line: the node unreachable, a reply that is not the documented body, or
+//! the API's own `{error, message}`.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use kvasir_ledger::{Address, Hash, SignedTx};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::ledger::{
+    AccountView, Batch, BatchVerdicts, BlockView, ErrorBody, Head, History, HubSessions,
+    SessionMark, Submission, Submitted, TxState, TxStatus, Verdict,
+};
+use crate::registry::ReceiptListing;
+
+/// Most bytes of a reply read (ureq's own default): a peer cannot make the client allocate
+/// without bound.
+const MAX_REPLY: u64 = 10 << 20;
+/// How long one request may take, connection included.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot reach {url}: {reason}")]
+    Unreachable { url: String, reason: String },
+    #[error("{message} ({error}, HTTP {status})")]
+    Api {
+        status: u16,
+        error: String,
+        message: String,
+    },
+    #[error("unexpected reply from {url}: {reason}")]
+    BadReply { url: String, reason: String },
+    #[error("transaction {hash} was rejected: {reason}")]
+    Rejected { hash: Hash, reason: String },
+    #[error("transaction {0} was not committed in time")]
+    Timeout(Hash),
+    #[error("certificate file {path}: {reason}")]
+    Ca { path: String, reason: String },
+}
+
+/// A signed transaction as the API takes it: borsh bytes in hex.
+pub fn tx_hex(tx: &SignedTx) -> String {
+    hex::encode(tx.to_bytes())
+}
+
+pub struct Client {
+    base: String,
+    agent: ureq::Agent,
+}
+
+impl Client {
+    /// A client of the API at `base`, e.g. `http://127.0.0.1:7200`; an `https://` base is
+    /// verified against the public web roots.
+    pub fn new(base: &str) -> Client {
+        Client::with_agent(base, ureq::Agent::config_builder())
+    }
+
+    /// A client that also trusts the PEM certificate(s) in `ca` over HTTPS.
+    pub fn with_ca(base: &str, ca: Option<&Path>) -> Result<Client, ClientError> {
+        let Some(path) = ca else {
+            return Ok(Client::new(base));
+        };
+        let error = |reason: String| ClientError::Ca {
+            path: path.display().to_string(),
+            reason,
+        };
+        let pem = std::fs::read(path).map_err(|e| error(e.to_string()))?;
+        let mut certs = Vec::new();
+        for item in ureq::tls::parse_pem(&pem) {
+            if let ureq::tls::PemItem::Certificate(cert) = item.map_err(|e| error(e.to_string()))? {
+                certs.push(cert);
+            }
+        }
+        if certs.is_empty() {
+            return Err(error("no PEM certificate in it".into()));
+        }
+        let tls = ureq::tls::TlsConfig::builder()
+            .root_certs(ureq::tls::RootCerts::new_with_certs(&certs))
+            .build();
+        Ok(Client::with_agent(
+            base,
+            ureq::Agent::config_builder().tls_config(tls),
+        ))
+    }
+
+    fn with_agent(
+        base: &str,
+        config: ureq::config::ConfigBuilder<ureq::typestate::AgentScope>,
+    ) -> Client {
+        let agent = config
+            .http_status_as_error(false)
+            .timeout_global(Some(REQUEST_TIMEOUT))
+            .build()
+            .into();
+        Client {
+            base: base.trim_end_matches('/').to_string(),
+            agent,
+        }
+    }
+
+    /// The reply's body as `T` on a 2xx status, else the API's error.
+    fn reply<T: DeserializeOwned>(
+        &self,
+        url: &str,
+        response: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    ) -> Result<T, ClientError> {
+        let mut response = response.map_err(|e| ClientError::Unreachable {
+            url: self.base.clone(),
+            reason: e.to_string(),
+        })?;
+        let status = response.status().as_u16();
+        let bad = |reason: String| ClientError::BadReply {
+            url: url.to_string(),
+            reason,
+        };
+        let text = response
+            .body_mut()
+            .with_config()
+            .limit(MAX_REPLY)
+            .read_to_string()
+            .map_err(|e| bad(e.to_string()))?;
+        let excerpt = || text.chars().take(200).collect::<String>();
+        if (200..300).contains(&status) {
+            return serde_json::from_str(&text).map_err(|e| bad(format!("{e}: {}", excerpt())));
+        }
+        let body: ErrorBody = serde_json::from_str(&text)
+            .map_err(|e| bad(format!("HTTP {status} without an error body ({e}): {}", excerpt())))?;
+        Err(ClientError::Api {
+            status,
+            error: body.error,
+            message: body.message,
+        })
+    }
+
+    /// `GET path`, decoded as `T`.
+    pub fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        let url = format!("{}{path}", self.base);
+        let response = self.agent.get(&url).call();
+        self.reply(&url, response)
+    }
+
+    /// `POST path` with a JSON body, the reply decoded as `T`.
+    pub fn post<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, ClientError> {
+        let url = format!("{}{path}", self.base);
+        let response = self.agent.post(&url).send_json(body);
+        self.reply(&url, response)
+    }
+
+    pub fn head(&self) -> Result<Head, ClientError> {
+        self.get("/head")
+    }
+
+    pub fn account(&self, address: &Address) -> Result<AccountView, ClientError> {
+        self.get(&format!("/accounts/{address}"))
+    }
+
+    /// A page of the account's history, newest first; `before` is a `HEIGHT.INDEX` or
+    /// `HEIGHT` from an earlier page's `next_before`.
+    pub fn history(
+        &self,
+        address: &Address,
+        before: Option<&str>,
+    ) -> Result<History, ClientError> {
+        match before {
+            Some(before) => self.get(&format!("/accounts/{address}/history?before={before}")),
+            None => self.get(&format!("/accounts/{address}/history")),
+        }
+    }
+
+    pub fn block(&self, height: u64) -> Result<BlockView, ClientError> {
+        self.get(&format!("/blocks/{height}"))
+    }
+
+    pub fn block_by_hash(&self, hash: &Hash) -> Result<BlockView, ClientError> {
+        self.get(&format!("/blocks/by-hash/{hash}"))
+    }
+
+    pub fn tx_status(&self, hash: &Hash) -> Result<TxStatus, ClientError> {
+        self.get(&format!("/txs/{hash}"))
+    }
+
+    pub fn session(&self, hub: &Address, session_id: u64) -> Result<SessionMark, ClientError> {
+        self.get(&format!("/sessions/{hub}/{session_id}"))
+    }
+
+    pub fn sessions(&self, hub: &Address) -> Result<HubSessions, ClientError> {
+        self.get(&format!("/sessions/{hub}"))
+    }
+
+    /// The hub registry's signed receipts (this client pointed at `--registry-listen`).
+    pub fn receipts(&self) -> Result<ReceiptListing, ClientError> {
+        self.get("/receipts")
+    }
+
+    /// Submits a signed transaction; its hash.
+    pub fn submit(&self, tx: &SignedTx) -> Result<Hash, ClientError> {
+        let submitted: Submitted = self.post("/txs", &Submission { tx: tx_hex(tx) })?;
+        Ok(submitted.hash)
+    }
+
+    /// Submits many signed transactions in one request; per transaction, its hash or the
+    /// ledger's reason for refusing it.
+    pub fn submit_batch(
+        &self,
+        txs: &[SignedTx],
+    ) -> Result<Vec<Result<Hash, ErrorBody>>, ClientError> {
+        let batch = Batch {
+            txs: txs.iter().map(tx_hex).collect(),
+        };
+        let verdicts: BatchVerdicts = self.post("/txs/batch", &batch)?;
+        if verdicts.results.len() != txs.len() {
+            return Err(ClientError::BadReply {
+                url: format!("{}/txs/batch", self.base),
+                reason: format!(
+                    "{} verdicts for {} transactions",
+                    verdicts.results.len(),
+                    txs.len()
+                ),
+            });
+        }
+        Ok(verdicts
+            .results
+            .into_iter()
+            .map(|verdict| match verdict {
+                Verdict::Admitted(submitted) => Ok(submitted.hash),
+                Verdict::Refused(error) => Err(error),
+            })
+            .collect())
+    }
+
+    /// Waits until transaction `hash` is committed; its height.
+    pub fn wait_committed(&self, hash: &Hash, timeout: Duration) -> Result<u64, ClientError> {
+        let start = Instant::now();
+        loop {
+            match self.tx_status(hash) {
+                Ok(TxStatus {
+                    state: TxState::Committed { height, .. },
+                    ..
+                }) => return Ok(height),
+                Ok(TxStatus {
+                    state: TxState::Rejected { reason },
+                    ..
+                }) => {
+                    return Err(ClientError::Rejected {
+                        hash: *hash,
+                        reason,
+                    })
+                }
+                Ok(_) | Err(ClientError::Api { status: 404, .. }) => {}
+                Err(e) => return Err(e),
+            }
+            if start.elapsed() > timeout {
+                return Err(ClientError::Timeout(*hash));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}

@@ -1,0 +1,49 @@
+//! A generation's result: what `generate --json` and `backbone --json` print and what the
+//! backbone's `POST /generate` answers.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// `POST /generate` on the backbone.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct GenerateRequest {
+    pub prompt: String,
+    #[serde(default = "default_tokens")]
+    pub tokens: usize,
+}
+
+fn default_tokens() -> usize {
+    32
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct GenerationReport {
+    pub prompt_ids: Vec<u32>,
+    pub token_ids: Vec<u32>,
+    /// The generated text (without the prompt).
+    pub text: String,
+    pub generate_s: f64,
+    pub tokens_per_s: f64,
+    /// blake3 of the last step's logits as little-endian f32 bytes: equal hashes, equal bits.
+    pub logits_blake3: String,
+    /// Seconds to load the checkpoint (`generate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_s: Option<f64>,
+    /// Where the experts ran (`generate`): `cpu` or `cuda`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    /// How the experts were dispatched (the backbone).
+    #[serde(default, skip_serializing_if = "Option::is_none", flatten)]
+    pub dispatch: Option<DispatchCounts>,
+}
+
+/// The backbone's dispatch counts since it started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct DispatchCounts {
+    /// Requests sent to workers (one per worker per layer step).
+    pub remote_requests: u64,
+    /// Expert evaluations answered by workers.
+    pub remote_evaluations: u64,
+    /// Requests computed locally after their worker failed, left or stalled.
+    pub fallbacks: u64,
+}

@@ -1,0 +1,314 @@
+//! The bodies of the ledger's REST API (`kvasir-node ledger`, relayed by the gateway).
+
+use kvasir_ledger::{Address, Amount, Hash};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// An amount: base units (10^-9 KVR) as a decimal string, exact in every JSON reader, and the
+/// same amount in KVR as exact decimal text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct AmountView {
+    #[serde(with = "base_units")]
+    #[schema(value_type = String, example = "8945664")]
+    pub base_units: Amount,
+    #[schema(value_type = String, example = "0.008945664")]
+    pub kvr: Amount,
+}
+
+impl From<Amount> for AmountView {
+    fn from(amount: Amount) -> AmountView {
+        AmountView {
+            base_units: amount,
+            kvr: amount,
+        }
+    }
+}
+
+/// `Amount` as its count of base units in a string (its own serde form is the KVR decimal).
+mod base_units {
+    use kvasir_ledger::Amount;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(amount: &Amount, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&amount.base_units())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Amount, D::Error> {
+        let text = <String as Deserialize>::deserialize(deserializer)?;
+        text.parse()
+            .map(Amount::from_base_units)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// Every error: a machine-readable kind and a sentence for people.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    /// `bad_request`, `not_found`, `invalid_tx`, `conflict`, `mempool_full`, `internal`, ...
+    pub error: String,
+    pub message: String,
+}
+
+/// `GET /head`: the head block.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Head {
+    pub chain_id: String,
+    pub height: u64,
+    #[schema(value_type = String)]
+    pub hash: Hash,
+    #[schema(value_type = String)]
+    pub state_root: Hash,
+    pub timestamp_ms: u64,
+}
+
+/// `GET /accounts/{address}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct AccountView {
+    #[schema(value_type = String)]
+    pub address: Address,
+    /// Spendable.
+    pub balance: AmountView,
+    /// Credited rewards still inside their challenge window, in settle-height order.
+    pub pending: Vec<PendingView>,
+    pub pending_total: AmountView,
+    /// Earned while the rewards pool was empty: a claim, paid when the pool refills.
+    pub owed: AmountView,
+    /// The nonce the account's next transaction must carry.
+    pub nonce: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PendingView {
+    pub amount: AmountView,
+    pub settle_height: u64,
+}
+
+impl AccountView {
+    /// `kvr1...: settled 1 KVR, pending 0.008945664 KVR (0.008945664 KVR settling at height
+    /// 12)`: what `kvasir-wallet balance` prints.
+    pub fn summary(&self) -> String {
+        let pending: Vec<String> = self
+            .pending
+            .iter()
+            .map(|p| format!("{} settling at height {}", p.amount.kvr, p.settle_height))
+            .collect();
+        let detail = if pending.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", pending.join(", "))
+        };
+        format!(
+            "{}: settled {}, pending {}{detail}",
+            self.address, self.balance.kvr, self.pending_total.kvr
+        )
+    }
+}
+
+/// `GET /accounts/{address}/history`: newest first; `next_before` pages on (absent on the
+/// last page).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct History {
+    #[schema(value_type = String)]
+    pub address: Address,
+    pub entries: Vec<HistoryEntry>,
+    /// `HEIGHT.INDEX` to pass as `before` for the next page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_before: Option<String>,
+}
+
+/// One transaction the account is a party to, where it sits in the chain.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct HistoryEntry {
+    pub height: u64,
+    pub index: u32,
+    #[schema(value_type = String)]
+    pub hash: Hash,
+    #[serde(flatten)]
+    pub event: HistoryEvent,
+}
+
+impl HistoryEntry {
+    /// Its location as `before` takes it: `HEIGHT.INDEX`.
+    pub fn location(&self) -> String {
+        format!("{}.{}", self.height, self.index)
+    }
+}
+
+/// What the transaction did, as the account sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum HistoryEvent {
+    Transfer {
+        direction: Direction,
+        #[schema(value_type = String)]
+        from: Address,
+        #[schema(value_type = String)]
+        to: Address,
+        amount: AmountView,
+    },
+    Credit {
+        #[schema(value_type = String)]
+        worker: Address,
+        #[schema(value_type = String)]
+        gateway: Address,
+        #[schema(value_type = String)]
+        hub: Address,
+        session_id: u64,
+        cumulative_bytes: u64,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    In,
+    Out,
+}
+
+/// `GET /blocks/{height}`, `GET /blocks/by-hash/{hash}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct BlockView {
+    pub height: u64,
+    #[schema(value_type = String)]
+    pub hash: Hash,
+    #[schema(value_type = String)]
+    pub prev_hash: Hash,
+    pub timestamp_ms: u64,
+    #[schema(value_type = String)]
+    pub tx_root: Hash,
+    #[schema(value_type = String)]
+    pub state_root: Hash,
+    #[schema(value_type = String)]
+    pub proposer: Address,
+    /// The hashes of its transactions, in order.
+    #[schema(value_type = Vec<String>)]
+    pub txs: Vec<Hash>,
+}
+
+/// `POST /txs`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Submission {
+    /// The signed transaction, borsh-encoded, in hex.
+    pub tx: String,
+}
+
+/// `POST /txs`: admitted to the mempool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Submitted {
+    #[schema(value_type = String)]
+    pub hash: Hash,
+}
+
+/// `POST /txs/batch`: up to 10,000 transactions in one request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Batch {
+    /// Signed transactions, each borsh-encoded, in hex.
+    pub txs: Vec<String>,
+}
+
+/// `POST /txs/batch`: one verdict per transaction, in order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct BatchVerdicts {
+    pub results: Vec<Verdict>,
+}
+
+/// Admitted (its hash), or refused (why).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum Verdict {
+    Admitted(Submitted),
+    Refused(ErrorBody),
+}
+
+/// `GET /txs/{hash}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct TxStatus {
+    #[schema(value_type = String)]
+    pub hash: Hash,
+    #[serde(flatten)]
+    pub state: TxState,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum TxState {
+    /// In the mempool.
+    Pending,
+    Committed {
+        height: u64,
+        index: u32,
+    },
+    /// Left the mempool without being committed, and why.
+    Rejected {
+        reason: String,
+    },
+}
+
+/// `GET /sessions/{hub}/{session}`: the receipt high-water mark of one hub session (zero bytes
+/// and no worker when it was never credited).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SessionMark {
+    #[schema(value_type = String)]
+    pub hub: Address,
+    pub session_id: u64,
+    #[schema(value_type = Option<String>)]
+    pub worker: Option<Address>,
+    pub cumulative_bytes: u64,
+}
+
+/// `GET /sessions/{hub}`: every credited session of a hub.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct HubSessions {
+    #[schema(value_type = String)]
+    pub hub: Address,
+    pub sessions: Vec<CreditedSession>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct CreditedSession {
+    pub session_id: u64,
+    #[schema(value_type = String)]
+    pub worker: Address,
+    pub cumulative_bytes: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn amounts_travel_as_base_units_and_exact_decimal() {
+        let view = AmountView::from(Amount::from_base_units(8_945_664));
+        let text = serde_json::to_string(&view).unwrap();
+        assert_eq!(text, r#"{"base_units":"8945664","kvr":"0.008945664"}"#);
+        assert_eq!(serde_json::from_str::<AmountView>(&text).unwrap(), view);
+        for bad in [
+            r#"{"base_units":8945664,"kvr":"0.008945664"}"#,
+            r#"{"base_units":"-1","kvr":"0"}"#,
+            r#"{"base_units":"18446744073709551616","kvr":"0"}"#,
+        ] {
+            assert!(serde_json::from_str::<AmountView>(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn tagged_bodies_keep_their_wire_form() {
+        let status = TxStatus {
+            hash: Hash::ZERO,
+            state: TxState::Committed {
+                height: 3,
+                index: 1,
+            },
+        };
+        let value = serde_json::to_value(&status).unwrap();
+        assert_eq!(value["status"], "committed");
+        assert_eq!(value["height"], 3);
+        assert_eq!(serde_json::from_value::<TxStatus>(value).unwrap(), status);
+        let refused: Verdict =
+            serde_json::from_str(r#"{"error":"conflict","message":"duplicate"}"#).unwrap();
+        assert!(matches!(refused, Verdict::Refused(_)));
+        let admitted: Verdict = serde_json::from_str(&format!(r#"{{"hash":"{}"}}"#, Hash::ZERO))
+            .unwrap();
+        assert!(matches!(admitted, Verdict::Admitted(_)));
+    }
+}

@@ -1,0 +1,73 @@
+//! The hub's registry endpoint (`GET /receipts` on `--registry-listen`), polled by the
+//! gateway's crediting: every session's cumulative count, signed by the hub.
+
+use borsh::BorshDeserialize;
+use kvasir_ledger::{Address, SignedReceipt};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// A signed receipt is about 200 bytes; anything far larger is not one.
+const MAX_SIGNED_HEX: usize = 4096;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ReceiptListing {
+    pub chain_id: String,
+    #[schema(value_type = String)]
+    pub hub: Address,
+    pub receipts: Vec<ReceiptEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ReceiptEntry {
+    pub session_id: u64,
+    #[schema(value_type = String)]
+    pub worker: Address,
+    pub cumulative_bytes: u64,
+    /// The signed receipt, borsh-encoded, in hex: what a Credit transaction carries.
+    pub signed: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReceiptError {
+    #[error("signed receipt is {0} hex digits, more than any receipt")]
+    TooLong(usize),
+    #[error("signed receipt is not hex: {0}")]
+    Hex(#[from] hex::FromHexError),
+    #[error("not a signed receipt: {0}")]
+    Decode(std::io::Error),
+    #[error("the signed receipt says session {got}, the listing {listed}")]
+    Mismatch { listed: u64, got: u64 },
+}
+
+impl ReceiptEntry {
+    pub fn new(signed: &SignedReceipt) -> ReceiptEntry {
+        let r = &signed.receipt;
+        ReceiptEntry {
+            session_id: r.session_id,
+            worker: r.worker,
+            cumulative_bytes: r.cumulative_bytes,
+            // Writing borsh into a Vec cannot fail.
+            signed: hex::encode(borsh::to_vec(signed).unwrap_or_default()),
+        }
+    }
+
+    /// The signed receipt it carries, checked to say what the listing says. Its signature is
+    /// the ledger's to check.
+    pub fn signed_receipt(&self) -> Result<SignedReceipt, ReceiptError> {
+        if self.signed.len() > MAX_SIGNED_HEX {
+            return Err(ReceiptError::TooLong(self.signed.len()));
+        }
+        let bytes = hex::decode(&self.signed)?;
+        let signed = SignedReceipt::try_from_slice(&bytes).map_err(ReceiptError::Decode)?;
+        let r = &signed.receipt;
+        if (r.session_id, r.worker, r.cumulative_bytes)
+            != (self.session_id, self.worker, self.cumulative_bytes)
+        {
+            return Err(ReceiptError::Mismatch {
+                listed: self.session_id,
+                got: r.session_id,
+            });
+        }
+        Ok(signed)
+    }
+}

@@ -1,0 +1,74 @@
+//! The `--json` reports of the command line: one object on stdout, read by scripts and by
+//! the test scenarios.
+
+use std::path::PathBuf;
+
+use kvasir_ledger::{Address, Amount, Hash};
+use serde::{Deserialize, Serialize};
+
+use crate::ledger::AccountView;
+
+/// `kvasir-node genesis init --json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GenesisReport {
+    pub chain_id: String,
+    pub genesis_hash: Hash,
+    pub genesis: PathBuf,
+    pub keys: Vec<PathBuf>,
+}
+
+/// `kvasir-node verify-chain --json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerifyReport {
+    pub ok: bool,
+    pub blocks: u64,
+    pub transactions: u64,
+    pub head_hash: Hash,
+    pub state_root: Hash,
+}
+
+/// `kvasir-node dev --json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DevReport {
+    pub tokens_identical: usize,
+    pub logits_identical: bool,
+    /// Requests the backbone sent to workers, and how many of them fell back to local.
+    pub remote_requests: u64,
+    pub fallbacks: u64,
+    pub sessions: Vec<MeteredSession>,
+    pub workers: Vec<DevWorker>,
+    /// The ledger API's base URL.
+    pub ledger: String,
+}
+
+/// A session's metered bytes, as the hub's registry counted them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MeteredSession {
+    pub session_id: u64,
+    pub worker: Address,
+    pub cumulative_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DevWorker {
+    pub address: Address,
+    pub keyfile: PathBuf,
+    pub relayed_bytes: u64,
+    pub account: AccountView,
+}
+
+/// `kvasir-wallet new --json`, `kvasir-wallet address --json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddressReport {
+    pub address: Address,
+    pub keyfile: PathBuf,
+}
+
+/// `kvasir-wallet transfer --json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransferReport {
+    pub hash: Hash,
+    pub height: u64,
+    pub to: Address,
+    pub amount: Amount,
+}

@@ -1,0 +1,188 @@
+//! The ledger's record on disk, in sled: the only code in the ledger that knows sled. One
+//! sled tree holds the whole layout of `store`; a batch is one sled `apply_batch`, flushed
+//! before `write` returns, which is what makes a commit atomic and durable. Also here: the
+//! directory's life cycle (create, open, one process at a time).
+
+use std::path::Path;
+
+use crate::genesis::Genesis;
+
+use super::{
+    check_genesis, holds_chain, index_history_if_missing, write_genesis, Batch, Entries, KeyValue,
+    StoreError,
+};
+
+impl From<sled::Error> for StoreError {
+    fn from(error: sled::Error) -> Self {
+        StoreError::Engine(Box::new(error))
+    }
+}
+
+/// A ledger record in a sled directory.
+pub struct SledStore {
+    db: sled::Db,
+}
+
+/// Opens the sled database. sled releases its file lock from a background thread shortly
+/// after the last handle is dropped, so a lock that is still held is retried briefly before
+/// the ledger is reported as in use.
+fn open_db(path: &Path) -> Result<sled::Db, StoreError> {
+    const ATTEMPTS: u32 = 40;
+    let locked = |e: &sled::Error| matches!(e, sled::Error::Io(io) if io.to_string().contains("could not acquire lock"));
+    for _ in 1..ATTEMPTS {
+        match sled::open(path) {
+            Err(e) if locked(&e) => std::thread::sleep(std::time::Duration::from_millis(50)),
+            other => return Ok(other?),
+        }
+    }
+    sled::open(path).map_err(|e| {
+        if locked(&e) {
+            StoreError::InUse(path.display().to_string())
+        } else {
+            e.into()
+        }
+    })
+}
+
+impl SledStore {
+    /// Creates a new ledger at `path` holding `genesis` and block 0.
+    pub fn create(path: &Path, genesis: &Genesis) -> Result<SledStore, StoreError> {
+        let store = SledStore { db: open_db(path)? };
+        if holds_chain(&store)? {
+            return Err(StoreError::AlreadyInitialised(path.display().to_string()));
+        }
+        write_genesis(&store, genesis)?;
+        Ok(store)
+    }
+
+    /// Opens an existing ledger.
+    pub fn open(path: &Path) -> Result<SledStore, StoreError> {
+        let not_there = || StoreError::NotInitialised(path.display().to_string());
+        if !path.exists() {
+            return Err(not_there());
+        }
+        let store = SledStore { db: open_db(path)? };
+        if !holds_chain(&store)? {
+            return Err(not_there());
+        }
+        index_history_if_missing(&store)?;
+        Ok(store)
+    }
+
+    /// Opens the ledger at `path`, creating it from `genesis` if absent; an existing ledger
+    /// must hold the same genesis.
+    pub fn open_or_create(path: &Path, genesis: &Genesis) -> Result<SledStore, StoreError> {
+        match SledStore::open(path) {
+            Ok(store) => {
+                check_genesis(&store, genesis)?;
+                Ok(store)
+            }
+            Err(StoreError::NotInitialised(_)) => SledStore::create(path, genesis),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Overwrites the stored bytes of a block. Only for tests that prove tampering is caught.
+    #[doc(hidden)]
+    pub fn tamper_block_bytes(&self, height: u64, bytes: &[u8]) -> Result<(), StoreError> {
+        let mut batch = Batch::default();
+        batch.insert(super::block_key(height), bytes);
+        self.write(batch)
+    }
+}
+
+impl KeyValue for SledStore {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.db.get(key)?.map(|value| value.to_vec()))
+    }
+
+    fn range(&self, start: &[u8], end: &[u8]) -> Entries<'_> {
+        Box::new(self.db.range(start..end).map(|entry| {
+            let (key, value) = entry?;
+            Ok((key.to_vec(), value.to_vec()))
+        }))
+    }
+
+    fn write(&self, batch: Batch) -> Result<(), StoreError> {
+        let mut sled_batch = sled::Batch::default();
+        for (key, value) in batch.into_inserts() {
+            sled_batch.insert(key, value);
+        }
+        self.db.apply_batch(sled_batch)?;
+        self.db.flush()?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{commit_blocks, three_blocks, three_blocks_history};
+    use super::super::{Storage, HISTORY, HISTORY_INDEXED};
+    use super::*;
+    use crate::genesis::tests::test_genesis;
+
+    #[test]
+    fn commits_survive_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let (genesis, keys) = test_genesis();
+        let store = SledStore::create(dir.path(), &genesis).unwrap();
+        let state = commit_blocks(&store, &keys, &three_blocks(&keys));
+        drop(store);
+        let store = SledStore::open(dir.path()).unwrap();
+        assert_eq!(store.head().unwrap(), 3);
+        let loaded = store.load_state().unwrap();
+        assert_eq!(loaded.root(), state.root());
+        assert!(loaded.accounts().eq(state.accounts()));
+    }
+
+    #[test]
+    fn a_store_written_before_the_history_index_is_indexed_when_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let (genesis, keys) = test_genesis();
+        let store = SledStore::create(dir.path(), &genesis).unwrap();
+        commit_blocks(&store, &keys, &three_blocks(&keys));
+        for entry in store.db.scan_prefix(HISTORY) {
+            store.db.remove(entry.unwrap().0).unwrap();
+        }
+        store.db.remove(HISTORY_INDEXED).unwrap();
+        let bob = keys.bob.address();
+        assert_eq!(store.history(&bob, None, 10).unwrap(), vec![]);
+        drop(store);
+        let store = SledStore::open(dir.path()).unwrap();
+        assert_eq!(
+            store.history(&bob, None, 10).unwrap(),
+            three_blocks_history()
+        );
+    }
+
+    #[test]
+    fn a_ledger_holds_one_chain() {
+        let dir = tempfile::tempdir().unwrap();
+        let (genesis, _) = test_genesis();
+        drop(SledStore::create(dir.path(), &genesis).unwrap());
+        assert!(matches!(
+            SledStore::create(dir.path(), &genesis),
+            Err(StoreError::AlreadyInitialised(_))
+        ));
+        let mut other = genesis.clone();
+        other.params.chain_id = "another-chain".into();
+        assert!(matches!(
+            SledStore::open_or_create(dir.path(), &other),
+            Err(StoreError::GenesisMismatch { .. })
+        ));
+        assert!(SledStore::open_or_create(dir.path(), &genesis).is_ok());
+        let missing = dir.path().join("missing");
+        assert!(matches!(
+            SledStore::open(&missing),
+            Err(StoreError::NotInitialised(_))
+        ));
+        assert!(!missing.exists(), "opening must not create a ledger");
+        // A second handle while the first is open: refused with a clear error.
+        let held = SledStore::open(dir.path()).unwrap();
+        assert!(matches!(
+            SledStore::open(dir.path()),
+            Err(StoreError::InUse(_))
+        ));
+        drop(held);
+    }
+}

@@ -1,0 +1,180 @@
+//! The credit action: a genesis gateway submits a hub's signed receipt, and the worker it
+//! names is paid for the bytes relayed since the session's last credited receipt. Receipts
+//! are cumulative, so a replay or a duplicate pays nothing. Its three stages, as `tx`
+//! dispatches them, and the receipt itself.
+
+use borsh::{BorshDeserialize, BorshSerialize};
+
+use crate::genesis::Genesis;
+use crate::intent::{self, Intent};
+use crate::keys::{Address, Keypair, Signature, SignatureCheck};
+use crate::state::{ReceiptMark, SessionKey, Staged, State};
+
+use super::{TxError, TxSignature};
+
+/// A hub's signed statement that `worker`'s session has relayed `cumulative_bytes` of
+/// well-formed dispatch traffic so far. Cumulative, so replays and duplicates pay nothing.
+#[derive(Clone, Debug, PartialEq, Eq, BorshSerialize, BorshDeserialize)]
+pub struct Receipt {
+    pub chain_id: String,
+    pub hub: Address,
+    pub session_id: u64,
+    pub worker: Address,
+    pub cumulative_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, BorshSerialize, BorshDeserialize)]
+pub struct SignedReceipt {
+    pub receipt: Receipt,
+    pub signature: Signature,
+}
+
+impl Receipt {
+    /// Signs with the hub's key. The caller must be that hub (`receipt.hub`).
+    pub fn sign(self, hub: &Keypair) -> SignedReceipt {
+        let signature = intent::sign(hub, Intent::Receipt, &self.chain_id, &self);
+        SignedReceipt {
+            receipt: self,
+            signature,
+        }
+    }
+}
+
+/// Format: the receipt is for this chain, does not pay the pool, and carries the hub's
+/// signature (returned, to verify with the rest of the batch).
+pub(super) fn check_stateless(
+    genesis: &Genesis,
+    signed: &SignedReceipt,
+) -> Result<Vec<TxSignature>, TxError> {
+    let r = &signed.receipt;
+    if r.chain_id != genesis.params.chain_id {
+        return Err(TxError::ReceiptWrongChain {
+            expected: genesis.params.chain_id.clone(),
+            got: r.chain_id.clone(),
+        });
+    }
+    if r.worker == genesis.rewards_pool_address() {
+        return Err(TxError::ReceiptToPool);
+    }
+    let message = intent::signing_message(Intent::Receipt, &r.chain_id, r);
+    let check = SignatureCheck::new(&r.hub, &message, &signed.signature)
+        .map_err(|_| TxError::BadReceiptSignature)?;
+    Ok(vec![TxSignature {
+        check,
+        error: TxError::BadReceiptSignature,
+    }])
+}
+
+/// `sender` is a genesis gateway, the receipt's hub a genesis hub, and the receipt is newer
+/// than the session's mark and for the same worker.
+pub(super) fn check_stateful(
+    state: &State,
+    sender: &Address,
+    signed: &SignedReceipt,
+) -> Result<(), TxError> {
+    let genesis = state.genesis();
+    if !genesis.is_gateway(sender) {
+        return Err(TxError::NotAGateway(*sender));
+    }
+    let r = &signed.receipt;
+    if !genesis.is_hub(&r.hub) {
+        return Err(TxError::NotAHub(r.hub));
+    }
+    if let Some(mark) = state.receipt_mark(&SessionKey::of(r)) {
+        if mark.worker != r.worker {
+            return Err(TxError::SessionWorkerMismatch {
+                stored: mark.worker,
+                got: r.worker,
+            });
+        }
+        if r.cumulative_bytes <= mark.cumulative_bytes {
+            return Err(TxError::ReceiptNotNewer {
+                stored: mark.cumulative_bytes,
+                got: r.cumulative_bytes,
+            });
+        }
+    }
+    genesis
+        .earned(r.cumulative_bytes)
+        .ok_or(TxError::Overflow)?;
+    Ok(())
+}
+
+/// Pays `earned(new) - earned(old)` from the pool into the worker's pending rewards, records
+/// what the pool could not cover as owed, and raises the session's mark.
+pub(super) fn execute(staged: &mut Staged, receipt: &Receipt) -> Result<(), TxError> {
+    let key = SessionKey::of(receipt);
+    let state = staged.state();
+    let old = state
+        .receipt_mark(&key)
+        .map_or(0, |mark| mark.cumulative_bytes);
+    let earned = |bytes| state.genesis().earned(bytes).ok_or(TxError::Overflow);
+    let delta = earned(receipt.cumulative_bytes)?
+        .checked_sub(earned(old)?)
+        .ok_or(TxError::Overflow)?;
+    let paid = staged.pay_from_pool(receipt.worker, delta)?;
+    let unpaid = delta.checked_sub(paid).ok_or(TxError::Overflow)?;
+    if !unpaid.is_zero() {
+        let mut worker = staged.account(&receipt.worker);
+        worker.owed = worker.owed.checked_add(unpaid).ok_or(TxError::Overflow)?;
+        staged.set_account(receipt.worker, worker);
+    }
+    let mark = ReceiptMark {
+        worker: receipt.worker,
+        cumulative_bytes: receipt.cumulative_bytes,
+    };
+    staged.set_receipt_mark(key, mark);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::genesis::tests::test_genesis;
+    use crate::tx::{stateless_results, SignedTx, TxKind};
+
+    #[test]
+    fn a_credit_carries_a_receipt_for_this_chain_signed_by_its_hub() {
+        let (genesis, keys) = test_genesis();
+        let receipt = Receipt {
+            chain_id: "kvasir-test".into(),
+            hub: keys.hub.address(),
+            session_id: 1,
+            worker: keys.worker.address(),
+            cumulative_bytes: 10,
+        };
+        let credit = |signed: SignedReceipt| -> SignedTx {
+            TxKind::Credit(signed).signed("kvasir-test", &keys.gateway, 0)
+        };
+        let good = credit(receipt.clone().sign(&keys.hub));
+        let mut bad_signature = receipt.clone().sign(&keys.hub);
+        bad_signature.receipt.cumulative_bytes = 1_000_000;
+        let bad_signature = credit(bad_signature);
+        let mut small_order_hub = receipt.clone().sign(&keys.hub);
+        small_order_hub.receipt.hub = Address::from_bytes([0; 32]);
+        let small_order_hub = credit(small_order_hub);
+        let other_chain = credit(
+            Receipt {
+                chain_id: "other".into(),
+                ..receipt.clone()
+            }
+            .sign(&keys.hub),
+        );
+        let to_pool = credit(
+            Receipt {
+                worker: genesis.rewards_pool_address(),
+                ..receipt.clone()
+            }
+            .sign(&keys.hub),
+        );
+        let results = stateless_results(
+            &genesis,
+            &[good, bad_signature, small_order_hub, other_chain, to_pool],
+        );
+        assert_eq!(results[0], Ok(()));
+        assert_eq!(results[1], Err(TxError::BadReceiptSignature));
+        assert_eq!(results[2], Err(TxError::BadReceiptSignature));
+        assert!(matches!(results[3], Err(TxError::ReceiptWrongChain { .. })));
+        assert_eq!(results[4], Err(TxError::ReceiptToPool));
+    }
+}

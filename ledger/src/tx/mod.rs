@@ -1,0 +1,373 @@
+//! Transactions and their three checks, in order: `check_stateless` (format and signatures;
+//! needs only genesis, runs in parallel and batch-verifies), `check_stateful` (nonce, funds,
+//! authority, receipt freshness) and `execute` (the state change). A transaction that fails
+//! any stage changes nothing.
+//!
+//! This module holds what every transaction shares (chain id, sender, nonce, signature, the
+//! encoding) and dispatches each stage to the module of its action: `transfer`, `credit`.
+//! Each action module has the same three functions, so a new action is one module, one
+//! `TxKind` variant (appended, so existing encodings keep their meaning) and one arm in each
+//! dispatch below.
+
+mod credit;
+mod transfer;
+
+use borsh::{BorshDeserialize, BorshSerialize};
+use rayon::prelude::*;
+
+pub use credit::{Receipt, SignedReceipt};
+
+use crate::amount::Amount;
+use crate::genesis::Genesis;
+use crate::hash::Hash;
+use crate::intent::{self, Intent};
+use crate::keys::{Address, Keypair, Signature, SignatureBatch, SignatureCheck};
+use crate::state::{Staged, State, Writes};
+
+/// Largest encoded transaction accepted from outside.
+pub const MAX_TX_BYTES: usize = 2048;
+
+#[derive(Clone, Debug, PartialEq, Eq, BorshSerialize, BorshDeserialize)]
+pub enum TxKind {
+    Transfer {
+        to: Address,
+        amount: Amount,
+    },
+    /// Submitted by a genesis gateway; pays the worker for the receipt's new bytes.
+    Credit(SignedReceipt),
+}
+
+impl TxKind {
+    /// This action as the transaction `nonce` of `sender` on `chain_id`, signed by `sender`.
+    pub fn signed(self, chain_id: &str, sender: &Keypair, nonce: u64) -> SignedTx {
+        Tx {
+            chain_id: chain_id.to_string(),
+            sender: sender.address(),
+            nonce,
+            kind: self,
+        }
+        .sign(sender)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, BorshSerialize, BorshDeserialize)]
+pub struct Tx {
+    pub chain_id: String,
+    pub sender: Address,
+    pub nonce: u64,
+    pub kind: TxKind,
+}
+
+impl Tx {
+    /// The accounts whose history lists this transaction: the two sides of a transfer, the
+    /// worker a credit pays (not the gateway that submits credits by the thousand).
+    pub fn parties(&self) -> impl Iterator<Item = Address> {
+        let (first, second) = match &self.kind {
+            TxKind::Transfer { to, .. } => (self.sender, Some(*to)),
+            TxKind::Credit(signed) => (signed.receipt.worker, None),
+        };
+        std::iter::once(first).chain(second)
+    }
+
+    pub fn sign(self, sender: &Keypair) -> SignedTx {
+        let signature = intent::sign(sender, Intent::Transaction, &self.chain_id, &self);
+        SignedTx {
+            tx: self,
+            signature,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, BorshSerialize, BorshDeserialize)]
+pub struct SignedTx {
+    pub tx: Tx,
+    pub signature: Signature,
+}
+
+impl SignedTx {
+    pub fn hash(&self) -> Hash {
+        Hash::of_borsh(b"kvasir-tx", self)
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        borsh::to_vec(self).unwrap_or_default()
+    }
+
+    /// Decodes canonical bytes from outside: size-limited, no trailing bytes.
+    pub fn from_bytes(bytes: &[u8]) -> Result<SignedTx, TxError> {
+        if bytes.len() > MAX_TX_BYTES {
+            return Err(TxError::TooLarge(bytes.len()));
+        }
+        let tx: SignedTx =
+            borsh::from_slice(bytes).map_err(|e| TxError::Malformed(e.to_string()))?;
+        // Only the canonical encoding is accepted, so one transaction has one hash.
+        if tx.to_bytes() != bytes {
+            return Err(TxError::Malformed("non-canonical encoding".into()));
+        }
+        Ok(tx)
+    }
+}
+
+/// Why a transaction was rejected. Every variant leaves the state untouched.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TxError {
+    #[error("malformed transaction: {0}")]
+    Malformed(String),
+    #[error("transaction is {0} bytes, over the {MAX_TX_BYTES}-byte limit")]
+    TooLarge(usize),
+    #[error("transaction is for chain {got:?}, this is {expected:?}")]
+    WrongChain { expected: String, got: String },
+    #[error("receipt is for chain {got:?}, this is {expected:?}")]
+    ReceiptWrongChain { expected: String, got: String },
+    #[error("sender {0} is not a usable ed25519 key")]
+    BadSenderKey(Address),
+    #[error("transaction signature does not verify")]
+    BadSignature,
+    #[error("receipt signature does not verify")]
+    BadReceiptSignature,
+    #[error("transfer amount is zero")]
+    ZeroAmount,
+    #[error("transfer to self")]
+    SelfTransfer,
+    #[error("receipt pays the rewards pool itself")]
+    ReceiptToPool,
+    #[error("nonce is {got}, account expects {expected}")]
+    NonceMismatch { expected: u64, got: u64 },
+    #[error("insufficient funds: balance {balance}, needed {needed}")]
+    InsufficientFunds { balance: Amount, needed: Amount },
+    #[error("arithmetic overflow")]
+    Overflow,
+    #[error("{0} is not a gateway named in genesis and may not submit credits")]
+    NotAGateway(Address),
+    #[error("{0} is not a hub named in genesis and may not sign receipts")]
+    NotAHub(Address),
+    #[error(
+        "receipt is not newer: session already credited up to {stored} bytes, receipt says {got}"
+    )]
+    ReceiptNotNewer { stored: u64, got: u64 },
+    #[error("session belongs to worker {stored}, receipt names {got}")]
+    SessionWorkerMismatch { stored: Address, got: Address },
+}
+
+/// A transaction that passed `check_stateless` on this chain: well formed, correctly signed.
+/// Only `check_stateless` makes one, so holding one proves the check ran.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerifiedTx(SignedTx);
+
+impl VerifiedTx {
+    pub fn tx(&self) -> &SignedTx {
+        &self.0
+    }
+
+    pub fn into_inner(self) -> SignedTx {
+        self.0
+    }
+}
+
+/// One signature a transaction carries, with the error to report if it does not verify.
+struct TxSignature {
+    check: SignatureCheck,
+    error: TxError,
+}
+
+/// Format checks; on success, the signatures still to verify: the sender's, then any its
+/// action carries.
+fn check_format(genesis: &Genesis, tx: &SignedTx) -> Result<Vec<TxSignature>, TxError> {
+    let t = &tx.tx;
+    if t.chain_id != genesis.params.chain_id {
+        return Err(TxError::WrongChain {
+            expected: genesis.params.chain_id.clone(),
+            got: t.chain_id.clone(),
+        });
+    }
+    let message = intent::signing_message(Intent::Transaction, &genesis.params.chain_id, t);
+    let sender = SignatureCheck::new(&t.sender, &message, &tx.signature)
+        .map_err(|_| TxError::BadSenderKey(t.sender))?;
+    let mut signatures = vec![TxSignature {
+        check: sender,
+        error: TxError::BadSignature,
+    }];
+    let carried = match &t.kind {
+        TxKind::Transfer { to, amount } => transfer::check_stateless(t, to, *amount)?,
+        TxKind::Credit(signed) => credit::check_stateless(genesis, signed)?,
+    };
+    signatures.extend(carried);
+    Ok(signatures)
+}
+
+/// Stage one: everything that needs no state. Chunks of transactions are checked in parallel
+/// and each chunk's signatures are batch-verified; only a failing batch is re-checked one by
+/// one to find the culprit. Signatures follow the ledger's one rule (`keys`), under which a
+/// batch and single checks accept exactly the same signatures, so how transactions happen to
+/// be batched can never change which are valid.
+pub fn check_stateless(genesis: &Genesis, txs: Vec<SignedTx>) -> Vec<Result<VerifiedTx, TxError>> {
+    let results = stateless_results(genesis, &txs);
+    txs.into_iter()
+        .zip(results)
+        .map(|(tx, result)| result.map(|()| VerifiedTx(tx)))
+        .collect()
+}
+
+/// `check_stateless` without taking ownership: one result per transaction, in order.
+pub(crate) fn stateless_results(genesis: &Genesis, txs: &[SignedTx]) -> Vec<Result<(), TxError>> {
+    // Bigger batches verify faster per signature (one multiscalar multiplication, and a
+    // signer's repeated key folded into one term); a few chunks per thread keep every core
+    // busy, and a capped chunk bounds the one-by-one retry a bad signature forces.
+    let threads = rayon::current_num_threads().max(1);
+    let chunk = (txs.len() / (4 * threads)).clamp(64, 1024);
+    txs.par_chunks(chunk)
+        .flat_map_iter(|chunk| check_chunk(genesis, chunk))
+        .collect()
+}
+
+fn check_chunk(genesis: &Genesis, chunk: &[SignedTx]) -> Vec<Result<(), TxError>> {
+    let checks: Vec<Result<Vec<TxSignature>, TxError>> =
+        chunk.iter().map(|tx| check_format(genesis, tx)).collect();
+    let mut batch = SignatureBatch::default();
+    for signature in checks.iter().flatten().flatten() {
+        batch.queue(&signature.check);
+    }
+    let batch_ok = batch.verify().is_ok();
+    checks
+        .into_iter()
+        .map(|signatures| {
+            let signatures = signatures?;
+            if batch_ok {
+                return Ok(());
+            }
+            match signatures
+                .into_iter()
+                .find(|s| s.check.clone().verify().is_err())
+            {
+                Some(failed) => Err(failed.error),
+                None => Ok(()),
+            }
+        })
+        .collect()
+}
+
+/// Stage two: may this transaction run against `state` now?
+pub fn check_stateful(state: &State, tx: &SignedTx) -> Result<(), TxError> {
+    let t = &tx.tx;
+    let sender = state.account(&t.sender);
+    if t.nonce != sender.nonce {
+        return Err(TxError::NonceMismatch {
+            expected: sender.nonce,
+            got: t.nonce,
+        });
+    }
+    match &t.kind {
+        TxKind::Transfer { to, amount } => transfer::check_stateful(state, &sender, to, *amount),
+        TxKind::Credit(signed) => credit::check_stateful(state, &t.sender, signed),
+    }
+}
+
+/// Stage three: what a transaction that passed both checks changes. Pure: it reads `state`
+/// and returns the writes; overflow is still checked, and a failure leaves nothing behind.
+/// The sender's nonce moves on first, then the action runs.
+pub(crate) fn execute(state: &State, tx: &SignedTx) -> Result<Writes, TxError> {
+    let t = &tx.tx;
+    let mut staged = Staged::new(state);
+    let mut sender = staged.account(&t.sender);
+    sender.nonce = sender.nonce.checked_add(1).ok_or(TxError::Overflow)?;
+    staged.set_account(t.sender, sender);
+    match &t.kind {
+        TxKind::Transfer { to, amount } => transfer::execute(&mut staged, &t.sender, to, *amount),
+        TxKind::Credit(signed) => credit::execute(&mut staged, &signed.receipt),
+    }?;
+    Ok(staged.into_writes())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::genesis::tests::test_genesis;
+    use proptest::prelude::*;
+
+    pub fn transfer(from: &Keypair, nonce: u64, to: Address, amount: &str) -> SignedTx {
+        let amount = Amount::parse(amount).unwrap();
+        TxKind::Transfer { to, amount }.signed("kvasir-test", from, nonce)
+    }
+
+    #[test]
+    fn stateless_names_each_bad_transaction_and_batching_never_matters() {
+        let (genesis, keys) = test_genesis();
+        let good = transfer(&keys.alice, 0, keys.bob.address(), "1");
+        let mut forged = good.clone();
+        forged.tx.nonce = 9;
+        let mut wrong_chain = good.tx.clone();
+        wrong_chain.chain_id = "other".into();
+        let wrong_chain = wrong_chain.sign(&keys.alice);
+        let mut small_order_sender = good.clone();
+        small_order_sender.tx.sender = Address::from_bytes([0; 32]);
+        let txs = vec![good.clone(), forged, wrong_chain, small_order_sender];
+        let results = stateless_results(&genesis, &txs);
+        assert_eq!(results[0], Ok(()));
+        assert_eq!(results[1], Err(TxError::BadSignature));
+        assert!(matches!(results[2], Err(TxError::WrongChain { .. })));
+        assert!(matches!(results[3], Err(TxError::BadSenderKey(_))));
+        // A large all-good batch passes the batch path; one bad one among many is found.
+        let mut many: Vec<SignedTx> = (0..200).map(|_| good.clone()).collect();
+        assert!(stateless_results(&genesis, &many).iter().all(Result::is_ok));
+        many[137].signature.0[5] ^= 1;
+        let results = stateless_results(&genesis, &many);
+        assert_eq!(results.iter().filter(|r| r.is_err()).count(), 1);
+        assert_eq!(results[137], Err(TxError::BadSignature));
+    }
+
+    #[test]
+    fn decoding_rejects_garbage_oversize_and_trailing_bytes() {
+        let (_, keys) = test_genesis();
+        let tx = transfer(&keys.alice, 3, keys.bob.address(), "2.5");
+        let bytes = tx.to_bytes();
+        assert_eq!(SignedTx::from_bytes(&bytes), Ok(tx));
+        let mut trailing = bytes.clone();
+        trailing.push(0);
+        assert!(matches!(
+            SignedTx::from_bytes(&trailing),
+            Err(TxError::Malformed(_))
+        ));
+        for cut in 0..bytes.len() {
+            assert!(matches!(
+                SignedTx::from_bytes(&bytes[..cut]),
+                Err(TxError::Malformed(_))
+            ));
+        }
+        assert!(matches!(
+            SignedTx::from_bytes(&vec![0u8; MAX_TX_BYTES + 1]),
+            Err(TxError::TooLarge(_))
+        ));
+    }
+
+    proptest! {
+        #[test]
+        fn encoding_round_trips(nonce in any::<u64>(), units in any::<u64>(), seed in any::<[u8; 32]>()) {
+            let from = Keypair::from_seed(&seed);
+            let tx = Tx {
+                chain_id: "kvasir-test".into(),
+                sender: from.address(),
+                nonce,
+                kind: TxKind::Transfer { to: Address::from_bytes([9; 32]), amount: Amount::from_base_units(units) },
+            }.sign(&from);
+            prop_assert_eq!(SignedTx::from_bytes(&tx.to_bytes()), Ok(tx.clone()));
+            let credit = Tx {
+                chain_id: "kvasir-test".into(),
+                sender: from.address(),
+                nonce,
+                kind: TxKind::Credit(Receipt {
+                    chain_id: "kvasir-test".into(),
+                    hub: from.address(),
+                    session_id: nonce ^ units,
+                    worker: Address::from_bytes(seed),
+                    cumulative_bytes: units,
+                }.sign(&from)),
+            }.sign(&from);
+            prop_assert_eq!(SignedTx::from_bytes(&credit.to_bytes()), Ok(credit));
+        }
+
+        #[test]
+        fn decoding_random_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+            let _ = SignedTx::from_bytes(&bytes);
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! The transfer action: the sender pays `amount` of its spendable balance to `to`. Its three
+//! stages, as `tx` dispatches them: a transfer moves something (no zero amount) to someone
+//! else (no self-transfer), only from funds the sender holds, and never overflows the
+//! receiver's balance.
+
+use crate::amount::Amount;
+use crate::keys::Address;
+use crate::state::{Account, Staged, State};
+
+use super::{Tx, TxError, TxSignature};
+
+/// Format: the rules that need no state. A transfer carries no signature but the sender's.
+pub(super) fn check_stateless(
+    tx: &Tx,
+    to: &Address,
+    amount: Amount,
+) -> Result<Vec<TxSignature>, TxError> {
+    if amount.is_zero() {
+        return Err(TxError::ZeroAmount);
+    }
+    if *to == tx.sender {
+        return Err(TxError::SelfTransfer);
+    }
+    Ok(Vec::new())
+}
+
+/// The sender's account (its nonce already checked) can pay `amount`, and `to` can hold it.
+pub(super) fn check_stateful(
+    state: &State,
+    sender: &Account,
+    to: &Address,
+    amount: Amount,
+) -> Result<(), TxError> {
+    if sender.balance < amount {
+        return Err(TxError::InsufficientFunds {
+            balance: sender.balance,
+            needed: amount,
+        });
+    }
+    state
+        .account(to)
+        .balance
+        .checked_add(amount)
+        .ok_or(TxError::Overflow)?;
+    Ok(())
+}
+
+/// Moves `amount` from `sender` to `to`.
+pub(super) fn execute(
+    staged: &mut Staged,
+    sender: &Address,
+    to: &Address,
+    amount: Amount,
+) -> Result<(), TxError> {
+    let mut from = staged.account(sender);
+    from.balance = from.balance.checked_sub(amount).ok_or(TxError::Overflow)?;
+    staged.set_account(*sender, from);
+    let mut receiver = staged.account(to);
+    receiver.balance = receiver
+        .balance
+        .checked_add(amount)
+        .ok_or(TxError::Overflow)?;
+    staged.set_account(*to, receiver);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::genesis::tests::test_genesis;
+    use crate::tx::tests::transfer;
+    use crate::tx::{stateless_results, TxError};
+
+    #[test]
+    fn a_transfer_moves_something_to_someone_else() {
+        let (genesis, keys) = test_genesis();
+        let zero = transfer(&keys.alice, 0, keys.bob.address(), "0");
+        let to_self = transfer(&keys.alice, 0, keys.alice.address(), "1");
+        assert_eq!(
+            stateless_results(&genesis, &[zero, to_self]),
+            [Err(TxError::ZeroAmount), Err(TxError::SelfTransfer)]
+        );
+    }
+}

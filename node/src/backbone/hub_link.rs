@@ -1,0 +1,104 @@
+//! The backbone's link to the hub: dialled and authenticated as the backbone, redialled
+//! with backoff when it drops. It keeps the hub's directory of worker sessions and routes each
+//! answer to the layer step waiting for it; a dropped link tells every waiting step to compute
+//! locally.
+
+use std::collections::HashMap;
+use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use kvasir_ledger::keys::Keypair;
+use tokio::sync::mpsc;
+use tokio_rustls::rustls::ClientConfig;
+use tokio_tungstenite::tungstenite::Bytes;
+
+use super::lock;
+use crate::link::{self, next_message, Identity};
+use crate::tls;
+use crate::wire::{DirectoryEntry, Message, Role};
+
+/// The backbone's end of its hub link, shared by the link task and the executor.
+pub(super) struct LinkState {
+    pub tx: Option<mpsc::UnboundedSender<Bytes>>,
+    pub directory: Vec<DirectoryEntry>,
+    pub pending: HashMap<u64, std_mpsc::Sender<Result<Vec<f32>, String>>>,
+    pub next_id: u64,
+}
+
+impl LinkState {
+    /// Request ids start at a random point: a worker may still answer a request of a
+    /// backbone process that has since been restarted, and that late answer must not match
+    /// a new request that happens to reuse its id.
+    pub fn new() -> LinkState {
+        LinkState {
+            tx: None,
+            directory: Vec::new(),
+            pending: HashMap::new(),
+            next_id: rand::random::<u64>() >> 1,
+        }
+    }
+}
+
+
+/// Keeps the hub link up: dial, authenticate, read answers and directories, redial.
+pub(super) async fn maintain_link(url: String, key: Keypair, model_id: String, state: Arc<Mutex<LinkState>>) {
+    let mut backoff = Duration::from_millis(100);
+    let tls = match tls::client(None) {
+        Ok(tls) => tls,
+        Err(e) => return tracing::error!("TLS setup: {e:#}"),
+    };
+    loop {
+        match hub_session(&url, &tls, &key, &model_id, &state).await {
+            Ok(()) => backoff = Duration::from_millis(100),
+            Err(e) => tracing::warn!("hub link: {e:#}"),
+        }
+        {
+            let mut link = lock(&state);
+            link.tx = None;
+            link.directory.clear();
+            // Dropping the senders tells every waiting step to compute locally.
+            link.pending.clear();
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+async fn hub_session(
+    url: &str,
+    tls: &Arc<ClientConfig>,
+    key: &Keypair,
+    model_id: &str,
+    state: &Arc<Mutex<LinkState>>,
+) -> Result<()> {
+    let identity = Identity {
+        key,
+        role: Role::Backbone,
+        model_id: model_id.into(),
+        backend: "cpu".into(),
+        experts: vec![],
+    };
+    let (tx, mut source, _) = link::connect(url, tls, identity).await?;
+
+    lock(state).tx = Some(tx);
+    tracing::info!("attached to the hub at {url}");
+    loop {
+        match next_message(&mut source).await? {
+            Message::Directory(directory) => lock(state).directory = directory.sessions,
+            Message::Response(response) => {
+                if let Some(answer) = lock(state).pending.remove(&response.id) {
+                    let _ = answer.send(Ok(response.partials));
+                }
+            }
+            Message::Failure(failure) => {
+                if let Some(answer) = lock(state).pending.remove(&failure.id) {
+                    let _ = answer.send(Err(failure.message));
+                }
+            }
+            _ => bail!("unexpected message from the hub"),
+        }
+    }
+}
+

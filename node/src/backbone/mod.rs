@@ -1,0 +1,137 @@
+//! `kvasir-node backbone`: runs attention, norms and the router, and dispatches the experts
+//! named by `--remote` to the workers that hold them, through the hub (`hub_link`), with the
+//! network executor (`remote`); it generates once or serves HTTP (`serve`). It may touch the
+//! engine, the wire protocol and its hub link; never the ledger.
+
+mod hub_link;
+mod remote;
+mod serve;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use kvasir_api::generation::GenerationReport;
+use kvasir_inference::checkpoint::Checkpoint;
+use kvasir_inference::config::Config;
+use kvasir_inference::generate::Sampling;
+use kvasir_inference::model::qwen_moe::Model;
+use kvasir_inference::moe::LocalExperts;
+use kvasir_inference::tokenizer::Tokenizer;
+
+pub use remote::RemoteExperts;
+use crate::engine::{run_generation, SamplingArgs};
+use crate::spec::ExpertSpec;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Checkpoint directory (every expert is loaded too, as the fallback).
+    #[arg(long)]
+    model: PathBuf,
+    /// The hub's listener, e.g. ws://127.0.0.1:7101.
+    #[arg(long, default_value = "ws://127.0.0.1:7101")]
+    hub: String,
+    /// The backbone's key file (the hub is configured with its address).
+    #[arg(long)]
+    key: PathBuf,
+    /// Experts served by workers: comma-separated LAYERS:EXPERTS items, each side a number,
+    /// a range a-b or *; `0:*` is all of layer 0, `*:*` every expert.
+    #[arg(long, default_value = "*:*")]
+    remote: ExpertSpec,
+    /// Generate once from this prompt and exit (give this or `--listen`).
+    #[arg(long, required_unless_present = "listen")]
+    prompt: Option<String>,
+    /// Serve `POST /generate` ({"prompt", "tokens"}) on this address instead.
+    #[arg(long, conflicts_with = "prompt")]
+    listen: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// A remote answer later than this is given up on and computed locally.
+    #[arg(long, default_value_t = 5000)]
+    dispatch_timeout_ms: u64,
+    /// How long to wait for workers covering `--remote` before generating anyway.
+    #[arg(long, default_value_t = 10_000)]
+    wait_ms: u64,
+    /// Print one JSON object (token ids, logits hash, dispatch counts).
+    #[arg(long)]
+    json: bool,
+}
+
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+
+pub fn run(args: Args) -> Result<()> {
+    let loading = || format!("loading {}", args.model.display());
+    let config = Config::load(&args.model).with_context(loading)?;
+    let checkpoint = Checkpoint::open(&args.model).with_context(loading)?;
+    let local = LocalExperts::load(&checkpoint, &config, |_, _| true).with_context(loading)?;
+    let model = Model::load(&checkpoint, config.clone()).with_context(loading)?;
+    let tokenizer = Tokenizer::load(&args.model).with_context(loading)?;
+    let key = kvasir_keyfile::open(&args.key)?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    let experts = RemoteExperts::attach(
+        &runtime,
+        &args.hub,
+        key,
+        &args.model,
+        local,
+        args.remote.clone(),
+        Duration::from_millis(args.dispatch_timeout_ms),
+    )?;
+    if !experts.wait_until_covered(&config, Duration::from_millis(args.wait_ms)) {
+        tracing::warn!(
+            "no workers cover --remote {}; uncovered experts run locally",
+            args.remote
+        );
+    }
+    let sampling = args.sampling.sampling();
+    let engine = Arc::new(Engine {
+        model,
+        tokenizer,
+        experts,
+    });
+    if let Some(listen) = args.listen {
+        return runtime.block_on(serve::serve(engine, listen, sampling));
+    }
+    let prompt = args.prompt.unwrap_or_default();
+    let generation = engine.generate(&prompt, args.sampling.tokens, sampling)?;
+    let stats = engine.experts.stats();
+    if args.json {
+        println!("{}", serde_json::to_string(&generation)?);
+    } else {
+        println!("{prompt}{}", generation.text);
+        eprintln!(
+            "{} remote requests, {} expert evaluations remote, {} computed locally after a worker failed",
+            stats.remote_requests, stats.remote_evaluations, stats.fallbacks
+        );
+    }
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    Ok(())
+}
+
+/// What generation needs, shared with the HTTP handler.
+struct Engine {
+    model: Model,
+    tokenizer: Tokenizer,
+    experts: RemoteExperts,
+}
+
+impl Engine {
+    /// One generation, reported with the dispatch counts so far.
+    fn generate(&self, prompt: &str, tokens: usize, sampling: Sampling) -> Result<GenerationReport> {
+        let mut report = run_generation(
+            &self.model,
+            &self.tokenizer,
+            &self.experts,
+            prompt,
+            tokens,
+            sampling,
+        )?;
+        report.dispatch = Some(self.experts.stats());
+        Ok(report)
+    }
+}

@@ -1,0 +1,99 @@
+//! `kvasir-node model synth` and `kvasir-node generate`: the inference engine on the
+//! command line, all experts local.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use kvasir_inference::checkpoint::Checkpoint;
+use kvasir_inference::config::Config;
+use kvasir_inference::model::qwen_moe::Model;
+use kvasir_inference::synth::{preset, synthesize};
+use kvasir_inference::tokenizer::Tokenizer;
+
+use crate::engine::{load_experts, run_generation, Backend, SamplingArgs};
+
+#[derive(clap::Subcommand)]
+pub enum ModelCommand {
+    /// Write a synthetic checkpoint in the Hugging Face format (config.json,
+    /// model.safetensors, tokenizer.json); the same preset gives the same bytes.
+    Synth {
+        /// Directory to write into.
+        #[arg(long)]
+        out: PathBuf,
+        /// tiny, tiny-qwen2 or small.
+        #[arg(long, default_value = "small")]
+        preset: String,
+    },
+}
+
+#[derive(clap::Args)]
+pub struct GenerateArgs {
+    /// Checkpoint directory (config.json, model.safetensors[.index.json], tokenizer.json).
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long)]
+    prompt: String,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// Where the experts run: cpu, or cuda (GPU 0; needs a build with `--features cuda`).
+    #[arg(long, value_enum, default_value_t = Backend::Cpu)]
+    backend: Backend,
+    /// Print one JSON object with token ids and timings.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn synth(command: ModelCommand) -> Result<()> {
+    let ModelCommand::Synth { out, preset: name } = command;
+    let preset = preset(&name)?;
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("synthesizing {bar:40} {pos}/{len} tensors")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    synthesize(&out, preset, |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })?;
+    bar.finish_and_clear();
+    println!(
+        "wrote the {} checkpoint ({}) to {}",
+        preset.name,
+        preset.about,
+        out.display()
+    );
+    Ok(())
+}
+
+pub fn generate_command(args: GenerateArgs) -> Result<()> {
+    if args.prompt.is_empty() {
+        bail!("--prompt must not be empty");
+    }
+    let start = Instant::now();
+    let loading = || format!("loading {}", args.model.display());
+    let config = Config::load(&args.model).with_context(loading)?;
+    let checkpoint = Checkpoint::open(&args.model).with_context(loading)?;
+    let model = Model::load(&checkpoint, config).with_context(loading)?;
+    let tokenizer = Tokenizer::load(&args.model).with_context(loading)?;
+    let experts = load_experts(&args.model, args.backend, |_, _| true).with_context(loading)?;
+    let load_s = start.elapsed().as_secs_f64();
+    let sampling = args.sampling.sampling();
+    let mut generation = run_generation(
+        &model,
+        &tokenizer,
+        experts.as_ref(),
+        &args.prompt,
+        args.sampling.tokens,
+        sampling,
+    )?;
+    if args.json {
+        generation.load_s = Some(load_s);
+        generation.backend = Some(args.backend.name().to_string());
+        println!("{}", serde_json::to_string(&generation)?);
+    } else {
+        println!("{}{}", args.prompt, generation.text);
+    }
+    Ok(())
+}

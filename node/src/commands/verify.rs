@@ -1,0 +1,50 @@
+//! `kvasir-node verify-chain`: replays a stored chain with a progress bar.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use indicatif::{ProgressBar, ProgressStyle};
+use kvasir_api::reports::VerifyReport;
+use kvasir_ledger::{verify_chain, SledStore, Storage};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The ledger's data directory.
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let store = SledStore::open(&args.data_dir)?;
+    let bar = if args.json {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(store.head()?)
+    };
+    bar.set_style(
+        ProgressStyle::with_template("verifying {bar:40} {pos}/{len} blocks {per_sec} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let report = verify_chain(&store, |done, _| bar.set_position(done));
+    bar.finish_and_clear();
+    let report = report?;
+    if args.json {
+        let json = VerifyReport {
+            ok: true,
+            blocks: report.blocks,
+            transactions: report.transactions,
+            head_hash: report.head_hash,
+            state_root: report.state_root,
+        };
+        println!("{}", serde_json::to_string(&json)?);
+    } else {
+        println!(
+            "chain ok: {} blocks, {} transactions, head {}, state root {}",
+            report.blocks, report.transactions, report.head_hash, report.state_root
+        );
+    }
+    Ok(())
+}

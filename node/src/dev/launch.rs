@@ -1,0 +1,285 @@
+//! Swarm roles as child processes of this binary on loopback: what `dev` and the swarm
+//! benchmarks start. A child is stopped when its handle drops (SIGTERM, then SIGKILL if it
+//! lingers), and it stops by itself when its parent dies; its `<role> listening on ADDR`
+//! line says where it listens.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use kvasir_ledger::keys::{Address, Keypair};
+
+use crate::commands::genesis::{genesis_path, install_dev_chain, key_path};
+use crate::engine::Backend;
+
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a child may take over a clean stop (the ledger finishing its block).
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Set in a child's environment to the pid of the process that started it.
+const PARENT_ENV: &str = "KVASIR_PARENT_PID";
+
+/// Called first thing in every process: a role started by `Child::spawn` gets SIGTERM when its
+/// parent dies (however it dies), so no worker outlives a killed `dev`.
+pub fn follow_parent() {
+    #[cfg(target_os = "linux")]
+    if let Some(parent) = std::env::var(PARENT_ENV)
+        .ok()
+        .and_then(|p| p.parse::<u32>().ok())
+    {
+        let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM);
+        // The parent may have died before the line above ran.
+        if std::os::unix::process::parent_id() != parent {
+            std::process::exit(1);
+        }
+    }
+}
+
+pub struct Child {
+    child: std::process::Child,
+    lines: Receiver<String>,
+    what: String,
+}
+
+impl Child {
+    /// Runs this executable with `args`; its logs go to our stderr at warning level unless
+    /// RUST_LOG says otherwise.
+    pub fn spawn(args: &[String]) -> Result<Child> {
+        let exe = std::env::current_exe().context("locating this executable")?;
+        let mut command = Command::new(exe);
+        command
+            .args(args)
+            .stdout(Stdio::piped())
+            .env(PARENT_ENV, std::process::id().to_string());
+        if std::env::var_os("RUST_LOG").is_none() {
+            command.env("RUST_LOG", "warn");
+        }
+        let mut child = command.spawn().context("starting a child process")?;
+        let stdout = child.stdout.take().context("child stdout")?;
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Ok(Child {
+            child,
+            lines,
+            what: args.first().cloned().unwrap_or_default(),
+        })
+    }
+
+    /// The rest of the next stdout line starting with `prefix`.
+    pub fn line(&mut self, prefix: &str) -> Result<String> {
+        loop {
+            let line = self.lines.recv_timeout(START_TIMEOUT).map_err(|_| {
+                anyhow!(
+                    "{} did not print {prefix:?} (see its messages above)",
+                    self.what
+                )
+            })?;
+            if let Some(rest) = line.strip_prefix(prefix) {
+                return Ok(rest.trim().to_string());
+            }
+        }
+    }
+
+    pub fn listening(&mut self, role: &str) -> Result<SocketAddr> {
+        let addr = self.line(&format!("{role} listening on "))?;
+        addr.parse()
+            .with_context(|| format!("{role} printed a bad address {addr:?}"))
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        #[cfg(unix)]
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            let pid = nix::unistd::Pid::from_raw(pid);
+            if nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).is_ok() {
+                let deadline = std::time::Instant::now() + STOP_TIMEOUT;
+                while std::time::Instant::now() < deadline {
+                    if matches!(self.child.try_wait(), Ok(Some(_))) {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn text(path: &Path) -> String {
+    path.display().to_string()
+}
+
+/// A hub and a TLS gateway (self-signed) on a chain, optionally a ledger with the gateway
+/// crediting to it, plus workers, all on loopback.
+pub struct Loopback {
+    pub dir: PathBuf,
+    pub hub_addr: SocketAddr,
+    pub registry_addr: SocketAddr,
+    pub gateway_addr: SocketAddr,
+    pub ledger_addr: Option<SocketAddr>,
+    pub cert: PathBuf,
+    pub backbone: Keypair,
+    roles: Vec<Child>,
+}
+
+impl Drop for Loopback {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Loopback {
+    /// Starts hub and gateway with their files under `dir`, on the chain in `chain` (the
+    /// dev chain is installed there if it holds none); with `ledger`, also the ledger service
+    /// (its data in `chain/ledger`), and the gateway credits the hub's receipts to it.
+    pub fn start(dir: &Path, chain: &Path, ledger: bool) -> Result<Loopback> {
+        if !genesis_path(chain).exists() {
+            install_dev_chain(chain)?;
+        }
+        let genesis = text(&genesis_path(chain));
+        let key = |role: &str| text(&key_path(chain, role));
+        let mut roles = Vec::new();
+        let ledger_addr = if ledger {
+            let mut ledger = Child::spawn(
+                &[
+                    "ledger",
+                    "--genesis",
+                    &genesis,
+                    "--data-dir",
+                    &text(&chain.join("ledger")),
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--key",
+                    &key("validator"),
+                ]
+                .map(String::from),
+            )?;
+            let addr = ledger.listening("ledger")?;
+            roles.push(ledger);
+            Some(addr)
+        } else {
+            None
+        };
+        let backbone = Keypair::generate();
+        let mut hub = Child::spawn(
+            &[
+                "hub",
+                "--listen",
+                "127.0.0.1:0",
+                "--registry-listen",
+                "127.0.0.1:0",
+                "--key",
+                &key("hub"),
+                "--genesis",
+                &genesis,
+                "--backbone",
+                &backbone.address().to_string(),
+                "--data-dir",
+                &text(&dir.join("hub")),
+            ]
+            .map(String::from),
+        )?;
+        let hub_addr = hub.listening("hub")?;
+        let registry_addr = hub.listening("hub registry")?;
+        roles.push(hub);
+        let cert = dir.join("gateway-cert.pem");
+        let mut gateway_args = [
+            "gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--self-signed",
+            "--cert-out",
+            &text(&cert),
+            "--hub",
+            &hub_addr.to_string(),
+        ]
+        .map(String::from)
+        .to_vec();
+        if let Some(ledger) = ledger_addr {
+            gateway_args.extend(
+                [
+                    "--ledger",
+                    &format!("http://{ledger}"),
+                    "--registry",
+                    &format!("http://{registry_addr}"),
+                    "--key",
+                    &key("gateway"),
+                    "--credit-interval-ms",
+                    "250",
+                ]
+                .map(String::from),
+            );
+        }
+        let mut gateway = Child::spawn(&gateway_args)?;
+        let gateway_addr = gateway.listening("gateway")?;
+        roles.push(gateway);
+        Ok(Loopback {
+            dir: dir.to_path_buf(),
+            hub_addr,
+            registry_addr,
+            gateway_addr,
+            ledger_addr,
+            cert,
+            backbone,
+            roles,
+        })
+    }
+
+    /// Stops the roles, workers first, so no survivor logs the others' departure.
+    pub fn stop(&mut self) {
+        while let Some(role) = self.roles.pop() {
+            drop(role);
+        }
+    }
+
+    /// The URL workers dial to reach the gateway through `port` (the gateway's, or a proxy's).
+    pub fn swarm_url(port: u16) -> String {
+        format!("wss://localhost:{port}/swarm")
+    }
+
+    /// Starts a worker holding `experts` of `model`, dialling `url`, with the wallet key in
+    /// `keyfile` (created if absent); returns its address once its session is open.
+    pub fn add_worker(
+        &mut self,
+        model: &Path,
+        experts: &str,
+        url: &str,
+        keyfile: &Path,
+        backend: Backend,
+    ) -> Result<Address> {
+        if !keyfile.exists() {
+            kvasir_keyfile::write(keyfile, &Keypair::generate(), None)?;
+        }
+        let key = kvasir_keyfile::open(keyfile)?;
+        let mut worker = Child::spawn(
+            &[
+                "worker",
+                "--gateway",
+                url,
+                "--keyfile",
+                &text(keyfile),
+                "--model",
+                &text(model),
+                "--experts",
+                experts,
+                "--ca",
+                &text(&self.cert),
+                "--backend",
+                backend.name(),
+            ]
+            .map(String::from),
+        )?;
+        worker.line("worker session ")?;
+        self.roles.push(worker);
+        Ok(key.address())
+    }
+}

@@ -1,0 +1,132 @@
+//! What every role that runs the model shares: loading a checkpoint (every expert, or a
+//! slice on a chosen backend), the model id the swarm agrees on, the sampling flags, and one
+//! generation with its printable result.
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use kvasir_api::generation::GenerationReport;
+use kvasir_inference::checkpoint::Checkpoint;
+use kvasir_inference::config::Config;
+use kvasir_inference::generate::{generate, Sampling};
+use kvasir_inference::model::qwen_moe::Model;
+use kvasir_inference::moe::{ExpertExecutor, LocalExperts};
+use kvasir_inference::tokenizer::Tokenizer;
+
+/// How many tokens, and how they are picked: shared by `generate` and `backbone`.
+#[derive(clap::Args, Clone, Copy)]
+pub struct SamplingArgs {
+    /// Tokens to generate.
+    #[arg(long, default_value_t = 32)]
+    pub tokens: usize,
+    /// 0 is greedy; above 0, seeded sampling at this temperature.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl SamplingArgs {
+    pub fn sampling(&self) -> Sampling {
+        Sampling {
+            temperature: self.temperature,
+            seed: self.seed,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    Cpu,
+    Cuda,
+}
+
+impl Backend {
+    /// The name `--backend` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+        }
+    }
+}
+
+/// The model with every expert held locally.
+pub fn load_local(dir: &Path) -> Result<(Model, LocalExperts, Tokenizer)> {
+    let config = Config::load(dir)?;
+    let checkpoint = Checkpoint::open(dir)?;
+    let experts = LocalExperts::load(&checkpoint, &config, |_, _| true)?;
+    let model = Model::load(&checkpoint, config)?;
+    let tokenizer = Tokenizer::load(dir)?;
+    Ok((model, experts, tokenizer))
+}
+
+/// The experts `keep` selects, on the chosen backend; only their weights are read.
+pub fn load_experts(
+    dir: &Path,
+    backend: Backend,
+    keep: impl Fn(usize, usize) -> bool,
+) -> Result<Box<dyn ExpertExecutor + Send>> {
+    let config = Config::load(dir)?;
+    let checkpoint = Checkpoint::open(dir)?;
+    match backend {
+        Backend::Cpu => Ok(Box::new(LocalExperts::load(&checkpoint, &config, keep)?)),
+        #[cfg(feature = "cuda")]
+        Backend::Cuda => {
+            use kvasir_inference::kernels::cuda::CudaExperts;
+            Ok(Box::new(CudaExperts::load(&checkpoint, &config, 0, keep)?))
+        }
+        #[cfg(not(feature = "cuda"))]
+        Backend::Cuda => {
+            let _ = keep;
+            bail!("this kvasir-node was built without CUDA; rebuild with --features cuda")
+        }
+    }
+}
+
+/// What identifies a model to the swarm: workers and backbone must agree on it. The hash of
+/// config.json and of the tensors' layout (names, shapes, dtypes, offsets).
+pub fn model_id(dir: &Path) -> Result<String> {
+    let mut hasher = blake3::Hasher::new();
+    let config = dir.join("config.json");
+    hasher
+        .update(&std::fs::read(&config).with_context(|| format!("reading {}", config.display()))?);
+    hasher.update(Checkpoint::open(dir)?.layout().as_bytes());
+    Ok(hasher.finalize().to_hex()[..32].to_string())
+}
+
+/// One generation from `prompt`: its report, as `generate` and `backbone` print it.
+pub fn run_generation(
+    model: &Model,
+    tokenizer: &Tokenizer,
+    experts: &dyn ExpertExecutor,
+    prompt: &str,
+    tokens: usize,
+    sampling: Sampling,
+) -> Result<GenerationReport> {
+    if prompt.is_empty() {
+        bail!("--prompt must not be empty");
+    }
+    let prompt_ids = tokenizer.encode(prompt)?;
+    let start = Instant::now();
+    let sequence = generate(model, experts, &prompt_ids, tokens, sampling)?;
+    let generate_s = start.elapsed().as_secs_f64();
+    let logits: Vec<u8> = sequence
+        .last_logits()
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let token_ids = sequence.generated().to_vec();
+    Ok(GenerationReport {
+        text: tokenizer.decode(&token_ids)?,
+        tokens_per_s: token_ids.len() as f64 / generate_s,
+        token_ids,
+        prompt_ids,
+        generate_s,
+        logits_blake3: blake3::hash(&logits).to_hex().to_string(),
+        load_s: None,
+        backend: None,
+        dispatch: None,
+    })
+}

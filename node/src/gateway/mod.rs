@@ -1,0 +1,159 @@
+//! `kvasir-node gateway`: the only public face, one TLS port. A WebSocket upgrade on the
+//! swarm path is handed to the hub and from then on bytes are copied both ways without
+//! parsing a frame (`splice`); every other request is the REST API (`proxy`). It also
+//! credits the hub's receipts on the ledger (`crediting`). It may touch the network, TLS and
+//! the ledger's API; it never decodes a dispatch frame.
+
+pub(crate) mod crediting;
+mod proxy;
+mod splice;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use axum::Router;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use kvasir_api::Client;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio_rustls::TlsAcceptor;
+
+use crediting::Crediting;
+use proxy::api;
+use splice::{is_swarm_upgrade, read_head, Rewind};
+use crate::link;
+use crate::tls;
+
+/// The path workers upgrade on.
+pub const SWARM_PATH: &str = "/swarm";
+/// A TLS handshake or request head slower than this is dropped.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bytes moved per read in the splice (tokio's default of 8 KiB costs a syscall and a TLS
+/// record per 8 KiB of a megabyte-sized dispatch frame).
+const SPLICE_BUFFER: usize = 256 << 10;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The public TLS port (443 where permitted).
+    #[arg(long, default_value = "0.0.0.0:443")]
+    listen: SocketAddr,
+    /// PEM certificate chain.
+    #[arg(long, requires = "tls_key", conflicts_with = "self_signed")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Generate a self-signed certificate for localhost (dev); workers pass it as `--ca`.
+    #[arg(long, required_unless_present = "tls_cert")]
+    self_signed: bool,
+    /// Where the self-signed certificate is written.
+    #[arg(long, default_value = "gateway-cert.pem")]
+    cert_out: PathBuf,
+    /// The hub's swarm listener.
+    #[arg(long, default_value = "127.0.0.1:7101")]
+    hub: SocketAddr,
+    /// The ledger's REST API: served to the public through this gateway, and where credits go.
+    #[arg(long)]
+    ledger: Option<String>,
+    /// The hub's registry (`http://HOST:PORT`), polled for receipts to credit.
+    #[arg(long, requires_all = ["ledger", "key"])]
+    registry: Option<String>,
+    /// The gateway key that signs credits (a gateway authority of the chain).
+    #[arg(long)]
+    key: Option<PathBuf>,
+    /// Milliseconds between registry polls.
+    #[arg(long, default_value_t = DEFAULT_CREDIT_INTERVAL_MS)]
+    credit_interval_ms: u64,
+}
+
+/// The gateway's registry polling interval unless `--credit-interval-ms` says otherwise
+/// (`bench credit` measures its latency with it).
+pub const DEFAULT_CREDIT_INTERVAL_MS: u64 = 1000;
+
+pub fn run(args: Args) -> Result<()> {
+    let config = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => tls::server_from_files(cert, key)?,
+        _ => {
+            let config = tls::self_signed(&args.cert_out)?;
+            println!(
+                "self-signed certificate written to {}",
+                args.cert_out.display()
+            );
+            config
+        }
+    };
+    if let (Some(registry), Some(ledger), Some(key)) = (&args.registry, &args.ledger, &args.key) {
+        let crediting = Crediting {
+            ledger: Client::new(ledger),
+            registry: Client::new(registry),
+            key: kvasir_keyfile::open(key)?,
+        };
+        let interval = Duration::from_millis(args.credit_interval_ms);
+        std::thread::spawn(move || crediting.run(interval, &AtomicBool::new(false)));
+    }
+    let runtime = tokio::runtime::Runtime::new()?;
+    let api = api(args.ledger.clone());
+    runtime.block_on(serve(TlsAcceptor::from(config), args.listen, args.hub, api))
+}
+
+async fn serve(
+    acceptor: TlsAcceptor,
+    listen: SocketAddr,
+    hub: SocketAddr,
+    api: Router,
+) -> Result<()> {
+    let listener = link::bind("gateway", listen).await?;
+    loop {
+        let (stream, peer) = listener.accept().await?;
+        let (acceptor, api) = (acceptor.clone(), api.clone());
+        tokio::spawn(async move {
+            if let Err(e) = connection(acceptor, stream, hub, api).await {
+                tracing::debug!(%peer, "connection ended: {e:#}");
+            }
+        });
+    }
+}
+
+async fn connection(
+    acceptor: TlsAcceptor,
+    stream: TcpStream,
+    hub: SocketAddr,
+    api: Router,
+) -> Result<()> {
+    stream.set_nodelay(true)?;
+    let mut tls = tokio::time::timeout(HEAD_TIMEOUT, acceptor.accept(stream))
+        .await
+        .context("TLS handshake timed out")??;
+    let head = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut tls))
+        .await
+        .context("request head timed out")??;
+    if is_swarm_upgrade(&head) {
+        let mut upstream = TcpStream::connect(hub)
+            .await
+            .with_context(|| format!("hub {hub} unreachable"))?;
+        upstream.set_nodelay(true)?;
+        upstream.write_all(&head).await?;
+        tokio::io::copy_bidirectional_with_sizes(
+            &mut tls,
+            &mut upstream,
+            SPLICE_BUFFER,
+            SPLICE_BUFFER,
+        )
+        .await?;
+        return Ok(());
+    }
+    let io = TokioIo::new(Rewind {
+        prefix: head,
+        at: 0,
+        inner: tls,
+    });
+    hyper::server::conn::http1::Builder::new()
+        .serve_connection(io, TowerToHyperService::new(api))
+        .await?;
+    Ok(())
+}
+

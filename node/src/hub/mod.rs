@@ -1,0 +1,210 @@
+//! `kvasir-node hub`: LAN-only. Completes the WebSocket handshakes of workers (arriving
+//! through the gateway's raw splice) and of the backbone, authenticates both by a signed
+//! challenge, keeps the directory of which session holds which experts, relays dispatch
+//! frames, meters each session's well-formed traffic in the registry and serves signed
+//! cumulative receipts.
+//!
+//! Metering: a request's bytes and its response's bytes count when, and only when, the
+//! response decodes, answers a request this hub relayed to that session, and carries exactly
+//! the values the request implies. Anything else drops the worker and counts nothing; a
+//! wrong-sized answer is also reported to the backbone as a failure at once.
+//!
+//! The room: `relay` (frames between backbone and sessions, what is unanswered), `metering`
+//! (what an answer earns, a pure function), `registry` (the counts in sled), `receipts`
+//! (signing them for the gateway). It may touch the wire protocol and its own registry; it
+//! never talks to the ledger.
+
+mod metering;
+mod receipts;
+mod registry;
+mod relay;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use axum::routing::get;
+use axum::Router;
+use kvasir_ledger::genesis::Genesis;
+use kvasir_ledger::keys::{Address, Keypair};
+use tokio::net::TcpStream;
+use utoipa::OpenApi;
+
+use crate::link::{self, next_frame, next_message};
+use receipts::{receipts, RegistryDoc};
+use registry::Registry;
+use relay::{Links, WorkerLink};
+use crate::wire::{Challenge, DirectoryEntry, Message, Role, Welcome};
+
+/// A client must complete the WebSocket handshake and its hello within this.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Where workers (through the gateway) and the backbone connect.
+    #[arg(long, default_value = "127.0.0.1:7101")]
+    listen: SocketAddr,
+    /// The registry's HTTP endpoint (`GET /receipts`), polled by the gateway.
+    #[arg(long, default_value = "127.0.0.1:7102")]
+    registry_listen: SocketAddr,
+    /// This hub's key file; receipts are signed with it (a hub authority of the chain).
+    #[arg(long)]
+    key: PathBuf,
+    /// The chain's genesis.json (receipts name its chain id).
+    #[arg(long)]
+    genesis: PathBuf,
+    /// Address of the one backbone allowed to attach.
+    #[arg(long)]
+    backbone: Address,
+    /// Where the contribution registry is stored.
+    #[arg(long, default_value = "kvasir-hub")]
+    data_dir: PathBuf,
+    /// Allow listening on a public address (the hub belongs on the LAN, behind the gateway).
+    #[arg(long)]
+    allow_public: bool,
+}
+
+struct Hub {
+    key: Keypair,
+    chain_id: String,
+    backbone: Address,
+    registry: Registry,
+    links: Mutex<Links>,
+}
+
+fn is_lan(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_loopback() || v4.is_private() || v4.is_link_local(),
+        IpAddr::V6(v6) => v6.is_loopback() || (v6.segments()[0] & 0xfe00) == 0xfc00,
+    }
+}
+
+pub fn run(args: Args) -> Result<()> {
+    for addr in [args.listen, args.registry_listen] {
+        if !is_lan(addr.ip()) && !args.allow_public {
+            bail!("{addr} is not a loopback or private address; the hub belongs on the LAN (pass --allow-public to override)");
+        }
+    }
+    let genesis = Genesis::load(&args.genesis)?;
+    let key = kvasir_keyfile::open(&args.key)?;
+    if !genesis.is_hub(&key.address()) {
+        tracing::warn!(hub = %key.address(), "this key is not a hub authority in genesis: the ledger will refuse its receipts");
+    }
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("creating {}", args.data_dir.display()))?;
+    let hub = Arc::new(Hub {
+        key,
+        chain_id: genesis.params.chain_id.clone(),
+        backbone: args.backbone,
+        registry: Registry::open(&args.data_dir.join("registry"))?,
+        links: Mutex::new(Links::default()),
+    });
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(serve(hub, args.listen, args.registry_listen))
+}
+
+async fn serve(hub: Arc<Hub>, listen: SocketAddr, registry_listen: SocketAddr) -> Result<()> {
+    let listener = link::bind("hub", listen).await?;
+    let registry = link::bind("hub registry", registry_listen).await?;
+    let app = Router::new()
+        .route("/receipts", get(receipts))
+        .route(
+            "/openapi.json",
+            get(|| async { axum::Json(RegistryDoc::openapi()) }),
+        )
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(hub.clone());
+    tokio::spawn(async move { axum::serve(registry, app).await });
+    loop {
+        let (stream, peer) = listener.accept().await?;
+        let hub = hub.clone();
+        tokio::spawn(async move {
+            if let Err(e) = connection(hub, stream).await {
+                tracing::info!(%peer, "connection ended: {e:#}");
+            }
+        });
+    }
+}
+
+async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
+    stream.set_nodelay(true)?;
+    let (ws, challenge, hello) = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+        let ws =
+            tokio_tungstenite::accept_async_with_config(stream, Some(link::ws_config())).await?;
+        let (tx, mut source) = link::split(ws);
+        let challenge = Challenge {
+            nonce: rand::random(),
+            hub: hub.key.address(),
+            chain_id: hub.chain_id.clone(),
+        };
+        let _ = tx.send(Message::Challenge(challenge.clone()).encode().into());
+        let hello = match next_message(&mut source).await? {
+            Message::Hello(hello) => hello,
+            _ => bail!("expected a hello"),
+        };
+        anyhow::Ok(((tx, source), challenge, hello))
+    })
+    .await
+    .context("handshake timed out")??;
+    if !hello.verify(&challenge) {
+        bail!("hello from {} does not answer this challenge", hello.key);
+    }
+    let (tx, mut source) = ws;
+    match hello.role {
+        Role::Worker => {
+            let session = hub.registry.open_session(hello.key)?;
+            let _ = tx.send(Message::Welcome(Welcome { session }).encode().into());
+            tracing::info!(session, worker = %hello.key, experts = hello.experts.len(), "worker attached");
+            let entry = DirectoryEntry {
+                session,
+                worker: hello.key,
+                model_id: hello.model_id,
+                experts: hello.experts,
+            };
+            {
+                let mut links = hub.links();
+                links.workers.insert(session, WorkerLink { entry, tx });
+                links.send_directory();
+            }
+            let result = async {
+                loop {
+                    hub.relay_answer(session, next_frame(&mut source).await?)?;
+                }
+            }
+            .await;
+            hub.remove_worker(session);
+            result
+        }
+        Role::Backbone if hello.key == hub.backbone => {
+            let _ = tx.send(Message::Welcome(Welcome { session: 0 }).encode().into());
+            let connection = {
+                let mut links = hub.links();
+                links.backbone_connections += 1;
+                let connection = links.backbone_connections;
+                links.backbone = Some((connection, tx));
+                links.send_directory();
+                connection
+            };
+            tracing::info!("backbone attached");
+            let result = async {
+                loop {
+                    hub.relay_request(next_frame(&mut source).await?)?;
+                }
+            }
+            .await;
+            let mut links = hub.links();
+            if links
+                .backbone
+                .as_ref()
+                .is_some_and(|(c, _)| *c == connection)
+            {
+                links.backbone = None;
+            }
+            result
+        }
+        Role::Backbone => bail!("{} is not this hub's backbone", hello.key),
+    }
+}
+

@@ -1,0 +1,474 @@
+//! The ledger's REST API (axum), over the typed bodies of `kvasir_api::ledger`. Amounts
+//! travel as base-unit strings next to their exact decimal; errors are `{error, message}`
+//! with a fitting status; bodies are size-limited; transactions are decoded with the ledger's
+//! canonical, size-checked decoder.
+//!
+//! - `GET  /healthz`
+//! - `GET  /head`
+//! - `GET  /accounts/{address}`: settled balance, pending rewards with settle heights, nonce
+//! - `GET  /accounts/{address}/history`: the account's transfers and credits, newest first
+//! - `GET  /blocks/{height}`, `GET /blocks/by-hash/{hash}`
+//! - `POST /txs` `{"tx": hex of the borsh-encoded signed transaction}` -> `{"hash"}`
+//! - `POST /txs/batch` `{"txs": [hex, ...]}` -> `{"results": [{"hash"} or {"error", "message"}]}`
+//! - `GET  /txs/{hash}`: pending, committed (height, index) or rejected (reason)
+//! - `GET  /sessions/{hub}/{session}`: the receipt high-water mark of a hub session
+//! - `GET  /sessions/{hub}`: every credited session of a hub, with its mark
+//! - `GET  /metrics`: Prometheus text
+//! - `GET  /openapi.json`: this list as an OpenAPI document, every body with its schema
+
+use std::str::FromStr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use kvasir_api::ledger::{
+    AccountView, Batch, BatchVerdicts, BlockView, CreditedSession, Direction, ErrorBody, Head,
+    History, HistoryEntry, HistoryEvent, HubSessions, PendingView, SessionMark, Submission,
+    Submitted, TxState, TxStatus, Verdict,
+};
+use kvasir_ledger::mempool::MempoolError;
+use kvasir_ledger::state::SessionKey;
+use kvasir_ledger::store::{Storage, TxLocation};
+use kvasir_ledger::{Address, Amount, Block, Hash, SignedTx, TxKind};
+use utoipa::OpenApi;
+
+use super::{Ledger, Refusal};
+
+/// The OpenAPI description of this API, generated from the handlers' annotations.
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "Kvasir ledger",
+        description = "Accounts, blocks, transactions and credits of a Kvasir chain."
+    ),
+    paths(
+        healthz,
+        head,
+        account,
+        block_by_height,
+        block_by_hash,
+        submit,
+        submit_batch,
+        tx_status,
+        history,
+        session,
+        sessions,
+        metrics
+    )
+)]
+pub struct ApiDoc;
+
+/// Largest request body: a signed transaction is well under a kilobyte.
+const MAX_BODY: usize = 64 << 10;
+/// Most transactions in one batch, and the largest batch body.
+const MAX_BATCH: usize = 10_000;
+const MAX_BATCH_BODY: usize = 16 << 20;
+
+type Reply<T> = Result<Json<T>, ApiError>;
+
+pub struct ApiError(StatusCode, &'static str, String);
+
+impl ApiError {
+    fn body(self) -> (StatusCode, ErrorBody) {
+        let ApiError(status, error, message) = self;
+        let body = ErrorBody {
+            error: error.to_string(),
+            message,
+        };
+        (status, body)
+    }
+}
+
+impl axum::response::IntoResponse for ApiError {
+    fn into_response(self) -> axum::response::Response {
+        let (status, body) = self.body();
+        (status, Json(body)).into_response()
+    }
+}
+
+fn bad_request(message: impl ToString) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, "bad_request", message.to_string())
+}
+
+fn not_found(message: impl ToString) -> ApiError {
+    ApiError(StatusCode::NOT_FOUND, "not_found", message.to_string())
+}
+
+fn internal(message: impl ToString) -> ApiError {
+    ApiError(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        message.to_string(),
+    )
+}
+
+/// A body that is not the JSON asked for, with axum's status for it: 400 (not JSON), 413
+/// (over the size limit), 415 (not `application/json`) or 422 (JSON of another shape).
+fn bad_body(rejection: JsonRejection) -> ApiError {
+    let status = rejection.status();
+    let kind = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => "too_large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        _ => "bad_request",
+    };
+    ApiError(status, kind, rejection.body_text())
+}
+
+pub fn router(ledger: Arc<Ledger>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/head", get(head))
+        .route("/accounts/{address}", get(account))
+        .route("/accounts/{address}/history", get(history))
+        .route("/blocks/{height}", get(block_by_height))
+        .route("/blocks/by-hash/{hash}", get(block_by_hash))
+        .route("/txs", post(submit))
+        .route(
+            "/txs/batch",
+            post(submit_batch).layer(DefaultBodyLimit::max(MAX_BATCH_BODY)),
+        )
+        .route("/txs/{hash}", get(tx_status))
+        .route("/sessions/{hub}/{session}", get(session))
+        .route("/sessions/{hub}", get(sessions))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(|| async { Json(ApiDoc::openapi()) }))
+        .fallback(|| async { not_found("no such endpoint") })
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(ledger)
+}
+
+#[utoipa::path(get, path = "/healthz", description = "Liveness: the text `ok`.", responses((status = 200, description = "ok", body = String, content_type = "text/plain")))]
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+#[utoipa::path(get, path = "/head", description = "The head block: chain id, height, hash, state root.", responses((status = 200, body = Head)))]
+async fn head(State(ledger): State<Arc<Ledger>>) -> Json<Head> {
+    let state = ledger.state();
+    Json(Head {
+        chain_id: state.genesis().params.chain_id.clone(),
+        height: state.height(),
+        hash: state.block_hash(),
+        state_root: state.root(),
+        timestamp_ms: state.timestamp_ms(),
+    })
+}
+
+#[utoipa::path(get, path = "/accounts/{address}", description = "Settled balance, pending rewards with settle heights, nonce.", params(("address" = String, Path, description = "A kvr1... address")), responses((status = 200, body = AccountView), (status = 400, body = ErrorBody), (status = 500, body = ErrorBody)))]
+async fn account(
+    State(ledger): State<Arc<Ledger>>,
+    Path(address): Path<String>,
+) -> Reply<AccountView> {
+    let address = Address::from_str(&address).map_err(bad_request)?;
+    let account = ledger.state().account(&address);
+    let pending_total = account
+        .pending
+        .iter()
+        .try_fold(Amount::ZERO, |sum, p| sum.checked_add(p.amount))
+        .ok_or_else(|| internal("pending total overflows"))?;
+    Ok(Json(AccountView {
+        address,
+        balance: account.balance.into(),
+        pending: account
+            .pending
+            .iter()
+            .map(|p| PendingView {
+                amount: p.amount.into(),
+                settle_height: p.settle_height,
+            })
+            .collect(),
+        pending_total: pending_total.into(),
+        owed: account.owed.into(),
+        nonce: account.nonce,
+    }))
+}
+
+/// Entries one history request returns at most.
+const HISTORY_ENTRIES: usize = 100;
+
+/// `?before=HEIGHT.INDEX` (or `HEIGHT`) pages back through a long history.
+#[derive(serde::Deserialize)]
+struct HistoryQuery {
+    before: Option<String>,
+}
+
+/// `12.3` is transaction 3 of block 12; `12` is the start of block 12.
+fn parse_location(text: &str) -> Result<TxLocation, ApiError> {
+    let bad = || bad_request(format!("{text:?} is not HEIGHT or HEIGHT.INDEX"));
+    let (height, index) = text.split_once('.').unwrap_or((text, "0"));
+    Ok(TxLocation {
+        height: height.parse().map_err(|_| bad())?,
+        index: index.parse().map_err(|_| bad())?,
+    })
+}
+
+#[utoipa::path(get, path = "/accounts/{address}/history", description = "The transactions the account is a party to, newest first, at most 100: transfers in and out and credits it received. `before` lists those before a location; `next_before` is its value for the next page (absent on the last).", params(("address" = String, Path, description = "A kvr1... address"), ("before" = Option<String>, Query, description = "HEIGHT.INDEX or HEIGHT: only entries before it")), responses((status = 200, body = History), (status = 400, body = ErrorBody), (status = 500, body = ErrorBody)))]
+async fn history(
+    State(ledger): State<Arc<Ledger>>,
+    Path(address): Path<String>,
+    query: Result<Query<HistoryQuery>, QueryRejection>,
+) -> Reply<History> {
+    let address = Address::from_str(&address).map_err(bad_request)?;
+    let Query(query) = query.map_err(bad_request)?;
+    let before = query.before.as_deref().map(parse_location).transpose()?;
+    let entries = tokio::task::spawn_blocking(move || -> Result<Vec<HistoryEntry>, ApiError> {
+        let locations = ledger
+            .store
+            .history(&address, before, HISTORY_ENTRIES)
+            .map_err(internal)?;
+        let mut block: Option<Block> = None;
+        let mut entries = Vec::with_capacity(locations.len());
+        for location in locations {
+            if block.as_ref().map(|b| b.header.height) != Some(location.height) {
+                block = ledger.store.block(location.height).map_err(internal)?;
+            }
+            let tx = block
+                .as_ref()
+                .and_then(|b| b.txs.get(location.index as usize))
+                .ok_or_else(|| {
+                    internal(format!(
+                        "history names a missing transaction at {location:?}"
+                    ))
+                })?;
+            entries.push(history_entry(tx, &address, location));
+        }
+        Ok(entries)
+    })
+    .await
+    .map_err(internal)??;
+    let next_before = match entries.len() {
+        HISTORY_ENTRIES => entries.last().map(HistoryEntry::location),
+        _ => None,
+    };
+    Ok(Json(History {
+        address,
+        entries,
+        next_before,
+    }))
+}
+
+/// One line of an account's history, as `address` sees `tx`.
+fn history_entry(tx: &SignedTx, address: &Address, location: TxLocation) -> HistoryEntry {
+    let t = &tx.tx;
+    let event = match &t.kind {
+        TxKind::Transfer { to, amount } => HistoryEvent::Transfer {
+            direction: if t.sender == *address {
+                Direction::Out
+            } else {
+                Direction::In
+            },
+            from: t.sender,
+            to: *to,
+            amount: (*amount).into(),
+        },
+        TxKind::Credit(signed) => HistoryEvent::Credit {
+            worker: signed.receipt.worker,
+            gateway: t.sender,
+            hub: signed.receipt.hub,
+            session_id: signed.receipt.session_id,
+            cumulative_bytes: signed.receipt.cumulative_bytes,
+        },
+    };
+    HistoryEntry {
+        height: location.height,
+        index: location.index,
+        hash: tx.hash(),
+        event,
+    }
+}
+
+fn block_view(block: &Block) -> BlockView {
+    let h = &block.header;
+    BlockView {
+        height: h.height,
+        hash: block.hash(),
+        prev_hash: h.prev_hash,
+        timestamp_ms: h.timestamp_ms,
+        tx_root: h.tx_root,
+        state_root: h.state_root,
+        proposer: h.proposer,
+        txs: block.txs.iter().map(SignedTx::hash).collect(),
+    }
+}
+
+fn stored_block(ledger: &Ledger, height: u64) -> Reply<BlockView> {
+    match ledger.store.block(height).map_err(internal)? {
+        Some(block) => Ok(Json(block_view(&block))),
+        None => Err(not_found(format!("no block at height {height}"))),
+    }
+}
+
+#[utoipa::path(get, path = "/blocks/{height}", description = "A block by height.", params(("height" = String, Path, description = "Block height")), responses((status = 200, body = BlockView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 500, body = ErrorBody)))]
+async fn block_by_height(
+    State(ledger): State<Arc<Ledger>>,
+    Path(height): Path<String>,
+) -> Reply<BlockView> {
+    let height: u64 = height
+        .parse()
+        .map_err(|_| bad_request(format!("{height:?} is not a block height")))?;
+    stored_block(&ledger, height)
+}
+
+#[utoipa::path(get, path = "/blocks/by-hash/{hash}", description = "A block by hash.", params(("hash" = String, Path, description = "Block hash, hex")), responses((status = 200, body = BlockView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 500, body = ErrorBody)))]
+async fn block_by_hash(
+    State(ledger): State<Arc<Ledger>>,
+    Path(hash): Path<String>,
+) -> Reply<BlockView> {
+    let hash = Hash::from_str(&hash).map_err(bad_request)?;
+    match ledger.store.height_of(&hash).map_err(internal)? {
+        Some(height) => stored_block(&ledger, height),
+        None => Err(not_found(format!("no block {hash}"))),
+    }
+}
+
+/// Hex of a transaction's canonical bytes, decoded by the ledger's own size-checked decoder
+/// (no trailing bytes, nothing over `MAX_TX_BYTES`): what is admitted is exactly what is
+/// hashed and signed.
+fn decode_tx(text: &str) -> Result<SignedTx, ApiError> {
+    let bytes = hex::decode(text.trim()).map_err(|e| bad_request(format!("tx is not hex: {e}")))?;
+    SignedTx::from_bytes(&bytes).map_err(|e| bad_request(format!("tx: {e}")))
+}
+
+fn refusal(refusal: Refusal) -> ApiError {
+    match refusal {
+        Refusal::Invalid(e) => ApiError(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_tx",
+            e.to_string(),
+        ),
+        Refusal::Mempool(e @ MempoolError::Full(_)) => ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "mempool_full",
+            e.to_string(),
+        ),
+        Refusal::Mempool(e) => ApiError(StatusCode::CONFLICT, "conflict", e.to_string()),
+    }
+}
+
+#[utoipa::path(post, path = "/txs", description = "Submit one signed transaction: {\"tx\": hex of its borsh bytes}.", request_body = Submission, responses((status = 202, description = "Admitted to the mempool", body = Submitted), (status = 400, description = "Not JSON, not hex, or not a canonical signed transaction", body = ErrorBody), (status = 409, description = "Already pending, or its nonce is taken", body = ErrorBody), (status = 413, description = "Body over 64 KiB", body = ErrorBody), (status = 415, description = "Not application/json", body = ErrorBody), (status = 422, description = "JSON of another shape, or a transaction failing a check (signature, nonce, funds, authority, ...)", body = ErrorBody), (status = 500, body = ErrorBody), (status = 503, description = "The mempool is full", body = ErrorBody)))]
+async fn submit(
+    State(ledger): State<Arc<Ledger>>,
+    body: Result<Json<Submission>, JsonRejection>,
+) -> Result<(StatusCode, Json<Submitted>), ApiError> {
+    let Json(submission) = body.map_err(bad_body)?;
+    let tx = decode_tx(&submission.tx)?;
+    let verdict = tokio::task::spawn_blocking(move || ledger.submit(vec![tx]))
+        .await
+        .map_err(internal)?
+        .pop()
+        .ok_or_else(|| internal("no verdict"))?;
+    let hash = verdict.map_err(refusal)?;
+    Ok((StatusCode::ACCEPTED, Json(Submitted { hash })))
+}
+
+/// Many transactions in one request (what the gateway's crediting sends): one verdict each,
+/// in order; the request fails only when the batch itself is malformed.
+#[utoipa::path(post, path = "/txs/batch", description = "Submit up to 10,000 signed transactions: {\"txs\": [hex, ...]}; one verdict each, in order.", request_body = Batch, responses((status = 202, description = "One verdict per transaction", body = BatchVerdicts), (status = 400, description = "Not JSON, over 10,000 transactions, or one is not a canonical signed transaction", body = ErrorBody), (status = 413, description = "Body over 16 MiB", body = ErrorBody), (status = 415, description = "Not application/json", body = ErrorBody), (status = 422, description = "JSON of another shape", body = ErrorBody), (status = 500, body = ErrorBody)))]
+async fn submit_batch(
+    State(ledger): State<Arc<Ledger>>,
+    body: Result<Json<Batch>, JsonRejection>,
+) -> Result<(StatusCode, Json<BatchVerdicts>), ApiError> {
+    let Json(batch) = body.map_err(bad_body)?;
+    if batch.txs.len() > MAX_BATCH {
+        return Err(bad_request(format!(
+            "a batch holds at most {MAX_BATCH} transactions"
+        )));
+    }
+    let txs = batch
+        .txs
+        .iter()
+        .map(|t| decode_tx(t))
+        .collect::<Result<Vec<_>, _>>()?;
+    let verdicts = tokio::task::spawn_blocking(move || ledger.submit(txs))
+        .await
+        .map_err(internal)?;
+    let results = verdicts
+        .into_iter()
+        .map(|verdict| match verdict {
+            Ok(hash) => Verdict::Admitted(Submitted { hash }),
+            Err(e) => Verdict::Refused(refusal(e).body().1),
+        })
+        .collect();
+    Ok((StatusCode::ACCEPTED, Json(BatchVerdicts { results })))
+}
+
+#[utoipa::path(get, path = "/txs/{hash}", description = "A transaction: pending, committed (height, index) or rejected (reason).", params(("hash" = String, Path, description = "Transaction hash, hex")), responses((status = 200, body = TxStatus), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 500, body = ErrorBody)))]
+async fn tx_status(
+    State(ledger): State<Arc<Ledger>>,
+    Path(hash): Path<String>,
+) -> Reply<TxStatus> {
+    let hash = Hash::from_str(&hash).map_err(bad_request)?;
+    let state = if let Some(location) = ledger.store.tx_location(&hash).map_err(internal)? {
+        TxState::Committed {
+            height: location.height,
+            index: location.index,
+        }
+    } else if ledger.is_pending(&hash) {
+        TxState::Pending
+    } else if let Some(rejection) = ledger.rejection(&hash) {
+        TxState::Rejected {
+            reason: rejection.0,
+        }
+    } else {
+        return Err(not_found(format!("no transaction {hash}")));
+    };
+    Ok(Json(TxStatus { hash, state }))
+}
+
+#[utoipa::path(get, path = "/sessions/{hub}/{session}", description = "The receipt high-water mark of one hub session (0 bytes and no worker if never credited).", params(("hub" = String, Path, description = "The hub address"), ("session" = String, Path, description = "Session id")), responses((status = 200, body = SessionMark), (status = 400, body = ErrorBody)))]
+async fn session(
+    State(ledger): State<Arc<Ledger>>,
+    Path((hub, session)): Path<(String, String)>,
+) -> Reply<SessionMark> {
+    let hub = Address::from_str(&hub).map_err(bad_request)?;
+    let session_id: u64 = session
+        .parse()
+        .map_err(|_| bad_request(format!("{session:?} is not a session id")))?;
+    let state = ledger.state();
+    let mark = state.receipt_mark(&SessionKey { hub, session_id });
+    Ok(Json(SessionMark {
+        hub,
+        session_id,
+        worker: mark.map(|m| m.worker),
+        cumulative_bytes: mark.map_or(0, |m| m.cumulative_bytes),
+    }))
+}
+
+#[utoipa::path(get, path = "/sessions/{hub}", description = "Every credited session of a hub.", params(("hub" = String, Path, description = "The hub address")), responses((status = 200, body = HubSessions), (status = 400, body = ErrorBody)))]
+async fn sessions(
+    State(ledger): State<Arc<Ledger>>,
+    Path(hub): Path<String>,
+) -> Reply<HubSessions> {
+    let hub = Address::from_str(&hub).map_err(bad_request)?;
+    let state = ledger.state();
+    let sessions = state
+        .receipts()
+        .filter(|(key, _)| key.hub == hub)
+        .map(|(key, mark)| CreditedSession {
+            session_id: key.session_id,
+            worker: mark.worker,
+            cumulative_bytes: mark.cumulative_bytes,
+        })
+        .collect();
+    Ok(Json(HubSessions { hub, sessions }))
+}
+
+#[utoipa::path(get, path = "/metrics", description = "Prometheus text: height, blocks produced, mempool, credited sessions.", responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain")))]
+async fn metrics(State(ledger): State<Arc<Ledger>>) -> String {
+    let state = ledger.state();
+    let credits = state.receipts().count();
+    format!(
+        "# TYPE kvasir_height gauge\nkvasir_height {}\n\
+         # TYPE kvasir_blocks_produced_total counter\nkvasir_blocks_produced_total {}\n\
+         # TYPE kvasir_mempool_transactions gauge\nkvasir_mempool_transactions {}\n\
+         # TYPE kvasir_credited_sessions gauge\nkvasir_credited_sessions {}\n",
+        state.height(),
+        ledger.blocks_produced.load(Ordering::Relaxed),
+        ledger.mempool_len(),
+        credits,
+    )
+}

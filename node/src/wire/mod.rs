@@ -1,0 +1,872 @@
+//! The expert-dispatch protocol, shared by worker, hub and backbone: one binary WebSocket
+//! message per frame, little-endian. Every frame is `"KVSR"`, version, kind, body length
+//! (u32), body. Decoding checks each length against the bytes present and against a limit
+//! before allocating anything, and reports a typed error; it never panics.
+//!
+//! A request carries a layer step's rows once and, per expert, the indices of the rows routed
+//! to it; the response carries, per expert in request order, one partial per listed row. Its
+//! size is therefore fixed by the request, which is how the hub refuses padding.
+//!
+//! `translate` turns the engine's expert requests into a request frame and back, and
+//! partials into a response and back: the backbone and the worker both go through it.
+
+mod translate;
+
+pub use translate::{split_partials, TranslateError};
+
+use kvasir_ledger::intent::{self, Intent};
+use kvasir_ledger::keys::{Address, Keypair, Signature};
+
+pub const MAGIC: [u8; 4] = *b"KVSR";
+pub const VERSION: u8 = 1;
+const HEADER: usize = 10;
+
+/// Largest frame accepted (a batch of 512 tokens through 8 experts of a 4096-wide model is
+/// 64 MiB of partials).
+pub const MAX_FRAME: usize = 96 << 20;
+const MAX_TEXT: usize = 256;
+const MAX_HOLDINGS: usize = 1 << 20;
+const MAX_HIDDEN: u32 = 1 << 16;
+const MAX_ROWS: u32 = 1 << 16;
+const MAX_SESSIONS: usize = 1 << 16;
+
+/// Row data type on the wire. Only f32: partials travel as the exact bits computed.
+const DTYPE_F32: u8 = 0;
+
+/// A (layer, expert) pair.
+pub type ExpertId = (u16, u16);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Worker = 1,
+    Backbone = 2,
+}
+
+/// Hub to client, first message on every connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Challenge {
+    pub nonce: [u8; 32],
+    pub hub: Address,
+    pub chain_id: String,
+}
+
+/// Client to hub: who it is, proven by a signature over the challenge and everything it claims.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hello {
+    pub role: Role,
+    pub key: Address,
+    pub model_id: String,
+    pub backend: String,
+    pub experts: Vec<ExpertId>,
+    pub signature: Signature,
+}
+
+/// What a hello signs: the challenge it answers and every claim it makes.
+#[derive(borsh::BorshSerialize)]
+struct HelloClaims<'a> {
+    nonce: &'a [u8; 32],
+    hub: &'a Address,
+    role: u8,
+    key: &'a Address,
+    model_id: &'a str,
+    backend: &'a str,
+    experts: &'a [ExpertId],
+}
+
+impl Hello {
+    /// A hello answering `challenge`, signed by `key`.
+    pub fn answer(
+        challenge: &Challenge,
+        key: &Keypair,
+        role: Role,
+        model_id: String,
+        backend: String,
+        experts: Vec<ExpertId>,
+    ) -> Hello {
+        let mut hello = Hello {
+            role,
+            key: key.address(),
+            model_id,
+            backend,
+            experts,
+            signature: Signature([0; 64]),
+        };
+        hello.signature = intent::sign(
+            key,
+            Intent::SwarmHello,
+            &challenge.chain_id,
+            &hello.claims(challenge),
+        );
+        hello
+    }
+
+    fn claims<'a>(&'a self, challenge: &'a Challenge) -> HelloClaims<'a> {
+        HelloClaims {
+            nonce: &challenge.nonce,
+            hub: &challenge.hub,
+            role: self.role as u8,
+            key: &self.key,
+            model_id: &self.model_id,
+            backend: &self.backend,
+            experts: &self.experts,
+        }
+    }
+
+    /// Whether this hello was signed by its key in answer to exactly `challenge`.
+    pub fn verify(&self, challenge: &Challenge) -> bool {
+        intent::verify(
+            &self.key,
+            Intent::SwarmHello,
+            &challenge.chain_id,
+            &self.claims(challenge),
+            &self.signature,
+        )
+        .is_ok()
+    }
+}
+
+/// Hub to client after a good hello.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Welcome {
+    pub session: u64,
+}
+
+/// Hub to backbone: the live worker sessions and what each holds (sent whenever it changes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Directory {
+    pub sessions: Vec<DirectoryEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirectoryEntry {
+    pub session: u64,
+    pub worker: Address,
+    pub model_id: String,
+    pub experts: Vec<ExpertId>,
+}
+
+/// Backbone to worker (through the hub): one layer step's rows for the experts it holds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    pub session: u64,
+    pub id: u64,
+    pub layer: u16,
+    pub hidden: u32,
+    /// `rows x hidden`, row-major.
+    pub rows: Vec<f32>,
+    /// Per expert, the indices of the rows routed to it.
+    pub experts: Vec<(u16, Vec<u32>)>,
+}
+
+impl Request {
+    /// Values the answering response must carry.
+    pub fn response_values(&self) -> usize {
+        let listed: usize = self.experts.iter().map(|(_, rows)| rows.len()).sum();
+        listed * self.hidden as usize
+    }
+
+    /// Bytes of this request as a frame (what `Message::encode` writes).
+    pub fn frame_len(&self) -> usize {
+        let lists: usize = self
+            .experts
+            .iter()
+            .map(|(_, rows)| 6 + 4 * rows.len())
+            .sum();
+        HEADER + 27 + 4 * self.rows.len() + 4 + lists
+    }
+}
+
+/// Worker to backbone: per expert in request order, one `hidden` partial per listed row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Response {
+    pub id: u64,
+    pub partials: Vec<f32>,
+}
+
+impl Response {
+    /// Bytes of a response frame carrying `values` partial values.
+    pub fn frame_len(values: usize) -> usize {
+        HEADER + 12 + 4 * values
+    }
+}
+
+/// A request that could not be served (by the worker, or by the hub when the session is gone).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    pub id: u64,
+    pub message: String,
+}
+
+impl Failure {
+    /// A failure of request `id`, its message cut to what a frame carries.
+    pub fn new(id: u64, message: impl Into<String>) -> Failure {
+        let mut message = message.into();
+        if message.len() > MAX_TEXT {
+            let mut end = MAX_TEXT;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+        }
+        Failure { id, message }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Message {
+    Challenge(Challenge),
+    Hello(Hello),
+    Welcome(Welcome),
+    Directory(Directory),
+    Request(Request),
+    Response(Response),
+    Failure(Failure),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    #[error("frame truncated: {needed} more bytes needed at offset {at}")]
+    Truncated { at: usize, needed: usize },
+    #[error("not a Kvasir frame (bad magic)")]
+    BadMagic,
+    #[error("protocol version {0}, this node speaks {VERSION}")]
+    Version(u8),
+    #[error("unknown message kind {0}")]
+    UnknownKind(u8),
+    #[error("{what} is {got}, over the limit of {max}")]
+    TooLarge {
+        what: &'static str,
+        got: u64,
+        max: u64,
+    },
+    #[error("frame header says {declared} body bytes, {actual} follow")]
+    Length { declared: usize, actual: usize },
+    #[error("{0} bytes after the end of the message")]
+    Trailing(usize),
+    #[error("invalid {0}")]
+    Invalid(&'static str),
+}
+
+const KIND_CHALLENGE: u8 = 1;
+const KIND_HELLO: u8 = 2;
+const KIND_WELCOME: u8 = 3;
+const KIND_DIRECTORY: u8 = 4;
+const KIND_REQUEST: u8 = 5;
+const KIND_RESPONSE: u8 = 6;
+const KIND_FAILURE: u8 = 7;
+
+impl Message {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer(Vec::with_capacity(64));
+        let kind = match self {
+            Message::Challenge(c) => {
+                w.bytes(&c.nonce);
+                w.bytes(c.hub.as_bytes());
+                w.text(&c.chain_id);
+                KIND_CHALLENGE
+            }
+            Message::Hello(h) => {
+                w.u8(h.role as u8);
+                w.bytes(h.key.as_bytes());
+                w.text(&h.model_id);
+                w.text(&h.backend);
+                w.holdings(&h.experts);
+                w.bytes(&h.signature.0);
+                KIND_HELLO
+            }
+            Message::Welcome(m) => {
+                w.u64(m.session);
+                KIND_WELCOME
+            }
+            Message::Directory(d) => {
+                w.u32(d.sessions.len() as u32);
+                for e in &d.sessions {
+                    w.u64(e.session);
+                    w.bytes(e.worker.as_bytes());
+                    w.text(&e.model_id);
+                    w.holdings(&e.experts);
+                }
+                KIND_DIRECTORY
+            }
+            Message::Request(r) => {
+                w.0.reserve(r.rows.len() * 4 + 64);
+                w.u64(r.session);
+                w.u64(r.id);
+                w.u16(r.layer);
+                w.u8(DTYPE_F32);
+                w.u32(r.hidden);
+                w.u32((r.rows.len() / r.hidden.max(1) as usize) as u32);
+                w.f32s(&r.rows);
+                w.u32(r.experts.len() as u32);
+                for (expert, rows) in &r.experts {
+                    w.u16(*expert);
+                    w.u32(rows.len() as u32);
+                    for row in rows {
+                        w.u32(*row);
+                    }
+                }
+                KIND_REQUEST
+            }
+            Message::Response(r) => {
+                w.0.reserve(r.partials.len() * 4 + 16);
+                w.u64(r.id);
+                w.u32(r.partials.len() as u32);
+                w.f32s(&r.partials);
+                KIND_RESPONSE
+            }
+            Message::Failure(f) => {
+                w.u64(f.id);
+                w.text(&f.message);
+                KIND_FAILURE
+            }
+        };
+        let body = w.0;
+        let mut frame = Vec::with_capacity(HEADER + body.len());
+        frame.extend_from_slice(&MAGIC);
+        frame.push(VERSION);
+        frame.push(kind);
+        frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        frame.extend_from_slice(&body);
+        frame
+    }
+
+    pub fn decode(frame: &[u8]) -> Result<Message, WireError> {
+        let (kind, mut r) = Reader::open(frame)?;
+        let message = match kind {
+            KIND_CHALLENGE => Message::Challenge(Challenge {
+                nonce: r.array()?,
+                hub: Address::from_bytes(r.array()?),
+                chain_id: r.text()?,
+            }),
+            KIND_HELLO => Message::Hello(Hello {
+                role: match r.u8()? {
+                    1 => Role::Worker,
+                    2 => Role::Backbone,
+                    _ => return Err(WireError::Invalid("role")),
+                },
+                key: Address::from_bytes(r.array()?),
+                model_id: r.text()?,
+                backend: r.text()?,
+                experts: r.holdings()?,
+                signature: Signature(r.array()?),
+            }),
+            KIND_WELCOME => Message::Welcome(Welcome { session: r.u64()? }),
+            KIND_DIRECTORY => {
+                let count = r.count("directory sessions", MAX_SESSIONS, 44)?;
+                let mut sessions = Vec::with_capacity(count);
+                for _ in 0..count {
+                    sessions.push(DirectoryEntry {
+                        session: r.u64()?,
+                        worker: Address::from_bytes(r.array()?),
+                        model_id: r.text()?,
+                        experts: r.holdings()?,
+                    });
+                }
+                Message::Directory(Directory { sessions })
+            }
+            KIND_REQUEST => Message::Request(r.request(true)?),
+            KIND_RESPONSE => {
+                let id = r.u64()?;
+                let count = r.count("response values", MAX_FRAME / 4, 4)?;
+                Message::Response(Response {
+                    id,
+                    partials: r.f32s(count)?,
+                })
+            }
+            KIND_FAILURE => Message::Failure(Failure {
+                id: r.u64()?,
+                message: r.text()?,
+            }),
+            other => return Err(WireError::UnknownKind(other)),
+        };
+        r.finish()?;
+        Ok(message)
+    }
+
+    /// What a relay needs to know of `frame`, checked exactly as `decode` checks it but
+    /// without copying rows or partials.
+    pub fn inspect(frame: &[u8]) -> Result<Relayed, WireError> {
+        let (kind, mut r) = Reader::open(frame)?;
+        let relayed = match kind {
+            KIND_REQUEST => {
+                let request = r.request(false)?;
+                Relayed::Request {
+                    session: request.session,
+                    id: request.id,
+                    response_values: request.response_values(),
+                }
+            }
+            KIND_RESPONSE => {
+                let id = r.u64()?;
+                let values = r.count("response values", MAX_FRAME / 4, 4)?;
+                r.take(values * 4)?;
+                Relayed::Response { id, values }
+            }
+            _ => {
+                return Ok(match Message::decode(frame)? {
+                    Message::Failure(failure) => Relayed::Failure { id: failure.id },
+                    _ => Relayed::Other,
+                })
+            }
+        };
+        r.finish()?;
+        Ok(relayed)
+    }
+}
+
+/// A frame as the hub sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Relayed {
+    Request {
+        session: u64,
+        id: u64,
+        response_values: usize,
+    },
+    Response {
+        id: u64,
+        values: usize,
+    },
+    Failure {
+        id: u64,
+    },
+    Other,
+}
+
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn bytes(&mut self, b: &[u8]) {
+        self.0.extend_from_slice(b);
+    }
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u16(&mut self, v: u16) {
+        self.bytes(&v.to_le_bytes());
+    }
+    fn u32(&mut self, v: u32) {
+        self.bytes(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.bytes(&v.to_le_bytes());
+    }
+    fn text(&mut self, s: &str) {
+        self.u16(s.len() as u16);
+        self.bytes(s.as_bytes());
+    }
+    fn f32s(&mut self, values: &[f32]) {
+        if cfg!(target_endian = "little") {
+            self.bytes(bytemuck::cast_slice(values));
+        } else {
+            values.iter().for_each(|v| self.bytes(&v.to_le_bytes()));
+        }
+    }
+    fn holdings(&mut self, experts: &[ExpertId]) {
+        self.u32(experts.len() as u32);
+        for (layer, expert) in experts {
+            self.u16(*layer);
+            self.u16(*expert);
+        }
+    }
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    /// Checks the header of `frame`; its kind and a reader at the start of its body.
+    fn open(frame: &'a [u8]) -> Result<(u8, Reader<'a>), WireError> {
+        if frame.len() > MAX_FRAME {
+            return Err(WireError::TooLarge {
+                what: "frame",
+                got: frame.len() as u64,
+                max: MAX_FRAME as u64,
+            });
+        }
+        let mut r = Reader { buf: frame, at: 0 };
+        if r.take(4)? != MAGIC {
+            return Err(WireError::BadMagic);
+        }
+        let version = r.u8()?;
+        if version != VERSION {
+            return Err(WireError::Version(version));
+        }
+        let kind = r.u8()?;
+        let declared = r.u32()? as usize;
+        if declared != frame.len() - HEADER {
+            return Err(WireError::Length {
+                declared,
+                actual: frame.len() - HEADER,
+            });
+        }
+        Ok((kind, r))
+    }
+    fn finish(&self) -> Result<(), WireError> {
+        match self.buf.len() - self.at {
+            0 => Ok(()),
+            extra => Err(WireError::Trailing(extra)),
+        }
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        let left = self.buf.len() - self.at;
+        if n > left {
+            return Err(WireError::Truncated {
+                at: self.at,
+                needed: n - left,
+            });
+        }
+        let bytes = &self.buf[self.at..self.at + n];
+        self.at += n;
+        Ok(bytes)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N)?);
+        Ok(out)
+    }
+    fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.array::<1>()?[0])
+    }
+    fn u16(&mut self) -> Result<u16, WireError> {
+        Ok(u16::from_le_bytes(self.array()?))
+    }
+    fn u32(&mut self) -> Result<u32, WireError> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    fn u64(&mut self) -> Result<u64, WireError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    /// A count of items at least `item_bytes` each: bounded by `max` and by the bytes left,
+    /// so no allocation is ever sized by an unchecked number.
+    fn count(
+        &mut self,
+        what: &'static str,
+        max: usize,
+        item_bytes: usize,
+    ) -> Result<usize, WireError> {
+        let n = self.u32()? as usize;
+        if n > max {
+            return Err(WireError::TooLarge {
+                what,
+                got: n as u64,
+                max: max as u64,
+            });
+        }
+        let left = self.buf.len() - self.at;
+        if n * item_bytes > left {
+            return Err(WireError::Truncated {
+                at: self.at,
+                needed: n * item_bytes - left,
+            });
+        }
+        Ok(n)
+    }
+    fn text(&mut self) -> Result<String, WireError> {
+        let len = self.u16()? as usize;
+        if len > MAX_TEXT {
+            return Err(WireError::TooLarge {
+                what: "text field",
+                got: len as u64,
+                max: MAX_TEXT as u64,
+            });
+        }
+        String::from_utf8(self.take(len)?.to_vec()).map_err(|_| WireError::Invalid("UTF-8 text"))
+    }
+    fn f32s(&mut self, count: usize) -> Result<Vec<f32>, WireError> {
+        let bytes = self.take(count * 4)?;
+        if cfg!(target_endian = "little") {
+            let mut values = vec![0f32; count];
+            bytemuck::cast_slice_mut::<f32, u8>(&mut values).copy_from_slice(bytes);
+            return Ok(values);
+        }
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect())
+    }
+    fn holdings(&mut self) -> Result<Vec<ExpertId>, WireError> {
+        let count = self.count("held experts", MAX_HOLDINGS, 4)?;
+        (0..count).map(|_| Ok((self.u16()?, self.u16()?))).collect()
+    }
+    /// A request; its rows are skipped (left empty) unless `keep_rows`.
+    fn request(&mut self, keep_rows: bool) -> Result<Request, WireError> {
+        let (session, id, layer) = (self.u64()?, self.u64()?, self.u16()?);
+        if self.u8()? != DTYPE_F32 {
+            return Err(WireError::Invalid("row dtype (only f32 is defined)"));
+        }
+        let hidden = self.u32()?;
+        let rows = self.u32()?;
+        if hidden == 0 || hidden > MAX_HIDDEN {
+            return Err(WireError::Invalid("hidden size"));
+        }
+        if rows > MAX_ROWS {
+            return Err(WireError::TooLarge {
+                what: "request rows",
+                got: rows.into(),
+                max: MAX_ROWS.into(),
+            });
+        }
+        let values = rows as usize * hidden as usize;
+        if values * 4 > self.buf.len() - self.at {
+            return Err(WireError::Truncated {
+                at: self.at,
+                needed: values * 4 - (self.buf.len() - self.at),
+            });
+        }
+        let data = if keep_rows {
+            self.f32s(values)?
+        } else {
+            self.take(values * 4)?;
+            Vec::new()
+        };
+        let count = self.count("request experts", 1 << 16, 6)?;
+        let mut experts: Vec<(u16, Vec<u32>)> = Vec::with_capacity(count);
+        for _ in 0..count {
+            let expert = self.u16()?;
+            if experts.last().is_some_and(|(last, _)| *last >= expert) {
+                return Err(WireError::Invalid("expert order (must ascend, no repeats)"));
+            }
+            let n = self.count("rows of an expert", rows as usize, 4)?;
+            let indices = (0..n)
+                .map(|_| self.u32())
+                .collect::<Result<Vec<u32>, _>>()?;
+            let mut seen = vec![false; rows as usize];
+            for i in &indices {
+                match seen.get_mut(*i as usize) {
+                    Some(seen) if !*seen => *seen = true,
+                    Some(_) => return Err(WireError::Invalid("row index (repeated)")),
+                    None => return Err(WireError::Invalid("row index")),
+                }
+            }
+            experts.push((expert, indices));
+        }
+        Ok(Request {
+            session,
+            id,
+            layer,
+            hidden,
+            rows: data,
+            experts,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn challenge() -> Challenge {
+        Challenge {
+            nonce: [7; 32],
+            hub: Keypair::from_seed(&[1; 32]).address(),
+            chain_id: "kvasir-test".into(),
+        }
+    }
+
+    fn request(rows: usize, hidden: usize, experts: Vec<(u16, Vec<u32>)>) -> Request {
+        Request {
+            session: 3,
+            id: 9,
+            layer: 1,
+            hidden: hidden as u32,
+            rows: (0..rows * hidden).map(|i| i as f32 * 0.25 - 3.0).collect(),
+            experts,
+        }
+    }
+
+    fn samples() -> Vec<Message> {
+        let key = Keypair::from_seed(&[2; 32]);
+        vec![
+            Message::Challenge(challenge()),
+            Message::Hello(Hello::answer(
+                &challenge(),
+                &key,
+                Role::Worker,
+                "m".into(),
+                "cpu".into(),
+                vec![(0, 1), (0, 2)],
+            )),
+            Message::Welcome(Welcome { session: 42 }),
+            Message::Directory(Directory {
+                sessions: vec![DirectoryEntry {
+                    session: 1,
+                    worker: key.address(),
+                    model_id: "m".into(),
+                    experts: vec![(3, 4)],
+                }],
+            }),
+            Message::Request(request(3, 4, vec![(1, vec![0, 2]), (5, vec![1])])),
+            Message::Response(Response {
+                id: 9,
+                partials: vec![1.5, -0.0, f32::MIN_POSITIVE],
+            }),
+            Message::Failure(Failure {
+                id: 9,
+                message: "no".into(),
+            }),
+        ]
+    }
+
+    #[test]
+    fn every_message_round_trips() {
+        for message in samples() {
+            assert_eq!(Message::decode(&message.encode()), Ok(message));
+        }
+    }
+
+    #[test]
+    fn inspect_agrees_with_decode() {
+        for message in samples() {
+            let frame = message.encode();
+            let expected = match &message {
+                Message::Request(r) => Relayed::Request {
+                    session: r.session,
+                    id: r.id,
+                    response_values: r.response_values(),
+                },
+                Message::Response(r) => Relayed::Response {
+                    id: r.id,
+                    values: r.partials.len(),
+                },
+                Message::Failure(f) => Relayed::Failure { id: f.id },
+                _ => Relayed::Other,
+            };
+            assert_eq!(Message::inspect(&frame), Ok(expected));
+            for cut in 0..frame.len() {
+                assert!(Message::inspect(&frame[..cut]).is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn every_truncation_and_extension_is_an_error() {
+        for message in samples() {
+            let frame = message.encode();
+            for cut in 0..frame.len() {
+                assert!(
+                    Message::decode(&frame[..cut]).is_err(),
+                    "{message:?} cut at {cut}"
+                );
+            }
+            let mut longer = frame.clone();
+            longer.push(0);
+            assert!(Message::decode(&longer).is_err());
+        }
+    }
+
+    #[test]
+    fn a_long_failure_message_is_cut_to_fit_a_frame() {
+        let failure = Failure::new(5, "é".repeat(MAX_TEXT));
+        assert!(failure.message.len() <= MAX_TEXT && failure.message.starts_with('é'));
+        let message = Message::Failure(failure);
+        assert_eq!(Message::decode(&message.encode()), Ok(message));
+    }
+
+    #[test]
+    fn a_hello_verifies_only_against_its_own_challenge_and_claims() {
+        let key = Keypair::from_seed(&[2; 32]);
+        let hello = Hello::answer(
+            &challenge(),
+            &key,
+            Role::Worker,
+            "m".into(),
+            "cpu".into(),
+            vec![(0, 1)],
+        );
+        assert!(hello.verify(&challenge()));
+        let other = Challenge {
+            nonce: [8; 32],
+            ..challenge()
+        };
+        assert!(!hello.verify(&other), "a replayed hello must not verify");
+        let mut more = hello.clone();
+        more.experts.push((0, 2));
+        assert!(!more.verify(&challenge()), "claims are signed");
+        let mut backbone = hello;
+        backbone.role = Role::Backbone;
+        assert!(!backbone.verify(&challenge()), "the role is signed");
+    }
+
+    #[test]
+    fn inconsistent_requests_are_refused() {
+        let bad_index = request(2, 4, vec![(1, vec![2])]);
+        assert_eq!(
+            Message::decode(&Message::Request(bad_index).encode()),
+            Err(WireError::Invalid("row index"))
+        );
+        let repeated = request(2, 4, vec![(1, vec![0]), (1, vec![1])]);
+        assert!(Message::decode(&Message::Request(repeated).encode()).is_err());
+        let padded = request(2, 4, vec![(1, vec![1, 1])]);
+        assert!(Message::decode(&Message::Request(padded).encode()).is_err());
+        // A header claiming a huge row count is refused before anything is allocated.
+        let mut frame = Message::Request(request(1, 4, vec![(0, vec![0])])).encode();
+        frame[HEADER + 23..HEADER + 27].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            Message::decode(&frame),
+            Err(WireError::TooLarge { .. })
+        ));
+        assert_eq!(
+            request(3, 4, vec![(1, vec![0, 2]), (5, vec![1])]).response_values(),
+            12
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn requests_round_trip(
+            rows in 1usize..6, hidden in 1usize..9, session: u64, id: u64, layer: u16,
+            picks in proptest::collection::vec((any::<u16>(), proptest::collection::vec(any::<u32>(), 0..5)), 0..5),
+        ) {
+            let mut experts: Vec<(u16, Vec<u32>)> = picks
+                .into_iter()
+                .map(|(e, r)| {
+                    let mut indices: Vec<u32> = r.into_iter().map(|i| i % rows as u32).collect();
+                    indices.sort_unstable();
+                    indices.dedup();
+                    (e, indices)
+                })
+                .collect();
+            experts.sort_by_key(|(e, _)| *e);
+            experts.dedup_by_key(|(e, _)| *e);
+            let message = Message::Request(Request { session, id, layer, ..request(rows, hidden, experts) });
+            prop_assert_eq!(Message::decode(&message.encode()), Ok(message));
+        }
+
+        #[test]
+        fn responses_round_trip_bit_for_bit(id: u64, bits in proptest::collection::vec(any::<u32>(), 0..64)) {
+            let partials: Vec<f32> = bits.iter().map(|b| f32::from_bits(*b)).collect();
+            let frame = Message::Response(Response { id, partials }).encode();
+            match Message::decode(&frame) {
+                Ok(Message::Response(r)) => {
+                    prop_assert_eq!(r.partials.iter().map(|f| f.to_bits()).collect::<Vec<_>>(), bits)
+                }
+                other => prop_assert!(false, "{:?}", other),
+            }
+        }
+
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300), kind in 0u8..9) {
+            let _ = Message::decode(&bytes);
+            // The same bytes behind a valid header reach every body decoder.
+            let mut frame = MAGIC.to_vec();
+            frame.extend([VERSION, kind]);
+            frame.extend((bytes.len() as u32).to_le_bytes());
+            frame.extend(&bytes);
+            let _ = Message::decode(&frame);
+            let _ = Message::inspect(&frame);
+        }
+
+        #[test]
+        fn corrupted_frames_never_panic(which in 0usize..7, at: usize, byte: u8) {
+            let mut frame = samples()[which].encode();
+            let at = at % frame.len();
+            frame[at] = byte;
+            // A frame inspect accepts, decode accepts too.
+            let inspected = Message::inspect(&frame).is_ok();
+            prop_assert!(Message::decode(&frame).is_ok() || !inspected);
+        }
+    }
+}
