@@ -127,8 +127,12 @@ impl Client {
         if (200..300).contains(&status) {
             return serde_json::from_str(&text).map_err(|e| bad(format!("{e}: {}", excerpt())));
         }
-        let body: ErrorBody = serde_json::from_str(&text)
-            .map_err(|e| bad(format!("HTTP {status} without an error body ({e}): {}", excerpt())))?;
+        let body: ErrorBody = serde_json::from_str(&text).map_err(|e| {
+            bad(format!(
+                "HTTP {status} without an error body ({e}): {}",
+                excerpt()
+            ))
+        })?;
         Err(ClientError::Api {
             status,
             error: body.error,
@@ -164,11 +168,7 @@ impl Client {
 
     /// A page of the account's history, newest first; `before` is a `HEIGHT.INDEX` or
     /// `HEIGHT` from an earlier page's `next_before`.
-    pub fn history(
-        &self,
-        address: &Address,
-        before: Option<&str>,
-    ) -> Result<History, ClientError> {
+    pub fn history(&self, address: &Address, before: Option<&str>) -> Result<History, ClientError> {
         match before {
             Some(before) => self.get(&format!("/accounts/{address}/history?before={before}")),
             None => self.get(&format!("/accounts/{address}/history")),

@@ -307,8 +307,8 @@ mod tests {
         let refused: Verdict =
             serde_json::from_str(r#"{"error":"conflict","message":"duplicate"}"#).unwrap();
         assert!(matches!(refused, Verdict::Refused(_)));
-        let admitted: Verdict = serde_json::from_str(&format!(r#"{{"hash":"{}"}}"#, Hash::ZERO))
-            .unwrap();
+        let admitted: Verdict =
+            serde_json::from_str(&format!(r#"{{"hash":"{}"}}"#, Hash::ZERO)).unwrap();
         assert!(matches!(admitted, Verdict::Admitted(_)));
     }
 }

@@ -74,7 +74,10 @@ fn dev(data: &Path) -> DevReport {
         .expect("a JSON report");
     let report: DevReport = serde_json::from_str(json).unwrap();
     // It went remote: requests reached the workers and none fell back.
-    assert!(report.remote_requests > 0 && report.fallbacks == 0, "{report:?}");
+    assert!(
+        report.remote_requests > 0 && report.fallbacks == 0,
+        "{report:?}"
+    );
     report
 }
 
@@ -88,7 +91,11 @@ fn assert_paid_exactly(report: &DevReport, genesis: &Genesis) {
             .filter(|s| s.worker == worker.address)
             .map(|s| genesis.earned(s.cumulative_bytes).unwrap().base_units())
             .sum();
-        assert!(earned > 0, "worker {} earned nothing: {report:?}", worker.address);
+        assert!(
+            earned > 0,
+            "worker {} earned nothing: {report:?}",
+            worker.address
+        );
         let account = &worker.account;
         assert_eq!(
             account.balance.base_units.base_units() + account.pending_total.base_units.base_units(),

@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
+use kvasir_api::ledger::{AccountView, Direction, History, HistoryEvent, TxState};
+use kvasir_api::{Client, ClientError, ErrorBody};
 use kvasir_ledger::{Amount, Genesis, Keypair, Receipt, SignedTx, TxKind};
 use kvasir_tests::swarm::{http, start_ledger, Proc};
 use kvasir_tests::{path_str, run, stderr};
-use kvasir_api::ledger::{AccountView, Direction, History, HistoryEvent, TxState};
-use kvasir_api::{Client, ClientError, ErrorBody};
 use utoipa::openapi::{OpenApi, RefOr};
 
 struct Chain {
@@ -69,7 +69,6 @@ impl Chain {
         }
     }
 }
-
 
 #[test]
 fn credits_and_transfers_commit_and_bad_ones_change_nothing() {
@@ -354,12 +353,24 @@ fn every_route_and_body_is_in_the_openapi_document() {
             );
         }
         if method == "POST" {
-            assert!(operation.request_body.is_some(), "{path}: no request body schema");
+            assert!(
+                operation.request_body.is_some(),
+                "{path}: no request body schema"
+            );
         }
     }
-    for schema in ["AccountView", "History", "TxStatus", "BatchVerdicts", "ErrorBody"] {
+    for schema in [
+        "AccountView",
+        "History",
+        "TxStatus",
+        "BatchVerdicts",
+        "ErrorBody",
+    ] {
         let components = openapi.components.as_ref().expect("components");
-        assert!(components.schemas.contains_key(schema), "{schema} has no schema");
+        assert!(
+            components.schemas.contains_key(schema),
+            "{schema} has no schema"
+        );
     }
 }
 
@@ -415,7 +426,10 @@ fn malformed_requests_get_the_right_status_and_a_json_error() {
         assert!(error.is_ok(), "{method} {path}: not an error body: {reply}");
     }
     // An account nobody has used is an empty account, not an error.
-    let fresh = chain.client.account(&Keypair::generate().address()).unwrap();
+    let fresh = chain
+        .client
+        .account(&Keypair::generate().address())
+        .unwrap();
     assert!(fresh.balance.base_units.is_zero() && fresh.nonce == 0);
     let metrics = http(&chain.addr, "GET", "/metrics", "").1;
     assert!(metrics.contains("kvasir_height"), "{metrics}");

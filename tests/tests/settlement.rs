@@ -5,9 +5,9 @@
 
 use std::time::{Duration, Instant};
 
+use kvasir_api::Client;
 use kvasir_ledger::Genesis;
 use kvasir_tests::swarm::Swarm;
-use kvasir_api::Client;
 
 #[test]
 fn killing_the_gateway_while_it_credits_pays_every_byte_exactly_once() {

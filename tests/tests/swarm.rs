@@ -4,9 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use kvasir_tests::swarm::{http, listening_sockets, Swarm};
 use kvasir_api::generation::{DispatchCounts, GenerateRequest, GenerationReport};
 use kvasir_api::ErrorBody;
+use kvasir_tests::swarm::{http, listening_sockets, Swarm};
 
 const PROMPT: &str = "The capital of France is";
 
@@ -20,7 +20,9 @@ fn assert_same_output(remote: &GenerationReport, local: &GenerationReport) {
 
 /// The backbone's dispatch counts, which its report must carry.
 fn dispatch(report: &GenerationReport) -> DispatchCounts {
-    report.dispatch.expect("the backbone reports its dispatch counts")
+    report
+        .dispatch
+        .expect("the backbone reports its dispatch counts")
 }
 
 #[test]

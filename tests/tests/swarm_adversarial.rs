@@ -9,8 +9,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use kvasir_ledger::keys::Keypair;
-use kvasir_node::link::{dial, next_frame, next_message};
 use kvasir_node::engine::model_id;
+use kvasir_node::link::{dial, next_frame, next_message};
 use kvasir_node::tls;
 use kvasir_node::wire::{Hello, Message, Response, Role, MAX_FRAME};
 use kvasir_tests::swarm::Swarm;

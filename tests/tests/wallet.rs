@@ -4,9 +4,9 @@
 
 use std::process::{Command, Output};
 
+use kvasir_api::ledger::AccountView;
 use kvasir_tests::swarm::Swarm;
 use kvasir_tests::{bin, path_str, stderr, stdout};
-use kvasir_api::ledger::AccountView;
 
 fn wallet(args: &[&str], passphrase: Option<&str>) -> Output {
     let mut command = Command::new(bin("kvasir-wallet"));

@@ -9,10 +9,10 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use kvasir_ledger::{Address, Amount, Keypair, TxKind};
 use kvasir_api::ledger::{Direction, HistoryEntry, HistoryEvent};
 use kvasir_api::reports::{AddressReport, TransferReport};
 use kvasir_api::Client;
+use kvasir_ledger::{Address, Amount, Keypair, TxKind};
 
 #[derive(Parser)]
 #[command(

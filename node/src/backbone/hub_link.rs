@@ -41,9 +41,13 @@ impl LinkState {
     }
 }
 
-
 /// Keeps the hub link up: dial, authenticate, read answers and directories, redial.
-pub(super) async fn maintain_link(url: String, key: Keypair, model_id: String, state: Arc<Mutex<LinkState>>) {
+pub(super) async fn maintain_link(
+    url: String,
+    key: Keypair,
+    model_id: String,
+    state: Arc<Mutex<LinkState>>,
+) {
     let mut backoff = Duration::from_millis(100);
     let tls = match tls::client(None) {
         Ok(tls) => tls,
@@ -101,4 +105,3 @@ async fn hub_session(
         }
     }
 }
-

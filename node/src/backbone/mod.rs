@@ -20,9 +20,9 @@ use kvasir_inference::model::qwen_moe::Model;
 use kvasir_inference::moe::LocalExperts;
 use kvasir_inference::tokenizer::Tokenizer;
 
-pub use remote::RemoteExperts;
 use crate::engine::{run_generation, SamplingArgs};
 use crate::spec::ExpertSpec;
+pub use remote::RemoteExperts;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -58,11 +58,9 @@ pub struct Args {
     json: bool,
 }
 
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
-
 
 pub fn run(args: Args) -> Result<()> {
     let loading = || format!("loading {}", args.model.display());
@@ -122,7 +120,12 @@ struct Engine {
 
 impl Engine {
     /// One generation, reported with the dispatch counts so far.
-    fn generate(&self, prompt: &str, tokens: usize, sampling: Sampling) -> Result<GenerationReport> {
+    fn generate(
+        &self,
+        prompt: &str,
+        tokens: usize,
+        sampling: Sampling,
+    ) -> Result<GenerationReport> {
         let mut report = run_generation(
             &self.model,
             &self.tokenizer,

@@ -40,7 +40,10 @@ struct Served {
 /// The OpenAPI description of the backbone's endpoint.
 #[derive(utoipa::OpenApi)]
 #[openapi(
-    info(title = "Kvasir backbone", description = "Text generation with remote experts."),
+    info(
+        title = "Kvasir backbone",
+        description = "Text generation with remote experts."
+    ),
     paths(generate_handler, healthz)
 )]
 struct ApiDoc;

@@ -33,7 +33,10 @@ pub const DEV_KEYS: [(&str, &str); 4] = [
         include_str!("../../../genesis/dev/keys/gateway.key"),
     ),
     ("hub", include_str!("../../../genesis/dev/keys/hub.key")),
-    ("faucet", include_str!("../../../genesis/dev/keys/faucet.key")),
+    (
+        "faucet",
+        include_str!("../../../genesis/dev/keys/faucet.key"),
+    ),
 ];
 
 /// The roles whose keys a fresh chain generates, each written to `keys/<role>.key`.
@@ -102,7 +105,11 @@ pub fn init_command(out: &Path, template: Option<&Path>, json: bool) -> Result<(
         };
         println!("{}", serde_json::to_string(&report)?);
     } else {
-        println!("chain {} genesis {}", genesis.params.chain_id, genesis.hash());
+        println!(
+            "chain {} genesis {}",
+            genesis.params.chain_id,
+            genesis.hash()
+        );
         println!("wrote {}", genesis_path(out).display());
         for role in ROLES {
             println!("wrote {} (mode 0600)", key_path(out, role).display());

@@ -14,17 +14,17 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
+use kvasir_api::generation::GenerationReport;
+use kvasir_api::reports::{DevReport, DevWorker, MeteredSession};
+use kvasir_api::Client;
 use kvasir_inference::config::Config;
 use kvasir_inference::generate::Sampling;
 use kvasir_inference::synth::{preset, synthesize};
 use kvasir_ledger::{verify_chain, Genesis, SledStore};
-use kvasir_api::generation::GenerationReport;
-use kvasir_api::reports::{DevReport, DevWorker, MeteredSession};
-use kvasir_api::Client;
 
 use crate::commands::genesis::{genesis_path, install_dev_chain};
-use launch::{Child, Loopback};
 use crate::engine::{load_local, run_generation, Backend};
+use launch::{Child, Loopback};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -186,7 +186,9 @@ pub fn run(args: Args) -> Result<()> {
         dispatch.remote_requests,
         dispatch.fallbacks
     );
-    if same != local.token_ids.len() || remote.token_ids.len() != local.token_ids.len() || !logits_same
+    if same != local.token_ids.len()
+        || remote.token_ids.len() != local.token_ids.len()
+        || !logits_same
     {
         bail!("remote output differs from local output");
     }

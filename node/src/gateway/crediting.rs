@@ -27,7 +27,10 @@ pub struct Crediting {
 impl Crediting {
     /// One pass: credits every session that rose; how many credits were admitted.
     pub fn round(&self) -> Result<usize> {
-        let listing = self.registry.receipts().context("reading the hub registry")?;
+        let listing = self
+            .registry
+            .receipts()
+            .context("reading the hub registry")?;
         let chain_id = self.ledger.head()?.chain_id;
         let nonce = self.ledger.account(&self.key.address())?.nonce;
         let credited: HashMap<u64, u64> = self
@@ -51,7 +54,9 @@ impl Crediting {
         let credits: Vec<_> = rose
             .into_par_iter()
             .enumerate()
-            .map(|(i, signed)| TxKind::Credit(signed).signed(&chain_id, &self.key, nonce + i as u64))
+            .map(|(i, signed)| {
+                TxKind::Credit(signed).signed(&chain_id, &self.key, nonce + i as u64)
+            })
             .collect();
         let mut admitted = 0;
         let mut last = None;

@@ -22,11 +22,11 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 
+use crate::link;
+use crate::tls;
 use crediting::Crediting;
 use proxy::api;
 use splice::{is_swarm_upgrade, read_head, Rewind};
-use crate::link;
-use crate::tls;
 
 /// The path workers upgrade on.
 pub const SWARM_PATH: &str = "/swarm";
@@ -156,4 +156,3 @@ async fn connection(
         .await?;
     Ok(())
 }
-

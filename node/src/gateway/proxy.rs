@@ -9,6 +9,7 @@ use axum::http::header::{HeaderName, CONTENT_TYPE};
 use axum::http::{Method, StatusCode, Uri};
 use axum::routing::get;
 use axum::Router;
+use kvasir_api::ErrorBody;
 
 /// The public REST API: the ledger's, relayed (reads and transaction submission), when a
 /// ledger is configured; the market comes with a later change.
@@ -27,30 +28,43 @@ async fn relay_to_ledger(
     uri: Uri,
     body: axum::body::Bytes,
 ) -> (StatusCode, [(HeaderName, &'static str); 1], Vec<u8>) {
-    let json = [(CONTENT_TYPE, "application/json")];
+    let json = || [(CONTENT_TYPE, "application/json")];
+    let error = |status: StatusCode, error: &str, message: String| {
+        let body = ErrorBody {
+            error: error.into(),
+            message,
+        };
+        let bytes = serde_json::to_vec(&body).unwrap_or_default();
+        (status, json(), bytes)
+    };
     let Some(ledger) = ledger.as_ref().clone() else {
-        let body = br#"{"error":"not_found","message":"no such endpoint"}"#.to_vec();
-        return (StatusCode::NOT_FOUND, json, body);
+        return error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no such endpoint".into(),
+        );
     };
     let path = uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
     let url = format!("{}{path}", ledger.trim_end_matches('/'));
+    if method != Method::GET && method != Method::POST {
+        let message = "GET or POST".to_string();
+        return error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            message,
+        );
+    }
     let answer = tokio::task::spawn_blocking(move || -> Result<(u16, Vec<u8>), String> {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .build()
             .into();
         let response = match method {
-            Method::GET => agent.get(&url).call(),
             Method::POST => agent
                 .post(&url)
                 .content_type("application/json")
                 .send(&body[..]),
-            _ => {
-                return Ok((
-                    405,
-                    br#"{"error":"method_not_allowed","message":"GET or POST"}"#.to_vec(),
-                ))
-            }
+            _ => agent.get(&url).call(),
         };
         let mut response = response.map_err(|e| e.to_string())?;
         let status = response.status().as_u16();
@@ -66,14 +80,9 @@ async fn relay_to_ledger(
     match answer {
         Ok((status, bytes)) => (
             StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
-            json,
+            json(),
             bytes,
         ),
-        Err(reason) => {
-            let body =
-                serde_json::json!({"error": "ledger_unreachable", "message": reason.to_string()});
-            (StatusCode::BAD_GATEWAY, json, body.to_string().into_bytes())
-        }
+        Err(reason) => error(StatusCode::BAD_GATEWAY, "ledger_unreachable", reason),
     }
 }
-

@@ -33,10 +33,10 @@ use tokio::net::TcpStream;
 use utoipa::OpenApi;
 
 use crate::link::{self, next_frame, next_message};
+use crate::wire::{Challenge, DirectoryEntry, Message, Role, Welcome};
 use receipts::{receipts, RegistryDoc};
 use registry::Registry;
 use relay::{Links, WorkerLink};
-use crate::wire::{Challenge, DirectoryEntry, Message, Role, Welcome};
 
 /// A client must complete the WebSocket handshake and its hello within this.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -207,4 +207,3 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
         Role::Backbone => bail!("{} is not this hub's backbone", hello.key),
     }
 }
-

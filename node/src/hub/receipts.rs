@@ -15,7 +15,10 @@ use super::Hub;
 /// The OpenAPI description of the registry endpoint.
 #[derive(utoipa::OpenApi)]
 #[openapi(
-    info(title = "Kvasir hub registry", description = "Signed cumulative receipts per session."),
+    info(
+        title = "Kvasir hub registry",
+        description = "Signed cumulative receipts per session."
+    ),
     paths(receipts)
 )]
 pub(super) struct RegistryDoc;

@@ -397,10 +397,7 @@ async fn submit_batch(
 }
 
 #[utoipa::path(get, path = "/txs/{hash}", description = "A transaction: pending, committed (height, index) or rejected (reason).", params(("hash" = String, Path, description = "Transaction hash, hex")), responses((status = 200, body = TxStatus), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 500, body = ErrorBody)))]
-async fn tx_status(
-    State(ledger): State<Arc<Ledger>>,
-    Path(hash): Path<String>,
-) -> Reply<TxStatus> {
+async fn tx_status(State(ledger): State<Arc<Ledger>>, Path(hash): Path<String>) -> Reply<TxStatus> {
     let hash = Hash::from_str(&hash).map_err(bad_request)?;
     let state = if let Some(location) = ledger.store.tx_location(&hash).map_err(internal)? {
         TxState::Committed {
