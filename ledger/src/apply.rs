@@ -1,8 +1,16 @@
 //! Applying a block is a deterministic pure step `(state, block) -> state`: no clock, no
 //! randomness, no I/O. Producing a block (choosing transactions, stamping the time, signing)
 //! is separate and reuses the same per-transaction path, so a produced block always applies.
+//!
+//! Block time: `apply_block` checks what needs no clock (never before the parent's time,
+//! never past `MAX_TIMESTAMP_MS`); equal times are allowed, as `produce_block` stamps the
+//! parent's time when the producer's clock is behind it. What needs a clock, that a new
+//! block is not ahead of the local clock by more than `MAX_CLOCK_DRIFT_MS`, is
+//! `check_clock`, run where a block is made or received (the ledger service, a validator
+//! taking a proposal), never on replay: whether a block was acceptable when it was made
+//! cannot depend on when the chain is re-verified.
 
-use crate::block::Block;
+use crate::block::{Block, BlockHeader, MAX_TIMESTAMP_MS};
 use crate::hash::Hash;
 use crate::intent::{self, Intent};
 use crate::keys::Keypair;
@@ -23,6 +31,10 @@ pub enum BlockError {
     BadSignature,
     #[error("timestamp {got} is before the parent's {parent}")]
     TimestampBackwards { parent: u64, got: u64 },
+    #[error("timestamp {0} is past the latest block time, {MAX_TIMESTAMP_MS}")]
+    TimestampOutOfRange(u64),
+    #[error("timestamp {got} is ahead of this clock ({now}) by more than {MAX_CLOCK_DRIFT_MS} ms")]
+    AheadOfClock { now: u64, got: u64 },
     #[error("block holds {got} transactions, over the limit of {limit}")]
     TooManyTxs { limit: u32, got: usize },
     #[error("block is {got} bytes, over the limit of {limit}")]
@@ -33,6 +45,23 @@ pub enum BlockError {
     InvalidTx { index: usize, error: TxError },
     #[error("state root {got} does not match the state after the block ({computed})")]
     StateRoot { computed: Hash, got: Hash },
+}
+
+/// How far a new block's timestamp may be ahead of the clock of the node that makes or
+/// receives it (see `check_clock`).
+pub const MAX_CLOCK_DRIFT_MS: u64 = 5_000;
+
+/// A new block's time against the local clock `now_ms` (ms since the Unix epoch): refused
+/// when it is more than `MAX_CLOCK_DRIFT_MS` ahead. A producer runs it on the block it made
+/// before committing it, a validator on a proposal before `apply_block`.
+pub fn check_clock(header: &BlockHeader, now_ms: u64) -> Result<(), BlockError> {
+    if header.timestamp_ms.saturating_sub(now_ms) > MAX_CLOCK_DRIFT_MS {
+        return Err(BlockError::AheadOfClock {
+            now: now_ms,
+            got: header.timestamp_ms,
+        });
+    }
+    Ok(())
 }
 
 /// Runs one transaction's stateful check and execution on `state`; on any error `state` is
@@ -92,6 +121,9 @@ pub fn apply_block(parent: &State, block: &Block) -> Result<(State, ChangeSet), 
             got: header.timestamp_ms,
         });
     }
+    if header.timestamp_ms > MAX_TIMESTAMP_MS {
+        return Err(BlockError::TimestampOutOfRange(header.timestamp_ms));
+    }
     if block.txs.len() > genesis.params.max_block_txs as usize {
         return Err(BlockError::TooManyTxs {
             limit: genesis.params.max_block_txs,
@@ -147,13 +179,18 @@ pub struct Produced {
 /// Builds, signs and applies the next block from `candidates` (in their order), keeping
 /// every one that passes the stateful check and executes, within the genesis size limits.
 /// Candidates passed the stateless check on admission, so no signature is checked here.
-/// `timestamp_ms` is the producer's clock, clamped so time never goes backwards.
+/// `timestamp_ms` is the producer's clock, clamped so time never goes backwards; past
+/// `MAX_TIMESTAMP_MS` it is refused, as `apply_block` would refuse the block.
 pub fn produce_block(
     parent: &State,
     candidates: &[VerifiedTx],
     proposer: &Keypair,
     timestamp_ms: u64,
 ) -> Result<Produced, BlockError> {
+    let timestamp_ms = timestamp_ms.max(parent.timestamp_ms());
+    if timestamp_ms > MAX_TIMESTAMP_MS {
+        return Err(BlockError::TimestampOutOfRange(timestamp_ms));
+    }
     let genesis = parent.genesis_arc().clone();
     let height = parent.height() + 1;
     let mut state = parent.clone();
@@ -182,7 +219,6 @@ pub fn produce_block(
         error,
     };
     let changes = finish(&mut state, height).map_err(invalid)?;
-    let timestamp_ms = timestamp_ms.max(parent.timestamp_ms());
     let block = Block::seal(parent, txs, state.root(), timestamp_ms, proposer);
     state.set_head(height, block.hash(), timestamp_ms);
     Ok(Produced {
@@ -505,6 +541,57 @@ mod tests {
         check(b, |e| matches!(e, BlockError::WrongChain { .. }));
         assert_eq!(state.root(), root);
         assert_eq!(state.height(), 0);
+    }
+
+    #[test]
+    fn block_time_never_goes_back_never_reaches_u64_max_and_stays_near_the_clock() {
+        let (genesis, keys) = test_genesis();
+        let state = State::from_genesis(genesis);
+        let parent_time = state.timestamp_ms();
+        let at = |timestamp_ms: u64| {
+            let mut block = produce_block(&state, &[], &keys.validator, parent_time)
+                .unwrap()
+                .block;
+            block.header.timestamp_ms = timestamp_ms;
+            block.signature = intent::sign(
+                &keys.validator,
+                Intent::Block,
+                "kvasir-test",
+                &block.header,
+            );
+            block
+        };
+        // The parent's own time is allowed (a producer whose clock is behind stamps it).
+        assert!(apply_block(&state, &at(parent_time)).is_ok());
+        assert_eq!(
+            apply_block(&state, &at(parent_time - 1)).unwrap_err(),
+            BlockError::TimestampBackwards {
+                parent: parent_time,
+                got: parent_time - 1
+            }
+        );
+        for far in [MAX_TIMESTAMP_MS + 1, u64::MAX] {
+            assert_eq!(
+                apply_block(&state, &at(far)).unwrap_err(),
+                BlockError::TimestampOutOfRange(far)
+            );
+            assert!(matches!(
+                produce_block(&state, &[], &keys.validator, far),
+                Err(BlockError::TimestampOutOfRange(_))
+            ));
+        }
+        assert!(apply_block(&state, &at(MAX_TIMESTAMP_MS)).is_ok());
+        // Against a clock: up to the drift ahead is fine, beyond is refused, without overflow.
+        let now = parent_time + 60_000;
+        for ok in [0, now, now + MAX_CLOCK_DRIFT_MS] {
+            assert_eq!(check_clock(&at(ok).header, now), Ok(()));
+        }
+        for ahead in [now + MAX_CLOCK_DRIFT_MS + 1, u64::MAX] {
+            assert_eq!(
+                check_clock(&at(ahead).header, now),
+                Err(BlockError::AheadOfClock { now, got: ahead })
+            );
+        }
     }
 
     #[derive(Debug, Clone)]

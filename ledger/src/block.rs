@@ -11,6 +11,11 @@ use crate::keys::{Address, Keypair, Signature};
 use crate::state::State;
 use crate::tx::SignedTx;
 
+/// The latest time a block (or genesis) may carry, 9999-12-31T23:59:59.999Z in ms since the
+/// Unix epoch: beyond any real clock, it keeps `u64::MAX` out of a chain, whose times never
+/// go back, so one such block would freeze the chain's clock for good.
+pub const MAX_TIMESTAMP_MS: u64 = 253_402_300_799_999;
+
 #[derive(Clone, Debug, PartialEq, Eq, BorshSerialize, BorshDeserialize)]
 pub struct BlockHeader {
     pub chain_id: String,

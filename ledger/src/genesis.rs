@@ -1,21 +1,27 @@
 //! Genesis: the chain's parameters, initial allocations and authorities. The genesis hash is
 //! blake3 over the canonical borsh encoding, so the same file gives the same hash anywhere,
 //! whatever its JSON whitespace or key order.
+//!
+//! Parameters added after the first chains were published (`min_new_account`) are optional:
+//! absent from a genesis file they take a default that changes nothing, and only a value set
+//! away from that default enters the hash (appended after everything else), so every genesis
+//! written before them keeps its hash.
 
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use borsh::{BorshDeserialize, BorshSerialize};
+use borsh::BorshSerialize;
 use serde::{Deserialize, Serialize};
 
 use crate::amount::Amount;
+use crate::block::MAX_TIMESTAMP_MS;
 use crate::hash::Hash;
 use crate::keys::Address;
 
 /// Longest accepted chain id, in bytes.
 pub const MAX_CHAIN_ID_LEN: usize = 64;
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, BorshSerialize, BorshDeserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, BorshSerialize)]
 #[serde(deny_unknown_fields)]
 pub struct Genesis {
     /// Milliseconds since the Unix epoch; the timestamp of block 0.
@@ -26,7 +32,7 @@ pub struct Genesis {
 }
 
 /// The rules of a chain, as a template for new chains also carries them.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, BorshSerialize, BorshDeserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, BorshSerialize)]
 #[serde(deny_unknown_fields)]
 pub struct ChainParams {
     pub chain_id: String,
@@ -41,9 +47,20 @@ pub struct ChainParams {
     pub max_block_bytes: u64,
     /// Initial balance of the rewards pool that credits are paid from.
     pub rewards_pool: Amount,
+    /// The smallest transfer that may create an account, so that dust cannot grow the state
+    /// without bound. Zero (the default, and what a genesis without it means): no minimum.
+    /// Hashed apart from the fields above (see `Genesis::hash`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[borsh(skip)]
+    pub min_new_account: Amount,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, BorshSerialize, BorshDeserialize)]
+/// A later parameter left at zero is left out of the file, as it is of the hash.
+fn is_zero(amount: &Amount) -> bool {
+    amount.is_zero()
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, BorshSerialize)]
 #[serde(deny_unknown_fields)]
 pub struct Allocation {
     pub address: Address,
@@ -51,7 +68,7 @@ pub struct Allocation {
 }
 
 /// Which keys may act in which role.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, BorshSerialize, BorshDeserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, BorshSerialize)]
 #[serde(deny_unknown_fields)]
 pub struct Authorities {
     /// May propose blocks.
@@ -82,6 +99,8 @@ pub enum GenesisError {
     NoValidator,
     #[error("genesis authority {0} is not a usable ed25519 key")]
     BadAuthorityKey(Address),
+    #[error("genesis_time_ms {0} is past the latest block time, {MAX_TIMESTAMP_MS}")]
+    TimeOutOfRange(u64),
 }
 
 impl Genesis {
@@ -113,6 +132,9 @@ impl Genesis {
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
         if !id_ok {
             return Err(GenesisError::BadChainId);
+        }
+        if self.genesis_time_ms > MAX_TIMESTAMP_MS {
+            return Err(GenesisError::TimeOutOfRange(self.genesis_time_ms));
         }
         for (name, value) in [
             ("unit_bytes", self.params.unit_bytes),
@@ -149,9 +171,27 @@ impl Genesis {
         Ok(())
     }
 
-    /// The identity of the chain: blake3 over the canonical encoding.
+    /// The identity of the chain: blake3 over the canonical encoding, followed by the later
+    /// parameters that are set. A borsh value is self-delimiting, so appending them cannot
+    /// make two different genesis encode alike.
     pub fn hash(&self) -> Hash {
-        Hash::of_borsh(b"kvasir-genesis", self)
+        let later = self.later_params();
+        if later.is_empty() {
+            Hash::of_borsh(b"kvasir-genesis", self)
+        } else {
+            Hash::of_borsh(b"kvasir-genesis", &(self, later))
+        }
+    }
+
+    /// The parameters added after the first chains, as (name, canonical value) for each one
+    /// set away from its default, in a fixed order.
+    fn later_params(&self) -> Vec<(&'static str, Vec<u8>)> {
+        let mut set = Vec::new();
+        let min = self.params.min_new_account;
+        if !min.is_zero() {
+            set.push(("min_new_account", min.base_units().to_le_bytes().to_vec()));
+        }
+        set
     }
 
     /// The rewards pool account. Its address is a hash, not a public key anyone holds, so
@@ -211,6 +251,7 @@ pub(crate) mod tests {
                 max_block_txs: 10_000,
                 max_block_bytes: 8 << 20,
                 rewards_pool: Amount::parse("1000").unwrap(),
+                min_new_account: Amount::ZERO,
             },
             allocations: vec![
                 Allocation {
@@ -276,6 +317,27 @@ pub(crate) mod tests {
         assert_ne!(other.hash(), genesis.hash());
     }
 
+    /// The hash of `test_genesis` as it was before `min_new_account` existed: a genesis that
+    /// does not set a later parameter keeps its hash, and one that sets it gets another.
+    #[test]
+    fn a_later_parameter_changes_the_hash_only_when_set() {
+        let (genesis, _) = test_genesis();
+        assert_eq!(
+            genesis.hash().to_string(),
+            "1b93aada508b1d56d83046df35b20366253385b46ca1f18029d2ae2267b46703"
+        );
+        assert!(!genesis.to_json().contains("min_new_account"));
+        let mut with_min = genesis.clone();
+        with_min.params.min_new_account = Amount::parse("0.001").unwrap();
+        assert_ne!(with_min.hash(), genesis.hash());
+        let reloaded = Genesis::from_json(&with_min.to_json()).unwrap();
+        assert_eq!(reloaded, with_min);
+        assert_eq!(reloaded.hash(), with_min.hash());
+        let mut other_min = with_min.clone();
+        other_min.params.min_new_account = Amount::parse("0.002").unwrap();
+        assert_ne!(other_min.hash(), with_min.hash());
+    }
+
     #[test]
     fn invalid_genesis_is_rejected() {
         let (genesis, keys) = test_genesis();
@@ -303,6 +365,9 @@ pub(crate) mod tests {
             amount: Amount::MAX,
         });
         assert!(matches!(g.validate(), Err(GenesisError::SupplyOverflow)));
+        let mut g = genesis.clone();
+        g.genesis_time_ms = u64::MAX;
+        assert!(matches!(g.validate(), Err(GenesisError::TimeOutOfRange(_))));
         let mut g = genesis.clone();
         g.authorities.validators.clear();
         assert!(matches!(g.validate(), Err(GenesisError::NoValidator)));

@@ -205,6 +205,12 @@ impl State {
         self.accounts.get(address).cloned().unwrap_or_default()
     }
 
+    /// Whether `address` has an account: it was allocated in genesis or a transaction wrote
+    /// to it. Accounts are never removed.
+    pub fn has_account(&self, address: &Address) -> bool {
+        self.accounts.contains_key(address)
+    }
+
     pub fn accounts(&self) -> impl Iterator<Item = (&Address, &Account)> {
         self.accounts.iter()
     }

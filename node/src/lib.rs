@@ -3,7 +3,8 @@
 //! executor, HTTP serving), `worker`, `ledger` (the ledger service and its REST API) and `dev`
 //! (the whole swarm on loopback). One-shot commands (`genesis init`, `verify-chain`, `model`,
 //! `generate`) are in `commands`; `bench` measures the hot paths. What the roles share: the
-//! dispatch protocol (`wire`), WebSocket links carrying it (`link`), TLS (`tls`), model loading
+//! dispatch protocol (`wire`), WebSocket links carrying it (`link`), accept loops that strangers
+//! cannot stop (`listen`), TLS (`tls`), model loading
 //! (`engine`), expert selections (`spec`) and stop signals (`shutdown`). The `kvasir-node`
 //! binary is a thin command line over this library; the scenarios in `tests/` use `wire` and
 //! `link` to play misbehaving peers against the real processes.
@@ -22,6 +23,7 @@ pub mod gateway;
 pub mod hub;
 pub mod ledger;
 pub mod link;
+pub mod listen;
 pub mod shutdown;
 pub mod spec;
 pub mod tls;

@@ -24,8 +24,14 @@ pub struct Proc {
 
 impl Proc {
     pub fn start<S: AsRef<std::ffi::OsStr>>(name: &str, args: &[S]) -> Proc {
-        let mut child = Command::new(bin(name))
-            .args(args)
+        let mut command = Command::new(bin(name));
+        command.args(args);
+        Proc::spawn(command)
+    }
+
+    /// Starts `command` (its output piped to this handle).
+    pub fn spawn(mut command: Command) -> Proc {
+        let mut child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use axum::Router;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use kvasir_api::Client;
 use tokio::io::AsyncWriteExt;
@@ -23,6 +23,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 
 use crate::link;
+use crate::listen::{Acceptor, Limits};
 use crate::tls;
 use crediting::Crediting;
 use proxy::api;
@@ -68,6 +69,8 @@ pub struct Args {
     /// Milliseconds between registry polls.
     #[arg(long, default_value_t = DEFAULT_CREDIT_INTERVAL_MS)]
     credit_interval_ms: u64,
+    #[command(flatten)]
+    limits: Limits,
 }
 
 /// The gateway's registry polling interval unless `--credit-interval-ms` says otherwise
@@ -97,23 +100,27 @@ pub fn run(args: Args) -> Result<()> {
     }
     let runtime = tokio::runtime::Runtime::new()?;
     let api = api(args.ledger.clone());
-    runtime.block_on(serve(TlsAcceptor::from(config), args.listen, args.hub, api))
+    runtime.block_on(async {
+        let listener = link::bind("gateway", args.listen).await?;
+        serve(
+            TlsAcceptor::from(config),
+            Acceptor::new("gateway", listener, args.limits),
+            args.hub,
+            api,
+        )
+        .await
+    })
 }
 
-async fn serve(
-    acceptor: TlsAcceptor,
-    listen: SocketAddr,
-    hub: SocketAddr,
-    api: Router,
-) -> Result<()> {
-    let listener = link::bind("gateway", listen).await?;
+async fn serve(tls: TlsAcceptor, listener: Acceptor, hub: SocketAddr, api: Router) -> Result<()> {
     loop {
-        let (stream, peer) = listener.accept().await?;
-        let (acceptor, api) = (acceptor.clone(), api.clone());
+        let (stream, peer, slot) = listener.next().await;
+        let (tls, api) = (tls.clone(), api.clone());
         tokio::spawn(async move {
-            if let Err(e) = connection(acceptor, stream, hub, api).await {
+            if let Err(e) = connection(tls, stream, hub, api).await {
                 tracing::debug!(%peer, "connection ended: {e:#}");
             }
+            drop(slot);
         });
     }
 }
@@ -152,6 +159,8 @@ async fn connection(
         inner: tls,
     });
     hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEAD_TIMEOUT)
         .serve_connection(io, TowerToHyperService::new(api))
         .await?;
     Ok(())

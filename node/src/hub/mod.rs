@@ -33,6 +33,7 @@ use tokio::net::TcpStream;
 use utoipa::OpenApi;
 
 use crate::link::{self, next_frame, next_message};
+use crate::listen::{Acceptor, Limits};
 use crate::wire::{Challenge, DirectoryEntry, Message, Role, Welcome};
 use receipts::{receipts, RegistryDoc};
 use registry::Registry;
@@ -64,6 +65,10 @@ pub struct Args {
     /// Allow listening on a public address (the hub belongs on the LAN, behind the gateway).
     #[arg(long)]
     allow_public: bool,
+    /// Connections held at once (workers arrive through the gateway, so all from its address:
+    /// the hub caps only the total).
+    #[arg(long, default_value_t = 4096)]
+    max_connections: usize,
 }
 
 struct Hub {
@@ -102,10 +107,20 @@ pub fn run(args: Args) -> Result<()> {
         links: Mutex::new(Links::default()),
     });
     let runtime = tokio::runtime::Runtime::new()?;
-    runtime.block_on(serve(hub, args.listen, args.registry_listen))
+    runtime.block_on(serve(
+        hub,
+        args.listen,
+        args.registry_listen,
+        args.max_connections,
+    ))
 }
 
-async fn serve(hub: Arc<Hub>, listen: SocketAddr, registry_listen: SocketAddr) -> Result<()> {
+async fn serve(
+    hub: Arc<Hub>,
+    listen: SocketAddr,
+    registry_listen: SocketAddr,
+    max_connections: usize,
+) -> Result<()> {
     let listener = link::bind("hub", listen).await?;
     let registry = link::bind("hub registry", registry_listen).await?;
     let app = Router::new()
@@ -117,13 +132,19 @@ async fn serve(hub: Arc<Hub>, listen: SocketAddr, registry_listen: SocketAddr) -
         .route("/healthz", get(|| async { "ok" }))
         .with_state(hub.clone());
     tokio::spawn(async move { axum::serve(registry, app).await });
+    let limits = Limits {
+        max_connections,
+        max_connections_per_ip: usize::MAX,
+    };
+    let listener = Acceptor::new("hub", listener, limits);
     loop {
-        let (stream, peer) = listener.accept().await?;
+        let (stream, peer, slot) = listener.next().await;
         let hub = hub.clone();
         tokio::spawn(async move {
             if let Err(e) = connection(hub, stream).await {
                 tracing::info!(%peer, "connection ended: {e:#}");
             }
+            drop(slot);
         });
     }
 }

@@ -1,0 +1,228 @@
+//! Accepting TCP connections on a port strangers can reach, in a way they cannot stop: an
+//! accept error (out of file descriptors, a connection aborted before it was accepted, ...)
+//! is logged at most once a second and retried after a short pause instead of ending the
+//! loop, and connections beyond a global cap or a per-address cap are closed at once, before
+//! any byte is read. Each accepted connection holds a `Slot` that frees its place when the
+//! connection's task ends.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::net::{TcpListener, TcpStream};
+
+/// How long the loop waits after an accept error before trying again: long enough for
+/// connections to close and free descriptors, short enough that service resumes at once.
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+/// At most one log line per this interval about failing accepts or refused connections.
+const LOG_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The caps a listener enforces, from the role's command line.
+#[derive(Clone, Copy, Debug, clap::Args)]
+pub struct Limits {
+    /// Connections held open at once, from everyone; beyond it new ones are closed at once.
+    #[arg(long, default_value_t = 4096)]
+    pub max_connections: usize,
+    /// Connections held open at once from one IP address.
+    #[arg(long, default_value_t = 64)]
+    pub max_connections_per_ip: usize,
+}
+
+#[derive(Default)]
+struct Counts {
+    total: usize,
+    per_ip: HashMap<IpAddr, usize>,
+}
+
+/// Counts and rate-limited logging shared by the accept loop and every `Slot`.
+struct Shared {
+    limits: Limits,
+    counts: Mutex<Counts>,
+    quiet_until: Mutex<Option<Instant>>,
+    suppressed: Mutex<u64>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    /// Logs `what` unless a line was logged less than a second ago (then counts it).
+    fn log(&self, role: &str, what: std::fmt::Arguments) {
+        let now = Instant::now();
+        let mut quiet = lock(&self.quiet_until);
+        if quiet.is_some_and(|until| now < until) {
+            *lock(&self.suppressed) += 1;
+            return;
+        }
+        *quiet = Some(now + LOG_INTERVAL);
+        let suppressed = std::mem::take(&mut *lock(&self.suppressed));
+        tracing::warn!("{role}: {what} ({suppressed} similar lines suppressed)");
+    }
+
+    /// Takes a place for a connection from `ip`, if the caps allow one.
+    fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<Slot> {
+        let mut counts = lock(&self.counts);
+        let from_ip = counts.per_ip.get(&ip).copied().unwrap_or(0);
+        if counts.total >= self.limits.max_connections
+            || from_ip >= self.limits.max_connections_per_ip
+        {
+            return None;
+        }
+        counts.total += 1;
+        counts.per_ip.insert(ip, from_ip + 1);
+        Some(Slot {
+            shared: self.clone(),
+            ip,
+        })
+    }
+}
+
+/// A connection's place under the caps; dropping it frees the place.
+pub struct Slot {
+    shared: Arc<Shared>,
+    ip: IpAddr,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut counts = lock(&self.shared.counts);
+        counts.total = counts.total.saturating_sub(1);
+        if let Some(n) = counts.per_ip.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                counts.per_ip.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// A listener whose `next` always yields a connection eventually.
+pub struct Acceptor {
+    role: &'static str,
+    listener: TcpListener,
+    shared: Arc<Shared>,
+}
+
+impl Acceptor {
+    pub fn new(role: &'static str, listener: TcpListener, limits: Limits) -> Acceptor {
+        Acceptor {
+            role,
+            listener,
+            shared: Arc::new(Shared {
+                limits,
+                counts: Mutex::default(),
+                quiet_until: Mutex::default(),
+                suppressed: Mutex::default(),
+            }),
+        }
+    }
+
+    /// The next connection within the caps, with its place. Errors never end the loop: they
+    /// are logged and the accept retried; connections over a cap are closed unread.
+    pub async fn next(&self) -> (TcpStream, SocketAddr, Slot) {
+        loop {
+            match self.listener.accept().await {
+                Ok((stream, peer)) => match self.shared.admit(peer.ip()) {
+                    Some(slot) => return (stream, peer, slot),
+                    None => {
+                        drop(stream);
+                        let limits = self.shared.limits;
+                        self.shared.log(
+                            self.role,
+                            format_args!(
+                                "refused a connection from {} (caps: {} in all, {} per address)",
+                                peer.ip(),
+                                limits.max_connections,
+                                limits.max_connections_per_ip
+                            ),
+                        );
+                    }
+                },
+                Err(error) => {
+                    self.shared
+                        .log(self.role, format_args!("accepting a connection: {error}"));
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+            }
+        }
+    }
+
+    /// Connections held now.
+    pub fn open(&self) -> usize {
+        lock(&self.shared.counts).total
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    async fn acceptor(limits: Limits) -> (Acceptor, SocketAddr) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        (Acceptor::new("test", listener, limits), addr)
+    }
+
+    /// True when the server closed `stream` without a byte.
+    async fn closed(stream: &mut TcpStream) -> bool {
+        let mut byte = [0u8; 1];
+        matches!(
+            tokio::time::timeout(Duration::from_secs(5), stream.read(&mut byte)).await,
+            Ok(Ok(0)) | Ok(Err(_))
+        )
+    }
+
+    #[tokio::test]
+    async fn connections_over_the_per_address_cap_are_closed_and_places_come_back() {
+        let limits = Limits {
+            max_connections: 100,
+            max_connections_per_ip: 2,
+        };
+        let (acceptor, addr) = acceptor(limits).await;
+        let mut clients = Vec::new();
+        let mut slots = Vec::new();
+        for _ in 0..2 {
+            clients.push(TcpStream::connect(addr).await.unwrap());
+            slots.push(acceptor.next().await.2);
+        }
+        assert_eq!(acceptor.open(), 2);
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        // The third is refused inside `next`, which then waits for a connection it can take.
+        let waiting = tokio::spawn(async move {
+            let (_, _, slot) = acceptor.next().await;
+            (acceptor, slot)
+        });
+        assert!(closed(&mut third).await, "over the cap, yet served");
+        // A connection ending frees its place: the next one from that address is taken.
+        slots.pop();
+        let _fourth = TcpStream::connect(addr).await.unwrap();
+        let (acceptor, _slot) = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("a freed place is taken")
+            .unwrap();
+        assert_eq!(acceptor.open(), 2);
+    }
+
+    #[tokio::test]
+    async fn the_global_cap_holds_across_addresses() {
+        let limits = Limits {
+            max_connections: 1,
+            max_connections_per_ip: 10,
+        };
+        let (acceptor, addr) = acceptor(limits).await;
+        let _first = TcpStream::connect(addr).await.unwrap();
+        let _slot = acceptor.next().await.2;
+        let mut second = TcpStream::connect(addr).await.unwrap();
+        let acceptor = Arc::new(acceptor);
+        let background = {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move { acceptor.next().await.2 })
+        };
+        assert!(closed(&mut second).await);
+        assert_eq!(acceptor.open(), 1);
+        background.abort();
+    }
+}
