@@ -2,9 +2,11 @@
 //! `{"address": ..., "secret_key": HEX}` or, sealed under a passphrase,
 //! `{"address": ..., "sealed": {...}}` (`sealed`: argon2id, then XChaCha20-Poly1305); the
 //! address stays readable either way, and files are created with mode 0600, never over an
-//! existing one. `open` is how every command that signs gets its key (`passphrase`: from
-//! `KVASIR_PASSPHRASE` or the terminal). The ledger only knows `Keypair`; files, passphrases
-//! and their ciphers are kept here. Secrets are wiped from memory where that is cheap.
+//! existing one; as ssh does with a private key, a file that group or others may access is
+//! refused when its key is read (unix), with the `chmod` that fixes it. `open` is how every
+//! command that signs gets its key (`passphrase`: from `KVASIR_PASSPHRASE` or the terminal).
+//! The ledger only knows `Keypair`; files, passphrases and their ciphers are kept here.
+//! Secrets are wiped from memory where that is cheap.
 
 #![forbid(unsafe_code)]
 
@@ -51,6 +53,8 @@ pub enum Problem {
     PassphrasesDiffer,
     #[error("an empty passphrase seals nothing; leave the key file unsealed instead")]
     EmptyPassphrase,
+    #[error("group or others may access it (mode {mode:04o}); make it private with `chmod 600 {}`", path.display())]
+    TooOpen { mode: u32, path: PathBuf },
 }
 
 /// A key file that could not be written, read or opened: which one, and why.
@@ -123,10 +127,30 @@ pub fn write(path: &Path, keypair: &Keypair, passphrase: Option<&str>) -> Result
     out.sync_all().map_err(io)
 }
 
-/// Reads the key file at `path`; a sealed one needs its passphrase
-/// (`Problem::NeedsPassphrase` without one).
+/// Reads the key file at `path`, which must be private to its owner (`Problem::TooOpen`);
+/// a sealed one needs its passphrase (`Problem::NeedsPassphrase` without one).
 pub fn read(path: &Path, passphrase: Option<&str>) -> Result<Keypair, KeyFileError> {
-    parse(&read_text(path)?, passphrase).map_err(|problem| KeyFileError::at(path, problem))
+    let at = |problem| KeyFileError::at(path, problem);
+    let mut file = fs::File::open(path).map_err(|e| at(Problem::Io(e)))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = file
+            .metadata()
+            .map_err(|e| at(Problem::Io(e)))?
+            .permissions()
+            .mode()
+            & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(at(Problem::TooOpen {
+                mode,
+                path: path.to_path_buf(),
+            }));
+        }
+    }
+    let mut text = Zeroizing::new(String::new());
+    std::io::Read::read_to_string(&mut file, &mut text).map_err(|e| at(Problem::Io(e)))?;
+    parse(&text, passphrase).map_err(at)
 }
 
 /// The key in the contents of a key file (for key files that are not files: the dev
@@ -172,6 +196,78 @@ fn read_text(path: &Path) -> Result<Zeroizing<String>, KeyFileError> {
 mod tests {
     use super::*;
 
+    /// Writes `text` to `path` as a key file's owner would: mode 0600.
+    fn write_private(path: &Path, text: &str) {
+        fs::write(path, text).unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(path, fs::Permissions::from_mode(0o600)).unwrap();
+        }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_key_file_others_may_access_is_refused_with_the_fix() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wallet.key");
+        let keypair = Keypair::from_seed(&[8; 32]);
+        write(&path, &keypair, None).unwrap();
+        for mode in [0o644, 0o640, 0o604, 0o660, 0o601, 0o610] {
+            fs::set_permissions(&path, fs::Permissions::from_mode(mode)).unwrap();
+            let err = read(&path, None).unwrap_err();
+            assert!(
+                matches!(err.problem, Problem::TooOpen { mode: m, .. } if m == mode),
+                "{mode:o}: {err}"
+            );
+            let message = err.to_string();
+            assert!(
+                message.contains(&format!("chmod 600 {}", path.display())),
+                "{message}"
+            );
+            assert_eq!(message.lines().count(), 1, "{message}");
+            // The address is no secret: it stays readable.
+            assert_eq!(address(&path).unwrap(), keypair.address());
+        }
+        for mode in [0o600, 0o400] {
+            fs::set_permissions(&path, fs::Permissions::from_mode(mode)).unwrap();
+            assert_eq!(read(&path, None).unwrap().address(), keypair.address());
+        }
+    }
+
+    /// A file sealed before the argon2id cost was raised (19 MiB, 2 passes) still opens: the
+    /// cost is read from the file, not assumed.
+    #[test]
+    fn a_file_sealed_with_the_old_cost_still_opens() {
+        let old = r#"{
+  "address": "kvr1l5tjgwz65rr4ke8m0rxkqtapmxglm6lhdvfutrkhqt4vsd0f7cvqvt5ukv",
+  "sealed": {
+    "kdf": "argon2id",
+    "memory_kib": 19456,
+    "iterations": 2,
+    "salt": "716c563b6ccb697fb386d938ca17e2b1",
+    "cipher": "xchacha20poly1305",
+    "nonce": "5575430d148d3d758ebb1cf64babb572761b2505c5ff4710",
+    "ciphertext": "24b6388b5301381a9390c54af4bd77506c513d47cacf639aaa3d116cfd3a93e26e64bff7a3f50ef28149df67664f9600"
+  }
+}"#;
+        let keypair = parse(old, Some("sealed in 2025")).unwrap();
+        assert_eq!(keypair.address(), Keypair::from_seed(&[9; 32]).address());
+        // New files record the raised cost.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("new.key");
+        write(&path, &keypair, Some("sealed later")).unwrap();
+        let new: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(new["sealed"]["memory_kib"], 64 * 1024);
+        assert_eq!(new["sealed"]["iterations"], 3);
+        assert_eq!(
+            read(&path, Some("sealed later")).unwrap().address(),
+            keypair.address()
+        );
+    }
+
     #[test]
     fn key_file_is_private_and_round_trips() {
         let dir = tempfile::tempdir().unwrap();
@@ -216,7 +312,7 @@ mod tests {
             ),
         ];
         for (text, want) in cases {
-            fs::write(&path, text).unwrap();
+            write_private(&path, &text);
             let err = read(&path, None).unwrap_err();
             assert!(
                 format!("{:?}", err.problem).contains(want),

@@ -553,12 +553,8 @@ mod tests {
                 .unwrap()
                 .block;
             block.header.timestamp_ms = timestamp_ms;
-            block.signature = intent::sign(
-                &keys.validator,
-                Intent::Block,
-                "kvasir-test",
-                &block.header,
-            );
+            block.signature =
+                intent::sign(&keys.validator, Intent::Block, "kvasir-test", &block.header);
             block
         };
         // The parent's own time is allowed (a producer whose clock is behind stamps it).

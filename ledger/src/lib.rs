@@ -23,7 +23,9 @@ pub mod tx;
 pub mod verify;
 
 pub use amount::{Amount, AmountError, BASE_UNITS_PER_KVR};
-pub use apply::{apply_block, check_clock, produce_block, BlockError, Produced, MAX_CLOCK_DRIFT_MS};
+pub use apply::{
+    apply_block, check_clock, produce_block, BlockError, Produced, MAX_CLOCK_DRIFT_MS,
+};
 pub use block::{Block, BlockHeader};
 pub use genesis::Genesis;
 pub use hash::Hash;

@@ -1,78 +1,421 @@
-//! The mempool: transactions waiting for a block, ordered per sender by nonce so that a
-//! sender's transactions reach the producer in the order they can apply.
+//! The mempool: transactions waiting for a block. Anyone can submit, so admission is bounded
+//! and checked, and no sender can crowd out the others:
+//!
+//! - a transaction with its sender's next nonce passes `check_stateful` in full; one further
+//!   ahead passes `check_action`, the checks its predecessors cannot make pass (a transfer
+//!   covered by today's balance, a credit from a genesis gateway), so a key that cannot pay
+//!   anything queues nothing at all;
+//! - a sender may use only the next `Limits::per_sender` nonces and have at most that many
+//!   waiting; a genesis gateway, which submits one credit per metered session, gets
+//!   `per_gateway`; everyone together, `capacity`;
+//! - block candidates are taken round-robin across senders (in address order, each sender's
+//!   transactions in nonce order), so a block is shared among everyone waiting however many
+//!   transactions one of them has queued. The order is deterministic.
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::genesis::Genesis;
 use crate::hash::Hash;
 use crate::keys::Address;
-use crate::tx::VerifiedTx;
+use crate::state::State;
+use crate::tx::{check_action, check_stateful, TxError, VerifiedTx};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MempoolError {
+    #[error(transparent)]
+    Invalid(#[from] TxError),
     #[error("mempool is full ({0} transactions)")]
     Full(usize),
     #[error("transaction {0} is already in the mempool")]
     Duplicate(Hash),
     #[error("sender {0} already has a transaction with nonce {1} waiting")]
     NonceTaken(Address, u64),
+    #[error("nonce {nonce} is too far ahead: the account's next is {next}, and only the next {window} are accepted")]
+    NonceTooFarAhead {
+        nonce: u64,
+        next: u64,
+        window: usize,
+    },
+    #[error(
+        "sender {sender} already has {limit} transactions waiting, its limit; wait for a block"
+    )]
+    SenderFull { sender: Address, limit: usize },
+}
+
+/// How much may wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Transactions waiting, all senders together.
+    pub capacity: usize,
+    /// An ordinary sender's window of nonces from its account's next one, and the most it
+    /// may have waiting.
+    pub per_sender: usize,
+    /// The same for a genesis gateway.
+    pub per_gateway: usize,
+}
+
+impl Default for Limits {
+    /// A hundred thousand waiting; 16 per sender (a wallet waits for a block after that);
+    /// half the mempool for a gateway, so its credits never fill it alone.
+    fn default() -> Self {
+        Limits {
+            capacity: 100_000,
+            per_sender: 16,
+            per_gateway: 50_000,
+        }
+    }
+}
+
+impl Limits {
+    fn per(&self, genesis: &Genesis, sender: &Address) -> usize {
+        if genesis.is_gateway(sender) {
+            self.per_gateway
+        } else {
+            self.per_sender
+        }
+    }
 }
 
 pub struct Mempool {
-    capacity: usize,
-    by_slot: BTreeMap<(Address, u64), VerifiedTx>,
+    limits: Limits,
+    /// Each sender's waiting transactions by nonce.
+    senders: BTreeMap<Address, BTreeMap<u64, VerifiedTx>>,
     slot_of: HashMap<Hash, (Address, u64)>,
 }
 
 impl Mempool {
-    pub fn new(capacity: usize) -> Self {
+    pub fn new(limits: Limits) -> Self {
         Mempool {
-            capacity,
-            by_slot: BTreeMap::new(),
+            limits,
+            senders: BTreeMap::new(),
             slot_of: HashMap::new(),
         }
     }
 
     pub fn len(&self) -> usize {
-        self.by_slot.len()
+        self.slot_of.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.by_slot.is_empty()
+        self.slot_of.is_empty()
     }
 
     pub fn contains(&self, hash: &Hash) -> bool {
         self.slot_of.contains_key(hash)
     }
 
-    /// Admits a transaction that passed the stateless check.
-    pub fn insert(&mut self, tx: VerifiedTx) -> Result<Hash, MempoolError> {
+    /// Admits a transaction that passed the stateless check, judged against `state`, the
+    /// state at the head: the cheap bounds first, then the stateful checks.
+    pub fn insert(&mut self, state: &State, tx: VerifiedTx) -> Result<Hash, MempoolError> {
         let hash = tx.tx().hash();
         if self.slot_of.contains_key(&hash) {
             return Err(MempoolError::Duplicate(hash));
         }
-        let slot = (tx.tx().tx.sender, tx.tx().tx.nonce);
-        if self.by_slot.contains_key(&slot) {
-            return Err(MempoolError::NonceTaken(slot.0, slot.1));
+        let (sender, nonce) = (tx.tx().tx.sender, tx.tx().tx.nonce);
+        let queue = self.senders.get(&sender);
+        if queue.is_some_and(|queue| queue.contains_key(&nonce)) {
+            return Err(MempoolError::NonceTaken(sender, nonce));
         }
-        if self.by_slot.len() >= self.capacity {
-            return Err(MempoolError::Full(self.capacity));
+        let waiting = queue.map_or(0, BTreeMap::len);
+        let window = self.limits.per(state.genesis(), &sender);
+        let next = state.account(&sender).nonce;
+        if nonce.saturating_sub(next) >= window as u64 {
+            return Err(MempoolError::NonceTooFarAhead {
+                nonce,
+                next,
+                window,
+            });
         }
-        self.slot_of.insert(hash, slot);
-        self.by_slot.insert(slot, tx);
+        if waiting >= window {
+            return Err(MempoolError::SenderFull {
+                sender,
+                limit: window,
+            });
+        }
+        if self.len() >= self.limits.capacity {
+            return Err(MempoolError::Full(self.limits.capacity));
+        }
+        if nonce <= next {
+            check_stateful(state, tx.tx())?;
+        } else {
+            check_action(state, tx.tx())?;
+        }
+        self.slot_of.insert(hash, (sender, nonce));
+        self.senders.entry(sender).or_default().insert(nonce, tx);
         Ok(hash)
     }
 
-    /// Up to `limit` transactions for the next block, each sender's in nonce order.
+    /// Up to `limit` transactions for the next block: round-robin across senders in address
+    /// order, each sender's in nonce order.
     pub fn candidates(&self, limit: usize) -> Vec<VerifiedTx> {
-        self.by_slot.values().take(limit).cloned().collect()
+        let mut queues: Vec<_> = self.senders.values().map(BTreeMap::values).collect();
+        let mut candidates = Vec::with_capacity(limit.min(self.len()));
+        while candidates.len() < limit && !queues.is_empty() {
+            queues.retain_mut(|queue| {
+                if candidates.len() >= limit {
+                    return true;
+                }
+                queue.next().map(|tx| candidates.push(tx.clone())).is_some()
+            });
+        }
+        candidates
     }
 
     /// Drops transactions that were included or rejected.
     pub fn remove(&mut self, hashes: impl IntoIterator<Item = Hash>) {
         for hash in hashes {
-            if let Some(slot) = self.slot_of.remove(&hash) {
-                self.by_slot.remove(&slot);
+            let Some((sender, nonce)) = self.slot_of.remove(&hash) else {
+                continue;
+            };
+            if let Some(queue) = self.senders.get_mut(&sender) {
+                queue.remove(&nonce);
+                if queue.is_empty() {
+                    self.senders.remove(&sender);
+                }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apply::produce_block;
+    use crate::genesis::tests::{test_genesis, TestKeys};
+    use crate::keys::Keypair;
+    use crate::tx::tests::transfer;
+    use crate::tx::{check_stateless, Receipt, SignedTx, TxKind};
+
+    fn verified(genesis: &Genesis, tx: SignedTx) -> VerifiedTx {
+        check_stateless(genesis, vec![tx]).remove(0).unwrap()
+    }
+
+    struct Fixture {
+        state: State,
+        keys: TestKeys,
+        mempool: Mempool,
+    }
+
+    impl Fixture {
+        fn new(limits: Limits) -> Fixture {
+            let (genesis, keys) = test_genesis();
+            Fixture {
+                state: State::from_genesis(genesis),
+                keys,
+                mempool: Mempool::new(limits),
+            }
+        }
+
+        fn insert(&mut self, tx: SignedTx) -> Result<Hash, MempoolError> {
+            let tx = verified(self.state.genesis(), tx);
+            self.mempool.insert(&self.state, tx)
+        }
+
+        /// A one-base-unit transfer from `from` at `nonce` to a fixed payee.
+        fn pay(&mut self, from: &Keypair, nonce: u64) -> Result<Hash, MempoolError> {
+            let payee = Keypair::from_seed(&[77; 32]).address();
+            self.insert(transfer(from, nonce, payee, "0.000000001"))
+        }
+
+        fn credit(&mut self, nonce: u64) -> Result<Hash, MempoolError> {
+            let receipt = Receipt {
+                chain_id: "kvasir-test".into(),
+                hub: self.keys.hub.address(),
+                session_id: nonce,
+                worker: self.keys.worker.address(),
+                cumulative_bytes: 1000,
+            };
+            let tx = TxKind::Credit(receipt.sign(&self.keys.hub)).signed(
+                "kvasir-test",
+                &self.keys.gateway,
+                nonce,
+            );
+            self.insert(tx)
+        }
+    }
+
+    fn limits(per_sender: usize, per_gateway: usize) -> Limits {
+        Limits {
+            capacity: 1000,
+            per_sender,
+            per_gateway,
+        }
+    }
+
+    #[test]
+    fn a_sender_gets_a_window_of_nonces_and_a_gateway_a_wider_one() {
+        let mut f = Fixture::new(limits(4, 6));
+        let alice = Keypair::from_seed(&[4; 32]);
+        for nonce in [0, 3, 1, 2] {
+            f.pay(&alice, nonce).unwrap();
+        }
+        assert_eq!(
+            f.pay(&alice, 4),
+            Err(MempoolError::NonceTooFarAhead {
+                nonce: 4,
+                next: 0,
+                window: 4
+            })
+        );
+        assert!(matches!(
+            f.pay(&alice, u64::MAX),
+            Err(MempoolError::NonceTooFarAhead { .. })
+        ));
+        for nonce in 0..6 {
+            f.credit(nonce).unwrap();
+        }
+        assert!(matches!(
+            f.credit(6),
+            Err(MempoolError::NonceTooFarAhead { window: 6, .. })
+        ));
+        assert!(matches!(f.pay(&alice, 1), Err(MempoolError::Duplicate(_))));
+        let payee = Keypair::from_seed(&[77; 32]).address();
+        assert!(matches!(
+            f.insert(transfer(&alice, 1, payee, "0.000000002")),
+            Err(MempoolError::NonceTaken(_, 1))
+        ));
+        assert_eq!(f.mempool.len(), 10);
+    }
+
+    #[test]
+    fn a_key_that_cannot_pay_queues_nothing() {
+        let mut f = Fixture::new(limits(16, 16));
+        // The worker's account is empty and it is no gateway: every nonce is refused.
+        let broke = Keypair::from_seed(&[6; 32]);
+        for nonce in [0, 1, 5, 15] {
+            assert!(
+                matches!(
+                    f.pay(&broke, nonce),
+                    Err(MempoolError::Invalid(TxError::InsufficientFunds { .. }))
+                ),
+                "nonce {nonce}"
+            );
+        }
+        // A later transfer must be covered by today's balance (Bob holds 5 KVR).
+        let bob = Keypair::from_seed(&[5; 32]);
+        let payee = Keypair::from_seed(&[77; 32]).address();
+        assert!(matches!(
+            f.insert(transfer(&bob, 3, payee, "5.000000001")),
+            Err(MempoolError::Invalid(TxError::InsufficientFunds { .. }))
+        ));
+        f.insert(transfer(&bob, 3, payee, "5")).unwrap();
+        // Credits queued ahead: only from a gateway.
+        let receipt = Receipt {
+            chain_id: "kvasir-test".into(),
+            hub: f.keys.hub.address(),
+            session_id: 1,
+            worker: f.keys.worker.address(),
+            cumulative_bytes: 10,
+        }
+        .sign(&f.keys.hub);
+        let by_bob = TxKind::Credit(receipt).signed("kvasir-test", &bob, 4);
+        assert_eq!(
+            f.insert(by_bob),
+            Err(MempoolError::Invalid(TxError::NotAGateway(bob.address())))
+        );
+        assert_eq!(f.mempool.len(), 1);
+    }
+
+    #[test]
+    fn a_later_transfer_may_pay_the_account_an_earlier_one_creates() {
+        let (mut genesis, keys) = test_genesis();
+        genesis.params.min_new_account = crate::amount::Amount::parse("0.5").unwrap();
+        let state = State::from_genesis(genesis);
+        let mut mempool = Mempool::new(limits(16, 16));
+        let fresh = Keypair::from_seed(&[79; 32]).address();
+        for (nonce, amount) in [(0, "0.5"), (1, "0.000000001")] {
+            let tx = verified(state.genesis(), transfer(&keys.alice, nonce, fresh, amount));
+            mempool.insert(&state, tx).unwrap();
+        }
+        let produced = produce_block(&state, &mempool.candidates(10), &keys.validator, 0).unwrap();
+        assert_eq!(produced.block.txs.len(), 2, "{:?}", produced.rejected);
+        // Dust to an account nobody creates is refused at once, or at the latest in the block.
+        let dust = verified(state.genesis(), transfer(&keys.bob, 0, fresh, "0.1"));
+        assert!(matches!(
+            mempool.insert(&state, dust),
+            Err(MempoolError::Invalid(TxError::BelowNewAccountMinimum { .. }))
+        ));
+    }
+
+    #[test]
+    fn a_sender_holds_at_most_its_limit_even_when_its_nonce_moves_on() {
+        let mut f = Fixture::new(limits(3, 3));
+        let alice = Keypair::from_seed(&[4; 32]);
+        for nonce in 0..3 {
+            f.pay(&alice, nonce).unwrap();
+        }
+        // Another producer's block took Alice's first three nonces; the copies still wait
+        // here until this node's next block drops them, and count against her.
+        let payee = Keypair::from_seed(&[78; 32]).address();
+        let elsewhere: Vec<VerifiedTx> = (0..3)
+            .map(|n| verified(f.state.genesis(), transfer(&alice, n, payee, "1")))
+            .collect();
+        let validator = Keypair::from_seed(&[1; 32]);
+        f.state = produce_block(&f.state, &elsewhere, &validator, 0)
+            .unwrap()
+            .state;
+        assert_eq!(
+            f.pay(&alice, 3),
+            Err(MempoolError::SenderFull {
+                sender: alice.address(),
+                limit: 3
+            })
+        );
+    }
+
+    #[test]
+    fn the_mempool_holds_at_most_its_capacity() {
+        let mut f = Fixture::new(Limits {
+            capacity: 3,
+            per_sender: 16,
+            per_gateway: 16,
+        });
+        let alice = Keypair::from_seed(&[4; 32]);
+        for nonce in 0..3 {
+            f.pay(&alice, nonce).unwrap();
+        }
+        assert_eq!(f.pay(&alice, 3), Err(MempoolError::Full(3)));
+        let first = f.mempool.candidates(1)[0].tx().hash();
+        f.mempool.remove([first]);
+        assert!(!f.mempool.contains(&first));
+        f.pay(&alice, 3).unwrap();
+    }
+
+    #[test]
+    fn a_sender_with_many_waiting_does_not_starve_the_others() {
+        let mut f = Fixture::new(limits(100, 100));
+        let (alice, bob) = (Keypair::from_seed(&[4; 32]), Keypair::from_seed(&[5; 32]));
+        // The flood comes from whichever address sorts first, which address order favoured.
+        let (flooder, other) = if alice.address() < bob.address() {
+            (alice, bob)
+        } else {
+            (bob, alice)
+        };
+        for nonce in 0..50 {
+            f.pay(&flooder, nonce).unwrap();
+        }
+        f.pay(&other, 0).unwrap();
+        f.pay(&other, 1).unwrap();
+        let picked = f.mempool.candidates(4);
+        let slots: Vec<(Address, u64)> = picked
+            .iter()
+            .map(|tx| (tx.tx().tx.sender, tx.tx().tx.nonce))
+            .collect();
+        let (a, b) = (flooder.address(), other.address());
+        assert_eq!(slots, [(a, 0), (b, 0), (a, 1), (b, 1)]);
+        // Once the other sender is served, the rest goes to the flooder, in nonce order.
+        let all = f.mempool.candidates(10);
+        let nonces: Vec<u64> = all
+            .iter()
+            .filter(|tx| tx.tx().tx.sender == a)
+            .map(|tx| tx.tx().tx.nonce)
+            .collect();
+        assert_eq!(nonces, (0..8).collect::<Vec<_>>());
+        assert_eq!(f.mempool.candidates(10), all);
+        assert_eq!(
+            f.mempool.candidates(1000).len(),
+            52,
+            "every waiting one when the limit allows"
+        );
     }
 }

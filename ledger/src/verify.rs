@@ -1,9 +1,12 @@
 //! Re-verification: replays a stored chain from genesis, checking every hash link,
 //! signature, transaction root and state root, then compares the stored state with the
-//! replay. What a validator runs to trust nothing it did not check itself.
+//! replay. What a validator runs to trust nothing it did not check itself: given the genesis
+//! it trusts, it also refuses a store that holds another chain (a store's own genesis proves
+//! nothing about which chain it is).
 
 use crate::apply::apply_block;
 use crate::block::{genesis_block, Block};
+use crate::genesis::Genesis;
 use crate::hash::Hash;
 use crate::state::State;
 use crate::store::{Storage, StoreError};
@@ -21,18 +24,31 @@ pub struct VerifyReport {
 pub enum VerifyError {
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("the store holds the chain of genesis {stored}, not the genesis given ({given})")]
+    GenesisMismatch { stored: Hash, given: Hash },
     #[error("block {height} is bad: {reason}")]
     BadBlock { height: u64, reason: String },
     #[error("stored state differs from the replay of the chain at height {height}")]
     StateMismatch { height: u64 },
 }
 
-/// Replays the whole chain in `store`. `progress(done, total)` is called after each block.
+/// Replays the whole chain in `store`, first checking that it is the chain of `trusted`
+/// when given (without, the store's own genesis is taken on trust). `progress(done, total)`
+/// is called after each block.
 pub fn verify_chain(
     store: &dyn Storage,
+    trusted: Option<&Genesis>,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<VerifyReport, VerifyError> {
     let genesis = store.genesis()?;
+    if let Some(trusted) = trusted {
+        if genesis.hash() != trusted.hash() {
+            return Err(VerifyError::GenesisMismatch {
+                stored: genesis.hash(),
+                given: trusted.hash(),
+            });
+        }
+    }
     let head = store.head()?;
     let bad = |height, reason: String| VerifyError::BadBlock { height, reason };
     let expected_zero = genesis_block(&genesis).to_bytes();
@@ -72,4 +88,32 @@ pub fn verify_chain(
         head_hash: state.block_hash(),
         state_root: state.root(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::genesis::tests::test_genesis;
+    use crate::store::MemoryStore;
+
+    #[test]
+    fn a_store_of_another_genesis_is_refused_when_one_is_given() {
+        let (genesis, _) = test_genesis();
+        let store = MemoryStore::new(&genesis).unwrap();
+        assert_eq!(
+            verify_chain(&store, Some(&genesis), |_, _| {})
+                .unwrap()
+                .blocks,
+            0
+        );
+        assert!(verify_chain(&store, None, |_, _| {}).is_ok());
+        let mut other = genesis.clone();
+        other.genesis_time_ms += 1;
+        match verify_chain(&store, Some(&other), |_, _| {}) {
+            Err(VerifyError::GenesisMismatch { stored, given }) => {
+                assert_eq!((stored, given), (genesis.hash(), other.hash()));
+            }
+            other => panic!("expected a genesis mismatch, got {other:?}"),
+        }
+    }
 }

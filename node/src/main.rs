@@ -61,6 +61,9 @@ enum GenesisCommand {
         /// Chain parameters (default: the built-in genesis/template.json).
         #[arg(long)]
         template: Option<PathBuf>,
+        /// Seal the key files under a passphrase (KVASIR_PASSPHRASE, or typed twice).
+        #[arg(long)]
+        encrypt: bool,
         /// Print the result as one JSON object.
         #[arg(long)]
         json: bool,
@@ -83,8 +86,9 @@ fn main() -> ExitCode {
         Command::Genesis(GenesisCommand::Init {
             out,
             template,
+            encrypt,
             json,
-        }) => genesis::init_command(&out, template.as_deref(), json),
+        }) => genesis::init_command(&out, template.as_deref(), encrypt, json),
         Command::Model(command) => model::synth(command),
         Command::Generate(args) => model::generate_command(args),
         Command::VerifyChain(args) => verify::run(args),

@@ -25,11 +25,21 @@ pub async fn requested() {
     }
 }
 
-/// Blocks the calling thread until SIGINT or SIGTERM arrives.
-pub fn wait() -> std::io::Result<()> {
+/// Blocks the calling thread until SIGINT or SIGTERM arrives, or until `check` (called every
+/// fifth of a second) fails, with its error.
+pub fn wait_unless(mut check: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<()> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
-        .block_on(requested());
-    Ok(())
+        .block_on(async {
+            let stop = requested();
+            tokio::pin!(stop);
+            let mut tick = tokio::time::interval(std::time::Duration::from_millis(200));
+            loop {
+                tokio::select! {
+                    _ = &mut stop => return Ok(()),
+                    _ = tick.tick() => check()?,
+                }
+            }
+        })
 }

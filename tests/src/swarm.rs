@@ -111,6 +111,24 @@ impl Proc {
         let _ = self.child.wait();
     }
 
+    /// Waits for exit, however it ends; its exit code and everything it wrote to stderr.
+    pub fn wait_for_exit(mut self, timeout: Duration) -> (Option<i32>, String) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("waiting") {
+                // Let the reader thread drain what is left.
+                std::thread::sleep(Duration::from_millis(50));
+                return (status.code(), self.stderr());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "still running after {timeout:?} (hung?)\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Waits for exit; all stdout, or a panic naming what it printed if it fails or hangs.
     pub fn finish(mut self, timeout: Duration) -> String {
         let deadline = Instant::now() + timeout;

@@ -2,10 +2,14 @@
 //! credits checked to the base unit, re-verification, and tampering caught by `verify-chain`.
 
 use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use kvasir_api::reports::{AddressReport, DevReport, GenesisReport, VerifyReport};
+use kvasir_keyfile::{Problem, PASSPHRASE_ENV};
 use kvasir_ledger::{Address, Genesis, SledStore, Storage};
-use kvasir_tests::{path_str, run, stderr, stdout};
+use kvasir_tests::swarm::Proc;
+use kvasir_tests::{bin, path_str, run, stderr, stdout};
 
 #[test]
 fn genesis_init_writes_a_chain_and_refuses_to_overwrite() {
@@ -269,4 +273,120 @@ fn dev_with_cuda_workers_is_identical_output_or_a_clear_error() {
         first.contains("CUDA") || first.contains("libcuda") || first.contains("libnvrtc"),
         "{err}"
     );
+}
+
+/// `kvasir-node` with `args`, stdin closed and `KVASIR_PASSPHRASE` set to `passphrase` (or
+/// unset).
+fn node(args: &[&str], passphrase: Option<&str>) -> Command {
+    let mut command = Command::new(bin("kvasir-node"));
+    command
+        .args(args)
+        .env_remove(PASSPHRASE_ENV)
+        .stdin(Stdio::null());
+    if let Some(passphrase) = passphrase {
+        command.env(PASSPHRASE_ENV, passphrase);
+    }
+    command
+}
+
+#[test]
+fn genesis_init_encrypt_seals_every_key_and_a_role_opens_its_key_with_the_passphrase() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("chain");
+    let init = node(
+        &["genesis", "init", "--encrypt", "--out", path_str(&out)],
+        Some("correct horse"),
+    )
+    .output()
+    .unwrap();
+    assert!(init.status.success(), "{}", stderr(&init));
+    assert!(
+        stdout(&init).contains("(mode 0600, sealed)"),
+        "{}",
+        stdout(&init)
+    );
+    for role in ["validator", "gateway", "hub", "faucet"] {
+        let key = out.join("keys").join(format!("{role}.key"));
+        let text = std::fs::read_to_string(&key).unwrap();
+        assert!(
+            text.contains("\"sealed\"") && !text.contains("secret_key"),
+            "{role}: {text}"
+        );
+        let unopened = kvasir_keyfile::read(&key, None).unwrap_err();
+        assert!(
+            matches!(unopened.problem, Problem::NeedsPassphrase),
+            "{role}"
+        );
+        kvasir_keyfile::read(&key, Some("correct horse")).unwrap();
+    }
+    // With no passphrase to seal with, it says so in one line and writes nothing.
+    let other = dir.path().join("other");
+    let refused = node(
+        &["genesis", "init", "--encrypt", "--out", path_str(&other)],
+        None,
+    )
+    .output()
+    .unwrap();
+    assert!(!refused.status.success());
+    let message = stderr(&refused);
+    assert!(message.contains("passphrase is needed"), "{message}");
+    assert_eq!(message.trim_end().lines().count(), 1, "{message}");
+    assert!(!other.exists());
+    // A role started with the passphrase in its environment opens its sealed key.
+    let ledger_args = [
+        "ledger",
+        "--listen",
+        "127.0.0.1:0",
+        "--genesis",
+        path_str(&out.join("genesis.json")),
+        "--data-dir",
+        path_str(&dir.path().join("ledger")),
+        "--key",
+        path_str(&out.join("keys/validator.key")),
+    ];
+    let mut ledger = Proc::spawn(node(&ledger_args, Some("correct horse")));
+    ledger.listening("ledger");
+}
+
+#[test]
+fn a_hub_on_an_exposed_address_refuses_the_dev_chain_unless_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = Path::new(env!("CARGO_MANIFEST_DIR")).join("../genesis/dev");
+    // The published hub key, copied private (as `dev` installs it).
+    let key = dir.path().join("hub.key");
+    let text = std::fs::read_to_string(dev.join("keys/hub.key")).unwrap();
+    let hub_key = kvasir_keyfile::parse(&text, None).unwrap();
+    kvasir_keyfile::write(&key, &hub_key, None).unwrap();
+    let backbone = hub_key.address().to_string();
+    let (genesis, data) = (dev.join("genesis.json"), dir.path().join("hub-data"));
+    let hub = |extra: &[&str]| {
+        let mut args = vec![
+            "hub",
+            "--listen",
+            "0.0.0.0:0",
+            "--registry-listen",
+            "127.0.0.1:0",
+            "--allow-public",
+            "--genesis",
+            path_str(&genesis),
+            "--key",
+            path_str(&key),
+            "--backbone",
+            &backbone,
+            "--data-dir",
+            path_str(&data),
+        ];
+        args.extend_from_slice(extra);
+        Proc::start("kvasir-node", &args)
+    };
+    let (code, message) = hub(&[]).wait_for_exit(Duration::from_secs(60));
+    assert_eq!(code, Some(1), "{message}");
+    assert!(
+        message.starts_with("error: hub would serve the published dev chain on 0.0.0.0:0")
+            && message.contains("--allow-dev-chain"),
+        "{message}"
+    );
+    assert_eq!(message.trim_end().lines().count(), 1, "{message}");
+    let mut allowed = hub(&["--allow-dev-chain"]);
+    allowed.listening("hub");
 }

@@ -2,6 +2,7 @@
 //! SIGTERM, and even when it is itself SIGKILLed (each child follows its parent).
 
 use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use kvasir_tests::swarm::{alive, children, Proc};
@@ -55,5 +56,38 @@ fn children_stop_when_dev_is_killed_outright() {
     let dir = tempfile::tempdir().unwrap();
     let (mut dev, started) = serving(dir.path());
     dev.kill();
+    all_gone_within(&started, Duration::from_secs(30));
+}
+
+#[test]
+fn a_child_that_dies_stops_dev_with_its_name_and_every_other_child() {
+    let dir = tempfile::tempdir().unwrap();
+    let (dev, started) = serving(dir.path());
+    // The gateway is the only child listening on a TLS port of its own: find it by its
+    // command line.
+    let gateway = *started
+        .iter()
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).any(|arg| arg == b"gateway"))
+        })
+        .expect("a gateway child");
+    let status = Command::new("kill")
+        .args(["-KILL", &gateway.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let start = Instant::now();
+    let (code, stderr) = dev.wait_for_exit(Duration::from_secs(60));
+    assert_ne!(code, Some(0), "dev must fail when a child dies: {stderr}");
+    assert!(
+        stderr.contains(&format!("the gateway (pid {gateway}) exited")),
+        "{stderr}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        start.elapsed()
+    );
     all_gone_within(&started, Duration::from_secs(30));
 }

@@ -243,22 +243,61 @@ fn credits_and_transfers_commit_and_bad_ones_change_nothing() {
 }
 
 #[test]
+fn a_flood_from_one_key_is_refused_past_its_window() {
+    let chain = start();
+    let faucet = (chain.key)("faucet");
+    let pay = |from: &Keypair, nonce| {
+        let to = Keypair::generate().address();
+        let amount = Amount::parse("1").unwrap();
+        TxKind::Transfer { to, amount }.signed(&chain.chain_id(), from, nonce)
+    };
+    // A key with nothing cannot queue a transaction, at its next nonce or a later one.
+    let broke = Keypair::generate();
+    for nonce in [0, 5] {
+        assert_eq!(
+            chain.refused(&pay(&broke, nonce)),
+            (422, "invalid_tx".to_string())
+        );
+    }
+    assert_eq!(
+        chain.refused(&pay(&broke, 16)),
+        (429, "sender_limit".to_string())
+    );
+    // A funded one gets its window of 16 in, and the rest are refused with 429.
+    let flood: Vec<SignedTx> = (0..40).map(|nonce| pay(&faucet, nonce)).collect();
+    let verdicts = chain.client.submit_batch(&flood).unwrap();
+    assert!(verdicts[..16].iter().all(Result::is_ok), "{verdicts:?}");
+    for verdict in &verdicts[16..] {
+        let refused = verdict.as_ref().unwrap_err();
+        assert_eq!(refused.error, "sender_limit", "{refused:?}");
+    }
+}
+
+#[test]
 fn a_long_history_is_served_newest_first_in_pages() {
     let chain = start();
     let faucet = (chain.key)("faucet");
     let payee = Keypair::generate().address();
-    let txs: Vec<SignedTx> = (0..150)
-        .map(|nonce| {
-            let amount = kvasir_ledger::Amount::from_base_units(nonce + 1);
-            TxKind::Transfer { to: payee, amount }.signed(&chain.chain_id(), &faucet, nonce)
-        })
-        .collect();
-    let admitted = chain.client.submit_batch(&txs).unwrap();
-    let last = admitted.last().unwrap().clone().unwrap();
-    chain
-        .client
-        .wait_committed(&last, std::time::Duration::from_secs(60))
-        .unwrap();
+    // The first transfer creates the payee's account, so it carries the chain's minimum for
+    // that; then 150 small ones. A sender has at most 16 waiting: a batch of 16 at a time.
+    let minimum = chain.genesis.params.min_new_account.base_units();
+    let sent: Vec<u64> = std::iter::once(minimum).chain(1..=150).collect();
+    for (round, units) in sent.chunks(16).enumerate() {
+        let txs: Vec<SignedTx> = units
+            .iter()
+            .zip(round as u64 * 16..)
+            .map(|(units, nonce)| {
+                let amount = kvasir_ledger::Amount::from_base_units(*units);
+                TxKind::Transfer { to: payee, amount }.signed(&chain.chain_id(), &faucet, nonce)
+            })
+            .collect();
+        let admitted = chain.client.submit_batch(&txs).unwrap();
+        let last = admitted.last().unwrap().clone().unwrap();
+        chain
+            .client
+            .wait_committed(&last, std::time::Duration::from_secs(60))
+            .unwrap();
+    }
     let mut amounts = Vec::new();
     let mut before: Option<String> = None;
     loop {
@@ -281,7 +320,7 @@ fn a_long_history_is_served_newest_first_in_pages() {
     }
     // Together the pages list every transfer exactly once, newest (highest nonce) first, even
     // where a page ends inside a block.
-    assert_eq!(amounts, (1..=150).rev().collect::<Vec<u64>>());
+    assert_eq!(amounts, sent.into_iter().rev().collect::<Vec<u64>>());
     let faucet_history = chain.client.history(&faucet.address(), None).unwrap();
     assert!(matches!(
         faucet_history.entries[0].event,

@@ -49,6 +49,71 @@ fn running_out_of_file_descriptors_does_not_stop_the_gateway() {
     );
 }
 
+/// A gateway relaying to a ledger that does not answer, or is not there, answers within its
+/// timeout with the API's own error, and tells the public nothing about its insides.
+#[test]
+fn a_silent_or_missing_ledger_gets_a_json_error_in_time_without_internal_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = dir.path().join("cert.pem");
+    // Accepts connections and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    // Nothing listens here.
+    let missing = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let missing_addr = missing.local_addr().unwrap();
+    drop(missing);
+    for (ledger, status, kind) in [
+        (silent_addr, 504, "ledger_timeout"),
+        (missing_addr, 502, "ledger_unreachable"),
+    ] {
+        let mut gateway = Proc::start(
+            "kvasir-node",
+            &[
+                "gateway",
+                "--listen",
+                "127.0.0.1:0",
+                "--self-signed",
+                "--cert-out",
+                cert.to_str().unwrap(),
+                "--hub",
+                "127.0.0.1:9",
+                "--ledger",
+                &format!("http://{ledger}"),
+                "--ledger-timeout-ms",
+                "500",
+            ],
+        );
+        let addr = gateway.listening("gateway");
+        let url = format!("https://localhost:{}", port(&addr));
+        let client = Client::with_ca(&url, Some(&cert)).unwrap();
+        let start = std::time::Instant::now();
+        match client.head() {
+            Err(ClientError::Api {
+                status: got,
+                error,
+                message,
+            }) => {
+                assert_eq!((got, error.as_str()), (status, kind), "{message}");
+                for secret in [
+                    "127.0.0.1",
+                    "refused",
+                    "os error",
+                    &ledger.port().to_string(),
+                ] {
+                    assert!(!message.contains(secret), "{message:?} tells {secret:?}");
+                }
+            }
+            other => panic!("expected {status} {kind}: {other:?}"),
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+    drop(silent);
+}
+
 fn port(addr: &str) -> &str {
     addr.rsplit(':').next().unwrap_or_default()
 }

@@ -1,8 +1,9 @@
 //! Transactions and their three checks, in order: `check_stateless` (format and signatures;
 //! needs only genesis, runs in parallel and batch-verifies), `check_stateful` (nonce, funds,
 //! authority, receipt freshness) and `execute` (the state change). A transaction that fails
-//! any stage changes nothing. `check_action` is `check_stateful` without the nonce: what the
-//! mempool asks of a transaction that waits behind its sender's earlier ones.
+//! any stage changes nothing. `check_action` is the part of `check_stateful` that a
+//! transaction waiting behind its sender's earlier ones can be held to already: what the
+//! mempool asks of it.
 //!
 //! This module holds what every transaction shares (chain id, sender, nonce, signature, the
 //! encoding) and dispatches each stage to the module of its action: `transfer`, `credit`.
@@ -23,7 +24,7 @@ use crate::genesis::Genesis;
 use crate::hash::Hash;
 use crate::intent::{self, Intent};
 use crate::keys::{Address, Keypair, Signature, SignatureBatch, SignatureCheck};
-use crate::state::{Account, Staged, State, Writes};
+use crate::state::{Staged, State, Writes};
 
 /// Largest encoded transaction accepted from outside.
 pub const MAX_TX_BYTES: usize = 2048;
@@ -263,24 +264,25 @@ pub fn check_stateful(state: &State, tx: &SignedTx) -> Result<(), TxError> {
             got: t.nonce,
         });
     }
-    check_kind(state, &sender, tx)
+    match &t.kind {
+        TxKind::Transfer { to, amount } => transfer::check_stateful(state, &sender, to, *amount),
+        TxKind::Credit(signed) => credit::check_stateful(state, &t.sender, signed),
+    }
 }
 
-/// Stage two without the nonce: what a transaction that waits for its sender's earlier
-/// transactions must already pass against `state` (the mempool admits such a one only if it
-/// does). Each rule either stays true whatever those earlier transactions do (authorities, a
-/// receipt already credited) or refuses what today's state does not cover (a transfer above
-/// today's balance, or below the new-account minimum to an account that does not exist yet),
-/// so a key cannot queue what it has no means to pay for.
+/// What a transaction that waits for its sender's earlier transactions must already pass
+/// against `state` (the mempool admits such a one only if it does): the rules its
+/// predecessors cannot turn in its favour. A transfer must be covered by today's balance
+/// (its predecessors can only spend it); a credit must come from a genesis gateway with a
+/// receipt of a genesis hub, newer than the session's mark (marks only rise). So a key
+/// that cannot pay anything queues nothing. What a predecessor may change (it may create a
+/// transfer's receiver) waits for `check_stateful` in production.
 pub fn check_action(state: &State, tx: &SignedTx) -> Result<(), TxError> {
-    check_kind(state, &state.account(&tx.tx.sender), tx)
-}
-
-/// The action's own stateful rules, for a sender whose account is `sender`.
-fn check_kind(state: &State, sender: &Account, tx: &SignedTx) -> Result<(), TxError> {
     let t = &tx.tx;
     match &t.kind {
-        TxKind::Transfer { to, amount } => transfer::check_stateful(state, sender, to, *amount),
+        TxKind::Transfer { amount, .. } => {
+            transfer::check_funds(&state.account(&t.sender), *amount)
+        }
         TxKind::Credit(signed) => credit::check_stateful(state, &t.sender, signed),
     }
 }

@@ -25,6 +25,17 @@ pub(super) fn check_stateless(
     Ok(Vec::new())
 }
 
+/// The sender's account can pay `amount`.
+pub(super) fn check_funds(sender: &Account, amount: Amount) -> Result<(), TxError> {
+    if sender.balance < amount {
+        return Err(TxError::InsufficientFunds {
+            balance: sender.balance,
+            needed: amount,
+        });
+    }
+    Ok(())
+}
+
 /// The sender's account can pay `amount`, and `to` can hold it: an existing account without
 /// overflow, or a new one with at least the chain's minimum.
 pub(super) fn check_stateful(
@@ -33,12 +44,7 @@ pub(super) fn check_stateful(
     to: &Address,
     amount: Amount,
 ) -> Result<(), TxError> {
-    if sender.balance < amount {
-        return Err(TxError::InsufficientFunds {
-            balance: sender.balance,
-            needed: amount,
-        });
-    }
+    check_funds(sender, amount)?;
     let minimum = state.genesis().params.min_new_account;
     if amount < minimum && !state.has_account(to) {
         return Err(TxError::BelowNewAccountMinimum {

@@ -68,6 +68,7 @@ fn bench_genesis(validator: &Keypair, senders: &[Keypair], filler: usize) -> Gen
             max_block_txs: 100_000,
             max_block_bytes: 256 << 20,
             rewards_pool: Amount::parse("1000").unwrap_or_default(),
+            min_new_account: Amount::ZERO,
         },
         allocations,
         authorities: Authorities {

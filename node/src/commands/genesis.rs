@@ -1,13 +1,15 @@
 //! `kvasir-node genesis init`: a fresh chain from the template in `genesis/`, with newly
-//! generated authority keys.
+//! generated authority keys (with `--encrypt`, sealed under a passphrase). Also the
+//! published dev chain, and the rule that keeps it off public addresses.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use kvasir_api::reports::GenesisReport;
 use kvasir_ledger::genesis::{Allocation, Authorities, ChainParams};
-use kvasir_ledger::{Amount, Genesis, Keypair};
+use kvasir_ledger::{Address, Amount, Genesis, Hash, Keypair};
 use serde::Deserialize;
 
 /// A new chain's parameters; `genesis/template.json` is the default.
@@ -39,6 +41,51 @@ pub const DEV_KEYS: [(&str, &str); 4] = [
     ),
 ];
 
+/// The published dev chain's genesis hash.
+pub fn dev_genesis_hash() -> Result<Hash> {
+    Ok(Genesis::from_json(DEV_GENESIS)?.hash())
+}
+
+/// The address of the dev chain's published `role` key (one of `ROLES`).
+pub fn dev_address(role: &str) -> Result<Address> {
+    let (_, text) = DEV_KEYS
+        .iter()
+        .find(|(r, _)| *r == role)
+        .with_context(|| format!("the dev chain has no {role} key"))?;
+    Ok(kvasir_keyfile::parse(text, None)?.address())
+}
+
+/// A role about to serve the published dev chain where other machines can reach it.
+#[derive(Debug, thiserror::Error)]
+#[error("{role} would serve the published dev chain on {listen}, and anyone can sign with its published keys; start a chain of your own (`genesis init`), listen on loopback, or pass --allow-dev-chain")]
+pub struct DevChainExposed {
+    pub role: &'static str,
+    pub listen: SocketAddr,
+}
+
+/// Refuses to serve the dev chain on an address that is not loopback, unless `allowed`:
+/// its keys are public, so on such an address anyone could sign as its validator, gateway,
+/// hub or faucet. `is_dev_chain` is asked only when some address is exposed and the dev
+/// chain is not allowed (it may have to ask the network).
+pub fn refuse_exposed_dev_chain(
+    role: &'static str,
+    listen: &[SocketAddr],
+    allowed: bool,
+    is_dev_chain: impl FnOnce() -> Result<bool>,
+) -> Result<()> {
+    let Some(exposed) = listen.iter().find(|a| !a.ip().is_loopback()) else {
+        return Ok(());
+    };
+    if allowed || !is_dev_chain()? {
+        return Ok(());
+    }
+    Err(DevChainExposed {
+        role,
+        listen: *exposed,
+    }
+    .into())
+}
+
 /// The roles whose keys a fresh chain generates, each written to `keys/<role>.key`.
 pub const ROLES: [&str; 4] = ["validator", "gateway", "hub", "faucet"];
 
@@ -50,13 +97,28 @@ pub fn genesis_path(dir: &Path) -> PathBuf {
     dir.join("genesis.json")
 }
 
-/// Writes `keys/<role>.key` under `dir` (mode 0600, never overwriting).
-fn write_role_key(dir: &Path, role: &str, keypair: &Keypair) -> Result<()> {
-    Ok(kvasir_keyfile::write(&key_path(dir, role), keypair, None)?)
+/// Writes `keys/<role>.key` under `dir` (mode 0600, never overwriting), sealed when a
+/// passphrase is given.
+fn write_role_key(
+    dir: &Path,
+    role: &str,
+    keypair: &Keypair,
+    passphrase: Option<&str>,
+) -> Result<()> {
+    Ok(kvasir_keyfile::write(
+        &key_path(dir, role),
+        keypair,
+        passphrase,
+    )?)
 }
 
 /// Writes `genesis.json` and one key file per role into `out`, refusing to overwrite.
 pub fn init(out: &Path, template: &Template) -> Result<Genesis> {
+    init_sealed(out, template, None)
+}
+
+/// `init`, with every key file sealed under `passphrase` when one is given.
+pub fn init_sealed(out: &Path, template: &Template, passphrase: Option<&str>) -> Result<Genesis> {
     let genesis_file = genesis_path(out);
     if genesis_file.exists() {
         bail!(
@@ -68,7 +130,7 @@ pub fn init(out: &Path, template: &Template) -> Result<Genesis> {
         .with_context(|| format!("creating {}", out.join("keys").display()))?;
     let keys: [Keypair; ROLES.len()] = std::array::from_fn(|_| Keypair::generate());
     for (role, keypair) in ROLES.iter().zip(&keys) {
-        write_role_key(out, role, keypair)?;
+        write_role_key(out, role, keypair, passphrase)?;
     }
     let [validator, gateway, hub, faucet] = keys.map(|k| k.address());
     let genesis_time_ms = SystemTime::now()
@@ -93,9 +155,13 @@ pub fn init(out: &Path, template: &Template) -> Result<Genesis> {
     Ok(genesis)
 }
 
-/// `genesis init`: a fresh chain in `out`, reported as text or one JSON object.
-pub fn init_command(out: &Path, template: Option<&Path>, json: bool) -> Result<()> {
-    let genesis = init(out, &load_template(template)?)?;
+/// `genesis init`: a fresh chain in `out`, its keys sealed under a passphrase with
+/// `encrypt` (`KVASIR_PASSPHRASE`, or typed twice), reported as text or one JSON object.
+pub fn init_command(out: &Path, template: Option<&Path>, encrypt: bool, json: bool) -> Result<()> {
+    let template = load_template(template)?;
+    // Asked before anything is written, so a mistyped passphrase leaves nothing behind.
+    let passphrase = encrypt.then(kvasir_keyfile::new_passphrase).transpose()?;
+    let genesis = init_sealed(out, &template, passphrase.as_deref().map(String::as_str))?;
     if json {
         let report = GenesisReport {
             chain_id: genesis.params.chain_id.clone(),
@@ -111,8 +177,12 @@ pub fn init_command(out: &Path, template: Option<&Path>, json: bool) -> Result<(
             genesis.hash()
         );
         println!("wrote {}", genesis_path(out).display());
+        let sealed = if encrypt { ", sealed" } else { "" };
         for role in ROLES {
-            println!("wrote {} (mode 0600)", key_path(out, role).display());
+            println!(
+                "wrote {} (mode 0600{sealed})",
+                key_path(out, role).display()
+            );
         }
     }
     Ok(())
@@ -124,7 +194,7 @@ pub fn install_dev_chain(dir: &Path) -> Result<Genesis> {
     std::fs::create_dir_all(dir.join("keys"))
         .with_context(|| format!("creating {}", dir.join("keys").display()))?;
     for (role, text) in DEV_KEYS {
-        write_role_key(dir, role, &kvasir_keyfile::parse(text, None)?)?;
+        write_role_key(dir, role, &kvasir_keyfile::parse(text, None)?, None)?;
     }
     std::fs::write(genesis_path(dir), DEV_GENESIS)
         .with_context(|| format!("writing {}", genesis_path(dir).display()))?;
@@ -153,10 +223,7 @@ mod tests {
         );
         let roles: Vec<_> = DEV_KEYS.iter().map(|(role, _)| *role).collect();
         assert_eq!(roles, ROLES);
-        let address = |role| {
-            let text = DEV_KEYS.iter().find(|(r, _)| *r == role).unwrap().1;
-            kvasir_keyfile::parse(text, None).unwrap().address()
-        };
+        let address = |role| dev_address(role).unwrap();
         assert!(genesis.is_validator(&address("validator")));
         assert!(genesis.is_gateway(&address("gateway")));
         assert!(genesis.is_hub(&address("hub")));
@@ -180,6 +247,46 @@ mod tests {
             kvasir_keyfile::read(&path, None).unwrap();
         }
         assert!(init(dir.path(), &template).is_err());
+    }
+
+    #[test]
+    fn the_dev_chain_is_refused_on_an_exposed_address_unless_allowed() {
+        let loopback: SocketAddr = "127.0.0.1:7101".parse().unwrap();
+        let v6_loopback: SocketAddr = "[::1]:443".parse().unwrap();
+        let lan: SocketAddr = "10.0.0.2:7101".parse().unwrap();
+        let any: SocketAddr = "0.0.0.0:443".parse().unwrap();
+        let asked = std::cell::Cell::new(0);
+        let dev = |answer: bool| {
+            let asked = &asked;
+            move || {
+                asked.set(asked.get() + 1);
+                Ok(answer)
+            }
+        };
+        // Loopback only, or allowed: the chain is not even looked at.
+        assert!(
+            refuse_exposed_dev_chain("hub", &[loopback, v6_loopback], false, dev(true)).is_ok()
+        );
+        assert!(refuse_exposed_dev_chain("hub", &[loopback, lan], true, dev(true)).is_ok());
+        assert_eq!(asked.get(), 0);
+        // Exposed: refused for the dev chain, naming the exposed address and the way out.
+        for listen in [&[loopback, lan][..], &[any]] {
+            let error = refuse_exposed_dev_chain("gateway", listen, false, dev(true)).unwrap_err();
+            let message = error.to_string();
+            assert!(
+                message.contains(&listen[listen.len() - 1].to_string()),
+                "{message}"
+            );
+            assert!(message.contains("--allow-dev-chain"), "{message}");
+            assert!(error.downcast_ref::<DevChainExposed>().is_some());
+        }
+        assert!(refuse_exposed_dev_chain("gateway", &[any], false, dev(false)).is_ok());
+        assert_eq!(asked.get(), 3);
+        // The dev chain is recognised by its genesis and its keys.
+        let genesis = Genesis::from_json(DEV_GENESIS).unwrap();
+        assert_eq!(genesis.hash(), dev_genesis_hash().unwrap());
+        assert!(genesis.is_gateway(&dev_address("gateway").unwrap()));
+        assert!(dev_address("nobody").is_err());
     }
 
     #[test]

@@ -1,24 +1,36 @@
-//! `kvasir-node verify-chain`: replays a stored chain with a progress bar.
+//! `kvasir-node verify-chain`: replays a stored chain with a progress bar, against the
+//! genesis it is given (without one, the store's own genesis is trusted, with a warning).
 
 use std::path::PathBuf;
 
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvasir_api::reports::VerifyReport;
-use kvasir_ledger::{verify_chain, SledStore, Storage};
+use kvasir_ledger::{verify_chain, Genesis, SledStore, Storage};
 
 #[derive(clap::Args)]
 pub struct Args {
     /// The ledger's data directory.
     #[arg(long)]
     data_dir: PathBuf,
+    /// The chain's genesis.json: a store holding another chain is refused.
+    #[arg(long)]
+    genesis: Option<PathBuf>,
     /// Print the report as one JSON object.
     #[arg(long)]
     json: bool,
 }
 
 pub fn run(args: Args) -> Result<()> {
+    let trusted = args.genesis.as_deref().map(Genesis::load).transpose()?;
     let store = SledStore::open(&args.data_dir)?;
+    if trusted.is_none() {
+        eprintln!(
+            "warning: no --genesis given, so the genesis stored in {} ({}) is trusted",
+            args.data_dir.display(),
+            store.genesis()?.hash()
+        );
+    }
     let bar = if args.json {
         ProgressBar::hidden()
     } else {
@@ -28,7 +40,7 @@ pub fn run(args: Args) -> Result<()> {
         ProgressStyle::with_template("verifying {bar:40} {pos}/{len} blocks {per_sec} eta {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let report = verify_chain(&store, |done, _| bar.set_position(done));
+    let report = verify_chain(&store, trusted.as_ref(), |done, _| bar.set_position(done));
     bar.finish_and_clear();
     let report = report?;
     if args.json {

@@ -1,13 +1,15 @@
 //! Swarm roles as child processes of this binary on loopback: what `dev` and the swarm
 //! benchmarks start. A child is stopped when its handle drops (SIGTERM, then SIGKILL if it
 //! lingers), and it stops by itself when its parent dies; its `<role> listening on ADDR`
-//! line says where it listens.
+//! line says where it listens. Its log lines pass through to our stderr and the last one is
+//! kept, so that a child that exits when it should not can be named with its last words.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc::{channel, Receiver};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
@@ -42,6 +44,8 @@ pub struct Child {
     child: std::process::Child,
     lines: Receiver<String>,
     what: String,
+    /// The last line it wrote to stderr.
+    last_message: Arc<Mutex<String>>,
 }
 
 impl Child {
@@ -53,6 +57,7 @@ impl Child {
         command
             .args(args)
             .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .env(PARENT_ENV, std::process::id().to_string());
         if std::env::var_os("RUST_LOG").is_none() {
             command.env("RUST_LOG", "warn");
@@ -65,11 +70,45 @@ impl Child {
                 let _ = tx.send(line);
             }
         });
+        let stderr = child.stderr.take().context("child stderr")?;
+        let last_message = Arc::new(Mutex::new(String::new()));
+        let last = last_message.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("{line}");
+                *last.lock().unwrap_or_else(|p| p.into_inner()) = line;
+            }
+        });
+        let what = format!(
+            "the {} (pid {})",
+            args.first().map_or("child", String::as_str),
+            child.id()
+        );
         Ok(Child {
             child,
             lines,
-            what: args.first().cloned().unwrap_or_default(),
+            what,
+            last_message,
         })
+    }
+
+    /// If it has exited: which child, how, and the last thing it logged.
+    pub fn exited(&mut self) -> Option<String> {
+        let status = self.child.try_wait().ok().flatten()?;
+        let last = self
+            .last_message
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let last = if last.is_empty() {
+            "nothing".to_string()
+        } else {
+            format!("{last:?}")
+        };
+        Some(format!(
+            "{} exited ({status}); its last message: {last}",
+            self.what
+        ))
     }
 
     /// The rest of the next stdout line starting with `prefix`.
@@ -232,6 +271,15 @@ impl Loopback {
             backbone,
             roles,
         })
+    }
+
+    /// An error naming the first role that has exited: every role runs until stopped, so one
+    /// that exits has failed.
+    pub fn check(&mut self) -> Result<()> {
+        match self.roles.iter_mut().find_map(Child::exited) {
+            Some(exited) => Err(anyhow!("{exited}")),
+            None => Ok(()),
+        }
     }
 
     /// Stops the roles, workers first, so no survivor logs the others' departure.

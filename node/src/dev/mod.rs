@@ -224,6 +224,7 @@ pub fn run(args: Args) -> Result<()> {
             .cumulative_bytes
             < session.cumulative_bytes
         {
+            swarm.check()?;
             if Instant::now() > deadline {
                 bail!(
                     "session {} was not credited within two minutes",
@@ -275,13 +276,13 @@ pub fn run(args: Args) -> Result<()> {
     }
     if args.serve {
         println!("the swarm is running; Ctrl-C stops it");
-        crate::shutdown::wait()?;
+        crate::shutdown::wait_unless(|| swarm.check())?;
         println!("stopping the swarm");
     }
     drop(backbone);
     swarm.stop();
     let store = SledStore::open(&dir.join("ledger"))?;
-    let verified = verify_chain(&store, |_, _| {})?;
+    let verified = verify_chain(&store, Some(&genesis), |_, _| {})?;
     println!(
         "chain re-verified from genesis: {} blocks, {} transactions, state root {}",
         verified.blocks, verified.transactions, verified.state_root

@@ -22,11 +22,12 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 
+use crate::commands::genesis::{dev_address, dev_genesis_hash, refuse_exposed_dev_chain};
 use crate::link;
 use crate::listen::{Acceptor, Limits};
 use crate::tls;
 use crediting::Crediting;
-use proxy::api;
+use proxy::{api, Upstream};
 use splice::{is_swarm_upgrade, read_head, Rewind};
 
 /// The path workers upgrade on.
@@ -69,6 +70,13 @@ pub struct Args {
     /// Milliseconds between registry polls.
     #[arg(long, default_value_t = DEFAULT_CREDIT_INTERVAL_MS)]
     credit_interval_ms: u64,
+    /// Milliseconds the relay waits for the ledger's whole answer before answering 504.
+    #[arg(long, default_value_t = 10_000)]
+    ledger_timeout_ms: u64,
+    /// Serve the published dev chain on an address that is not loopback (refused without:
+    /// anyone can sign with its keys).
+    #[arg(long)]
+    allow_dev_chain: bool,
     #[command(flatten)]
     limits: Limits,
 }
@@ -77,7 +85,31 @@ pub struct Args {
 /// (`bench credit` measures its latency with it).
 pub const DEFAULT_CREDIT_INTERVAL_MS: u64 = 1000;
 
+/// Whether this gateway would serve the published dev chain: its credit key is that chain's
+/// published gateway key, or the ledger it relays holds the dev genesis (block 0's previous
+/// hash is the genesis hash). A ledger that cannot be reached yet is not held against it.
+fn serves_dev_chain(args: &Args) -> Result<bool> {
+    if let Some(key) = &args.key {
+        if kvasir_keyfile::address(key)? == dev_address("gateway")? {
+            return Ok(true);
+        }
+    }
+    let Some(ledger) = &args.ledger else {
+        return Ok(false);
+    };
+    match Client::new(ledger).block(0) {
+        Ok(block) => Ok(block.prev_hash == dev_genesis_hash()?),
+        Err(e) => {
+            tracing::warn!("could not ask {ledger} which chain it holds: {e}");
+            Ok(false)
+        }
+    }
+}
+
 pub fn run(args: Args) -> Result<()> {
+    refuse_exposed_dev_chain("gateway", &[args.listen], args.allow_dev_chain, || {
+        serves_dev_chain(&args)
+    })?;
     let config = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => tls::server_from_files(cert, key)?,
         _ => {
@@ -99,8 +131,14 @@ pub fn run(args: Args) -> Result<()> {
         std::thread::spawn(move || crediting.run(interval, &AtomicBool::new(false)));
     }
     let runtime = tokio::runtime::Runtime::new()?;
-    let api = api(args.ledger.clone());
+    let upstream = args
+        .ledger
+        .as_deref()
+        .map(|url| Upstream::new(url, Duration::from_millis(args.ledger_timeout_ms)))
+        .transpose()?;
     runtime.block_on(async {
+        // The relay's client spawns its connection tasks on this runtime.
+        let api = api(upstream);
         let listener = link::bind("gateway", args.listen).await?;
         serve(
             TlsAcceptor::from(config),

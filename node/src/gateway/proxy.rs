@@ -1,88 +1,143 @@
 //! The gateway's REST side: the ledger's API relayed to the public (reads and transaction
-//! submission) when a ledger is configured.
+//! submission) when a ledger is configured, over one pooled async HTTP client with connect
+//! and response timeouts. The public sees the ledger's answer, or the API's own
+//! `{error, message}` when the ledger cannot be reached or is too slow, never the text of an
+//! internal error (that goes to the log).
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
+use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::header::{HeaderName, CONTENT_TYPE};
-use axum::http::{Method, StatusCode, Uri};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderValue, Method, Request, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::Router;
+use axum::{Json, Router};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
 use kvasir_api::ErrorBody;
+
+/// Largest request relayed: a signed transaction is well under a kilobyte.
+const MAX_REQUEST: usize = 64 << 10;
+/// Largest answer relayed (a page of history, a hub's sessions).
+const MAX_ANSWER: usize = 16 << 20;
+/// A ledger that does not accept a connection within this is unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The ledger behind the gateway: where it is and the pooled client that reaches it.
+pub(super) struct Upstream {
+    /// `http://host:port`, without a trailing slash.
+    base: String,
+    client: Client<HttpConnector, Full<Bytes>>,
+    /// A whole exchange (answer read to its end) longer than this is given up on.
+    timeout: Duration,
+}
+
+impl Upstream {
+    /// The ledger at `url`: plain HTTP, as on the LAN behind the gateway.
+    pub(super) fn new(url: &str, timeout: Duration) -> Result<Upstream> {
+        let base = url.trim_end_matches('/').to_string();
+        let uri: Uri = base.parse().with_context(|| format!("--ledger {url}"))?;
+        if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+            bail!("--ledger {url}: the relay reaches the ledger over plain http://HOST:PORT");
+        }
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new()).build(connector);
+        Ok(Upstream {
+            base,
+            client,
+            timeout,
+        })
+    }
+
+    /// One exchange with the ledger: its status, content type and body.
+    async fn exchange(
+        &self,
+        method: Method,
+        path: &str,
+        body: Bytes,
+    ) -> Result<(StatusCode, Option<HeaderValue>, Bytes)> {
+        let request = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base))
+            .header(CONTENT_TYPE, "application/json")
+            .body(Full::new(body))?;
+        let response = self.client.request(request).await?;
+        let (parts, body) = response.into_parts();
+        let body = Limited::new(body, MAX_ANSWER)
+            .collect()
+            .await
+            .map_err(|e| anyhow::anyhow!("reading the answer: {e}"))?
+            .to_bytes();
+        Ok((parts.status, parts.headers.get(CONTENT_TYPE).cloned(), body))
+    }
+}
+
+fn error(status: StatusCode, error: &str, message: &str) -> Response {
+    let body = ErrorBody {
+        error: error.into(),
+        message: message.into(),
+    };
+    (status, Json(body)).into_response()
+}
 
 /// The public REST API: the ledger's, relayed (reads and transaction submission), when a
 /// ledger is configured; the market comes with a later change.
-pub(super) fn api(ledger: Option<String>) -> Router {
+pub(super) fn api(ledger: Option<Upstream>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .fallback(relay_to_ledger)
-        .layer(DefaultBodyLimit::max(64 << 10))
+        .layer(DefaultBodyLimit::max(MAX_REQUEST))
         .with_state(Arc::new(ledger))
 }
 
 /// Passes a GET or POST through to the ledger and its answer back.
 async fn relay_to_ledger(
-    State(ledger): State<Arc<Option<String>>>,
+    State(ledger): State<Arc<Option<Upstream>>>,
     method: Method,
     uri: Uri,
-    body: axum::body::Bytes,
-) -> (StatusCode, [(HeaderName, &'static str); 1], Vec<u8>) {
-    let json = || [(CONTENT_TYPE, "application/json")];
-    let error = |status: StatusCode, error: &str, message: String| {
-        let body = ErrorBody {
-            error: error.into(),
-            message,
-        };
-        let bytes = serde_json::to_vec(&body).unwrap_or_default();
-        (status, json(), bytes)
+    body: Bytes,
+) -> Response {
+    let Some(ledger) = ledger.as_ref() else {
+        return error(StatusCode::NOT_FOUND, "not_found", "no such endpoint");
     };
-    let Some(ledger) = ledger.as_ref().clone() else {
-        return error(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            "no such endpoint".into(),
-        );
-    };
-    let path = uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
-    let url = format!("{}{path}", ledger.trim_end_matches('/'));
     if method != Method::GET && method != Method::POST {
-        let message = "GET or POST".to_string();
         return error(
             StatusCode::METHOD_NOT_ALLOWED,
             "method_not_allowed",
-            message,
+            "GET or POST",
         );
     }
-    let answer = tokio::task::spawn_blocking(move || -> Result<(u16, Vec<u8>), String> {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .build()
-            .into();
-        let response = match method {
-            Method::POST => agent
-                .post(&url)
-                .content_type("application/json")
-                .send(&body[..]),
-            _ => agent.get(&url).call(),
-        };
-        let mut response = response.map_err(|e| e.to_string())?;
-        let status = response.status().as_u16();
-        let bytes = response
-            .body_mut()
-            .read_to_vec()
-            .map_err(|e| e.to_string())?;
-        Ok((status, bytes))
-    })
-    .await
-    .map_err(|e| e.to_string())
-    .and_then(|inner| inner);
-    match answer {
-        Ok((status, bytes)) => (
-            StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
-            json(),
-            bytes,
-        ),
-        Err(reason) => error(StatusCode::BAD_GATEWAY, "ledger_unreachable", reason),
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    match tokio::time::timeout(ledger.timeout, ledger.exchange(method, path, body)).await {
+        Ok(Ok((status, content_type, body))) => {
+            let mut response = (status, body).into_response();
+            if let Some(content_type) = content_type {
+                response.headers_mut().insert(CONTENT_TYPE, content_type);
+            }
+            response
+        }
+        Ok(Err(e)) => {
+            tracing::warn!("relaying {path} to the ledger: {e:#}");
+            error(
+                StatusCode::BAD_GATEWAY,
+                "ledger_unreachable",
+                "the ledger behind this gateway cannot be reached",
+            )
+        }
+        Err(_) => {
+            tracing::warn!("relaying {path}: the ledger did not answer in time");
+            error(
+                StatusCode::GATEWAY_TIMEOUT,
+                "ledger_timeout",
+                "the ledger behind this gateway did not answer in time",
+            )
+        }
     }
 }

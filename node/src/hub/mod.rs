@@ -32,6 +32,7 @@ use kvasir_ledger::keys::{Address, Keypair};
 use tokio::net::TcpStream;
 use utoipa::OpenApi;
 
+use crate::commands::genesis::{dev_genesis_hash, refuse_exposed_dev_chain};
 use crate::link::{self, next_frame, next_message};
 use crate::listen::{Acceptor, Limits};
 use crate::wire::{Challenge, DirectoryEntry, Message, Role, Welcome};
@@ -65,6 +66,10 @@ pub struct Args {
     /// Allow listening on a public address (the hub belongs on the LAN, behind the gateway).
     #[arg(long)]
     allow_public: bool,
+    /// Serve the published dev chain on an address that is not loopback (refused without:
+    /// anyone can sign with its keys).
+    #[arg(long)]
+    allow_dev_chain: bool,
     /// Connections held at once (workers arrive through the gateway, so all from its address:
     /// the hub caps only the total).
     #[arg(long, default_value_t = 4096)]
@@ -93,6 +98,12 @@ pub fn run(args: Args) -> Result<()> {
         }
     }
     let genesis = Genesis::load(&args.genesis)?;
+    refuse_exposed_dev_chain(
+        "hub",
+        &[args.listen, args.registry_listen],
+        args.allow_dev_chain,
+        || Ok(genesis.hash() == dev_genesis_hash()?),
+    )?;
     let key = kvasir_keyfile::open(&args.key)?;
     if !genesis.is_hub(&key.address()) {
         tracing::warn!(hub = %key.address(), "this key is not a hub authority in genesis: the ledger will refuse its receipts");

@@ -334,22 +334,24 @@ fn decode_tx(text: &str) -> Result<SignedTx, ApiError> {
 }
 
 fn refusal(refusal: Refusal) -> ApiError {
-    match refusal {
-        Refusal::Invalid(e) => ApiError(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_tx",
-            e.to_string(),
-        ),
-        Refusal::Mempool(e @ MempoolError::Full(_)) => ApiError(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "mempool_full",
-            e.to_string(),
-        ),
-        Refusal::Mempool(e) => ApiError(StatusCode::CONFLICT, "conflict", e.to_string()),
-    }
+    let (status, kind) = match &refusal {
+        Refusal::Invalid(_) | Refusal::Mempool(MempoolError::Invalid(_)) => {
+            (StatusCode::UNPROCESSABLE_ENTITY, "invalid_tx")
+        }
+        Refusal::Mempool(MempoolError::Full(_)) => {
+            (StatusCode::SERVICE_UNAVAILABLE, "mempool_full")
+        }
+        Refusal::Mempool(
+            MempoolError::NonceTooFarAhead { .. } | MempoolError::SenderFull { .. },
+        ) => (StatusCode::TOO_MANY_REQUESTS, "sender_limit"),
+        Refusal::Mempool(MempoolError::Duplicate(_) | MempoolError::NonceTaken(..)) => {
+            (StatusCode::CONFLICT, "conflict")
+        }
+    };
+    ApiError(status, kind, refusal.to_string())
 }
 
-#[utoipa::path(post, path = "/txs", description = "Submit one signed transaction: {\"tx\": hex of its borsh bytes}.", request_body = Submission, responses((status = 202, description = "Admitted to the mempool", body = Submitted), (status = 400, description = "Not JSON, not hex, or not a canonical signed transaction", body = ErrorBody), (status = 409, description = "Already pending, or its nonce is taken", body = ErrorBody), (status = 413, description = "Body over 64 KiB", body = ErrorBody), (status = 415, description = "Not application/json", body = ErrorBody), (status = 422, description = "JSON of another shape, or a transaction failing a check (signature, nonce, funds, authority, ...)", body = ErrorBody), (status = 500, body = ErrorBody), (status = 503, description = "The mempool is full", body = ErrorBody)))]
+#[utoipa::path(post, path = "/txs", description = "Submit one signed transaction: {\"tx\": hex of its borsh bytes}.", request_body = Submission, responses((status = 202, description = "Admitted to the mempool", body = Submitted), (status = 400, description = "Not JSON, not hex, or not a canonical signed transaction", body = ErrorBody), (status = 409, description = "Already pending, or its nonce is taken", body = ErrorBody), (status = 413, description = "Body over 64 KiB", body = ErrorBody), (status = 415, description = "Not application/json", body = ErrorBody), (status = 422, description = "JSON of another shape, or a transaction failing a check (signature, nonce, funds, authority, ...)", body = ErrorBody), (status = 429, description = "Its sender has as many transactions waiting as it may, or its nonce is further ahead than that", body = ErrorBody), (status = 500, body = ErrorBody), (status = 503, description = "The mempool is full", body = ErrorBody)))]
 async fn submit(
     State(ledger): State<Arc<Ledger>>,
     body: Result<Json<Submission>, JsonRejection>,

@@ -1,16 +1,18 @@
 //! `kvasir-node ledger`: the ledger service. Admits signed transactions (stateless checks,
-//! and the stateful ones when the nonce is the account's next), produces a block every
-//! genesis interval with the validator key, or sooner when a full block's worth is waiting
-//! (so a backlog drains at the speed of verification, not one block per interval), commits
-//! it atomically, and serves the REST API (`api`). Ctrl-C or SIGTERM stops between blocks:
-//! nothing is ever half-committed.
+//! then the mempool's bounds and stateful checks, `kvasir_ledger::mempool`), produces a block
+//! every genesis interval with the validator key, or sooner when a full block's worth is
+//! waiting (so a backlog drains at the speed of verification, not one block per interval),
+//! commits it atomically, and serves the REST API (`api`). A block is never stamped further
+//! ahead of this machine's clock than `MAX_CLOCK_DRIFT_MS`: while the head is (a chain whose
+//! genesis time is still to come, a clock set back), no block is made. Ctrl-C or SIGTERM
+//! stops between blocks: nothing is ever half-committed.
 //!
 //! The room: the service itself (admission, the block producer) here, its REST API in `api`.
 //! It may touch the ledger crate and its store; nothing of the swarm.
 
 mod api;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,17 +20,16 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
-use kvasir_ledger::mempool::{Mempool, MempoolError};
-use kvasir_ledger::tx::check_stateful;
+use kvasir_ledger::mempool::{Limits, Mempool, MempoolError};
 use kvasir_ledger::{
-    check_stateless, produce_block, Genesis, Hash, Keypair, SignedTx, SledStore, State, Storage,
-    TxError,
+    check_clock, check_stateless, produce_block, BlockError, Genesis, Hash, Keypair, SignedTx,
+    SledStore, State, Storage, TxError,
 };
 
 use crate::link;
 
-/// Transactions waiting at most; beyond, submissions are refused until blocks drain it.
-const MEMPOOL_CAPACITY: usize = 100_000;
+/// Rejections remembered for `GET /txs/{hash}`; beyond, the oldest are forgotten.
+const REJECTIONS_KEPT: usize = 100_000;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -59,6 +60,39 @@ pub enum Refusal {
 #[derive(Clone, Debug)]
 pub struct Rejection(pub String);
 
+/// The newest rejections, at most `cap`, the oldest forgotten first: a flood of transactions
+/// that fail in production cannot grow the service's memory.
+struct Rejections {
+    cap: usize,
+    order: VecDeque<Hash>,
+    reasons: HashMap<Hash, Rejection>,
+}
+
+impl Rejections {
+    fn new(cap: usize) -> Rejections {
+        Rejections {
+            cap,
+            order: VecDeque::new(),
+            reasons: HashMap::new(),
+        }
+    }
+
+    fn get(&self, hash: &Hash) -> Option<Rejection> {
+        self.reasons.get(hash).cloned()
+    }
+
+    fn insert(&mut self, hash: Hash, rejection: Rejection) {
+        if self.reasons.insert(hash, rejection).is_none() {
+            self.order.push_back(hash);
+        }
+        while self.order.len() > self.cap {
+            if let Some(oldest) = self.order.pop_front() {
+                self.reasons.remove(&oldest);
+            }
+        }
+    }
+}
+
 pub struct Ledger {
     pub store: SledStore,
     state: RwLock<State>,
@@ -67,7 +101,7 @@ pub struct Ledger {
     block_limit: usize,
     /// Signalled when the mempool holds a full block.
     full: Condvar,
-    rejected: Mutex<HashMap<Hash, Rejection>>,
+    rejected: Mutex<Rejections>,
     validator: Keypair,
     pub blocks_produced: std::sync::atomic::AtomicU64,
 }
@@ -95,10 +129,10 @@ impl Ledger {
         Ok(Ledger {
             store,
             state: RwLock::new(state),
-            mempool: Mutex::new(Mempool::new(MEMPOOL_CAPACITY)),
+            mempool: Mutex::new(Mempool::new(Limits::default())),
             block_limit: genesis.params.max_block_txs as usize,
             full: Condvar::new(),
-            rejected: Mutex::new(HashMap::new()),
+            rejected: Mutex::new(Rejections::new(REJECTIONS_KEPT)),
             validator,
             blocks_produced: Default::default(),
         })
@@ -117,16 +151,7 @@ impl Ledger {
         let mut mempool = lock(&self.mempool);
         let verdicts = checked
             .into_iter()
-            .map(|verified| {
-                let verified = verified?;
-                let account = state.account(&verified.tx().tx.sender);
-                // The next transaction of its sender can be checked in full now; later
-                // nonces wait for their predecessors and are checked in block production.
-                if verified.tx().tx.nonce <= account.nonce {
-                    check_stateful(&state, verified.tx())?;
-                }
-                Ok(mempool.insert(verified)?)
-            })
+            .map(|verified| Ok(mempool.insert(&state, verified?)?))
             .collect();
         if mempool.len() >= self.block_limit {
             self.full.notify_one();
@@ -148,18 +173,22 @@ impl Ledger {
     }
 
     pub fn rejection(&self, hash: &Hash) -> Option<Rejection> {
-        lock(&self.rejected).get(hash).cloned()
+        lock(&self.rejected).get(hash)
     }
 
     pub fn mempool_len(&self) -> usize {
         lock(&self.mempool).len()
     }
 
-    /// Produces and commits the next block from the mempool (possibly empty).
+    /// Produces and commits the next block from the mempool (possibly empty). Fails with
+    /// `BlockError::AheadOfClock`, committing nothing, while the head is too far ahead of
+    /// this machine's clock for a new block to be stamped honestly.
     pub fn produce(&self) -> Result<()> {
         let state = self.state();
         let candidates = lock(&self.mempool).candidates(self.block_limit);
-        let produced = produce_block(&state, &candidates, &self.validator, now_ms())?;
+        let now = now_ms();
+        let produced = produce_block(&state, &candidates, &self.validator, now)?;
+        check_clock(&produced.block.header, now)?;
         self.store.commit(&produced.block, &produced.changes)?;
         let included = produced.block.txs.iter().map(SignedTx::hash);
         let dropped: Vec<Hash> = produced.rejected.iter().map(|(h, _)| *h).collect();
@@ -187,16 +216,28 @@ pub fn run(args: Args) -> Result<()> {
         let (ledger, stop) = (ledger.clone(), stop.clone());
         std::thread::spawn(move || {
             let mut next = Instant::now() + interval;
+            let mut early = false;
             while !stop.load(Ordering::Relaxed) {
                 ledger.wait_for_block(next);
                 // A full block made early leaves the regular schedule as it was.
                 if Instant::now() >= next {
                     next += interval;
                 }
-                if let Err(e) = ledger.produce() {
-                    // Storage failing under us: stop rather than serve a head that cannot move.
-                    eprintln!("error: producing a block: {e:#}");
-                    std::process::exit(1);
+                match ledger.produce() {
+                    Ok(()) => early = false,
+                    // The clock will catch up with the head: say so once, then wait for it.
+                    Err(e) if matches!(e.downcast_ref(), Some(BlockError::AheadOfClock { .. })) => {
+                        if !early {
+                            tracing::warn!("no block until the clock catches up: {e}");
+                        }
+                        early = true;
+                    }
+                    Err(e) => {
+                        // Storage failing under us: stop rather than serve a head that cannot
+                        // move.
+                        eprintln!("error: producing a block: {e:#}");
+                        std::process::exit(1);
+                    }
                 }
             }
         })
@@ -223,15 +264,20 @@ mod tests {
     use crate::commands::genesis::{init, key_path, load_template};
     use kvasir_ledger::{Amount, TxKind};
 
-    /// A ledger whose blocks hold at most 3 transactions, and its faucet key.
-    fn small_blocks(dir: &std::path::Path) -> (Ledger, Keypair) {
-        let mut template = load_template(None).unwrap();
-        template.params.max_block_txs = 3;
+    /// A ledger on a fresh chain from the template, as `change` edits its genesis, and its
+    /// faucet key.
+    fn ledger_with(dir: &std::path::Path, change: impl FnOnce(&mut Genesis)) -> (Ledger, Keypair) {
         let chain = dir.join("chain");
-        let genesis = init(&chain, &template).unwrap();
+        let mut genesis = init(&chain, &load_template(None).unwrap()).unwrap();
+        change(&mut genesis);
         let key = |role| kvasir_keyfile::read(&key_path(&chain, role), None).unwrap();
         let ledger = Ledger::open(&genesis, &dir.join("ledger"), key("validator")).unwrap();
         (ledger, key("faucet"))
+    }
+
+    /// A ledger whose blocks hold at most 3 transactions, and its faucet key.
+    fn small_blocks(dir: &std::path::Path) -> (Ledger, Keypair) {
+        ledger_with(dir, |genesis| genesis.params.max_block_txs = 3)
     }
 
     fn transfers(ledger: &Ledger, from: &Keypair, nonces: std::ops::Range<u64>) {
@@ -270,5 +316,88 @@ mod tests {
         ledger.produce().unwrap();
         assert_eq!(ledger.state().height(), 1);
         assert_eq!(ledger.mempool_len(), 1);
+    }
+
+    #[test]
+    fn a_flood_from_one_key_is_refused_and_keeps_no_one_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, faucet) = small_blocks(dir.path());
+        let chain_id = ledger.state().genesis().params.chain_id.clone();
+        let pay = |from: &Keypair, nonce, to, amount| {
+            let amount = Amount::parse(amount).unwrap();
+            TxKind::Transfer { to, amount }.signed(&chain_id, from, nonce)
+        };
+        // Someone whose address sorts after the faucet's, so that taking candidates in
+        // address order would serve the faucet's flood first.
+        let friend = (0u8..)
+            .map(|i| Keypair::from_seed(&[i; 32]))
+            .find(|k| k.address() > faucet.address())
+            .unwrap();
+        assert!(ledger.submit(vec![pay(&faucet, 0, friend.address(), "5")])[0].is_ok());
+        ledger.produce().unwrap();
+
+        // A key with nothing: not one of a thousand is admitted, however far its nonces.
+        let broke = Keypair::generate();
+        let flood = (0..1000).map(|n| pay(&broke, n, friend.address(), "1"));
+        let verdicts = ledger.submit(flood.collect());
+        assert!(verdicts.iter().all(Result::is_err));
+        assert!(matches!(
+            &verdicts[999],
+            Err(Refusal::Mempool(MempoolError::NonceTooFarAhead { .. }))
+        ));
+        assert_eq!(ledger.mempool_len(), 0);
+
+        // A funded key flooding gets only its window in.
+        let flood = (1..1001).map(|n| pay(&faucet, n, broke.address(), "0.001"));
+        let admitted = ledger.submit(flood.collect());
+        let admitted = admitted.iter().filter(|v| v.is_ok()).count();
+        assert_eq!(admitted, Limits::default().per_sender);
+
+        // The friend is admitted behind it and makes the very next block.
+        let hash = ledger
+            .submit(vec![pay(&friend, 0, faucet.address(), "1")])
+            .remove(0)
+            .unwrap();
+        ledger.produce().unwrap();
+        let block = ledger.store.block(2).unwrap().unwrap();
+        assert_eq!(block.txs.len(), 3);
+        assert!(block.txs.iter().any(|tx| tx.hash() == hash));
+    }
+
+    #[test]
+    fn only_the_newest_rejections_are_kept() {
+        let hash = |i: u8| Hash::of_parts(&[&[i]]);
+        let mut rejections = Rejections::new(2);
+        for i in 0..5 {
+            rejections.insert(hash(i), Rejection(format!("reason {i}")));
+        }
+        assert_eq!(rejections.reasons.len(), 2);
+        assert!(rejections.get(&hash(2)).is_none());
+        assert_eq!(rejections.get(&hash(4)).unwrap().0, "reason 4");
+        rejections.insert(hash(4), Rejection("again".into()));
+        assert_eq!(rejections.get(&hash(3)).unwrap().0, "reason 3");
+        assert_eq!(rejections.get(&hash(4)).unwrap().0, "again");
+    }
+
+    #[test]
+    fn no_block_is_made_while_the_head_is_ahead_of_the_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        // A chain that starts in a minute: no block until then.
+        let (ledger, _) = ledger_with(&dir.path().join("later"), |genesis| {
+            genesis.genesis_time_ms = now_ms() + 60_000;
+        });
+        let error = ledger.produce().unwrap_err();
+        assert!(
+            matches!(error.downcast_ref(), Some(BlockError::AheadOfClock { .. })),
+            "{error:#}"
+        );
+        assert_eq!(ledger.store.head().unwrap(), 0);
+        assert_eq!(ledger.state().height(), 0);
+        // Within the allowed drift a block is made, stamped with the parent's time.
+        let (ledger, _) = ledger_with(&dir.path().join("soon"), |genesis| {
+            genesis.genesis_time_ms = now_ms() + 1_000;
+        });
+        ledger.produce().unwrap();
+        assert_eq!(ledger.state().height(), 1);
     }
 }
