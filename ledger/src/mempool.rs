@@ -329,11 +329,13 @@ mod tests {
         }
         let produced = produce_block(&state, &mempool.candidates(10), &keys.validator, 0).unwrap();
         assert_eq!(produced.block.txs.len(), 2, "{:?}", produced.rejected);
-        // Dust to an account nobody creates is refused at once, or at the latest in the block.
+        // At the sender's next nonce the full check applies: dust cannot create the account.
         let dust = verified(state.genesis(), transfer(&keys.bob, 0, fresh, "0.1"));
         assert!(matches!(
             mempool.insert(&state, dust),
-            Err(MempoolError::Invalid(TxError::BelowNewAccountMinimum { .. }))
+            Err(MempoolError::Invalid(
+                TxError::BelowNewAccountMinimum { .. }
+            ))
         ));
     }
 

@@ -60,6 +60,7 @@ pub async fn connect(
     let _ = tx.send(Message::Hello(hello).encode().into());
     match next_message(&mut source).await? {
         Message::Welcome(welcome) => Ok((tx, source, welcome.session)),
+        Message::Failure(failure) => bail!("the hub refused this {role:?}: {}", failure.message),
         _ => bail!("the hub refused this {role:?}"),
     }
 }

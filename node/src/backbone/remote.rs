@@ -142,6 +142,10 @@ impl RemoteExperts {
                         .tx
                         .as_ref()
                         .is_some_and(|tx| tx.send(frame.into()).is_ok());
+                    if !sent {
+                        // Nothing will answer it: its waiting place must not outlive it.
+                        link.pending.remove(&id);
+                    }
                     sent.then_some(answer)
                 }
                 Err(e) => {

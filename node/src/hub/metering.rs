@@ -1,9 +1,12 @@
 //! What the hub meters for an answer, as a pure function of what was asked and what came
 //! back, so that the rule paid per byte is written down once and tested apart from sockets
-//! and sled: a response that carries exactly the values its request implies meters the
-//! request's bytes and its own; a failure meters nothing; anything else (an answer to a
-//! request this session was never sent, too many values, too few) is refused, and the relay
-//! drops the worker.
+//! and sled: a response that carries exactly the values its request implies, in time, meters
+//! the request's bytes and its own; a failure meters nothing; an answer after the request's
+//! deadline (the backbone has computed it locally by then) earns nothing and is not relayed;
+//! anything else (an answer to a request this session was never sent, too many values, too
+//! few) is refused, and the relay drops the worker.
+
+use std::time::Instant;
 
 /// A request relayed to a session and not yet answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -12,6 +15,17 @@ pub(super) struct Asked {
     pub request_bytes: u64,
     /// Partial values the answering response must carry.
     pub response_values: usize,
+    /// After this the backbone no longer waits for the answer.
+    pub deadline: Instant,
+}
+
+/// What an answer is worth.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Metered {
+    /// In time: meter these bytes (zero for a failure) and relay the answer.
+    Bytes(u64),
+    /// After the deadline: nothing metered, nothing relayed.
+    Late,
 }
 
 /// A worker's answer to request `id`, as the relay inspected it.
@@ -36,14 +50,20 @@ pub(super) enum Refusal {
     },
 }
 
-/// Bytes to meter for `answer` to request `id`, given what the relay sent that session under
-/// that id (`None`: nothing, or already answered). Zero for a failure.
-pub(super) fn metered(id: u64, asked: Option<Asked>, answer: Answer) -> Result<u64, Refusal> {
+/// What `answer` to request `id`, arriving at `now`, is worth, given what the relay sent that
+/// session under that id (`None`: nothing, or already answered or expired).
+pub(super) fn metered(
+    id: u64,
+    asked: Option<Asked>,
+    answer: Answer,
+    now: Instant,
+) -> Result<Metered, Refusal> {
     let asked = asked.ok_or(Refusal::Unasked { id })?;
     match answer {
-        Answer::Failure => Ok(0),
+        _ if now > asked.deadline => Ok(Metered::Late),
+        Answer::Failure => Ok(Metered::Bytes(0)),
         Answer::Response { values, bytes } if values == asked.response_values => {
-            Ok(asked.request_bytes.saturating_add(bytes))
+            Ok(Metered::Bytes(asked.request_bytes.saturating_add(bytes)))
         }
         Answer::Response { values, .. } => Err(Refusal::WrongSize {
             id,
@@ -57,10 +77,15 @@ pub(super) fn metered(id: u64, asked: Option<Asked>, answer: Answer) -> Result<u
 mod tests {
     use super::*;
 
-    const ASKED: Asked = Asked {
-        request_bytes: 500,
-        response_values: 12,
-    };
+    use std::time::Duration;
+
+    fn asked() -> Asked {
+        Asked {
+            request_bytes: 500,
+            response_values: 12,
+            deadline: Instant::now() + Duration::from_secs(60),
+        }
+    }
 
     fn response(values: usize) -> Answer {
         Answer::Response {
@@ -71,14 +96,17 @@ mod tests {
 
     #[test]
     fn the_right_size_meters_request_and_response() {
-        assert_eq!(metered(3, Some(ASKED), response(12)), Ok(500 + 70));
+        assert_eq!(
+            metered(3, Some(asked()), response(12), Instant::now()),
+            Ok(Metered::Bytes(500 + 70))
+        );
     }
 
     #[test]
     fn too_many_or_too_few_values_are_refused() {
         for values in [13, 24, 11, 0] {
             assert_eq!(
-                metered(3, Some(ASKED), response(values)),
+                metered(3, Some(asked()), response(values), Instant::now()),
                 Err(Refusal::WrongSize {
                     id: 3,
                     values,
@@ -90,13 +118,27 @@ mod tests {
 
     #[test]
     fn a_failure_meters_nothing() {
-        assert_eq!(metered(3, Some(ASKED), Answer::Failure), Ok(0));
+        assert_eq!(
+            metered(3, Some(asked()), Answer::Failure, Instant::now()),
+            Ok(Metered::Bytes(0))
+        );
     }
 
     #[test]
     fn an_answer_to_nothing_asked_is_refused() {
         for answer in [response(12), Answer::Failure] {
-            assert_eq!(metered(4, None, answer), Err(Refusal::Unasked { id: 4 }));
+            assert_eq!(
+                metered(4, None, answer, Instant::now()),
+                Err(Refusal::Unasked { id: 4 })
+            );
+        }
+    }
+
+    #[test]
+    fn an_answer_after_the_deadline_earns_nothing_whatever_it_is() {
+        let late = asked().deadline + Duration::from_millis(1);
+        for answer in [response(12), response(13), Answer::Failure] {
+            assert_eq!(metered(3, Some(asked()), answer, late), Ok(Metered::Late));
         }
     }
 }

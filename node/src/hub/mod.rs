@@ -35,10 +35,10 @@ use utoipa::OpenApi;
 use crate::commands::genesis::{dev_genesis_hash, refuse_exposed_dev_chain};
 use crate::link::{self, next_frame, next_message};
 use crate::listen::{Acceptor, Limits};
-use crate::wire::{Challenge, DirectoryEntry, Message, Role, Welcome};
+use crate::wire::{Challenge, DirectoryEntry, Failure, Message, Role, Welcome};
 use receipts::{receipts, RegistryDoc};
 use registry::Registry;
-use relay::{Links, WorkerLink};
+use relay::{distinct_claims, Links, DIRECTORY_INTERVAL};
 
 /// A client must complete the WebSocket handshake and its hello within this.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -74,6 +74,10 @@ pub struct Args {
     /// the hub caps only the total).
     #[arg(long, default_value_t = 4096)]
     max_connections: usize,
+    /// A request unanswered this long is failed to the backbone, and an answer after it earns
+    /// nothing: keep it at most the backbone's `--dispatch-timeout-ms`.
+    #[arg(long, default_value_t = 5000)]
+    answer_deadline_ms: u64,
 }
 
 struct Hub {
@@ -82,6 +86,23 @@ struct Hub {
     backbone: Address,
     registry: Registry,
     links: Mutex<Links>,
+    answer_deadline: Duration,
+}
+
+#[cfg(test)]
+impl Hub {
+    /// A hub with a fresh registry in `dir`, no links yet.
+    fn for_tests(dir: &std::path::Path, answer_deadline: Duration) -> Hub {
+        let key = Keypair::generate();
+        Hub {
+            chain_id: "kvasir-test".into(),
+            backbone: key.address(),
+            key,
+            registry: Registry::open(&dir.join("registry")).expect("a registry"),
+            links: Mutex::new(Links::default()),
+            answer_deadline,
+        }
+    }
 }
 
 fn is_lan(ip: IpAddr) -> bool {
@@ -116,6 +137,7 @@ pub fn run(args: Args) -> Result<()> {
         backbone: args.backbone,
         registry: Registry::open(&args.data_dir.join("registry"))?,
         links: Mutex::new(Links::default()),
+        answer_deadline: Duration::from_millis(args.answer_deadline_ms),
     });
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(serve(
@@ -143,6 +165,14 @@ async fn serve(
         .route("/healthz", get(|| async { "ok" }))
         .with_state(hub.clone());
     tokio::spawn(async move { axum::serve(registry, app).await });
+    let clock = hub.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(DIRECTORY_INTERVAL);
+        loop {
+            tick.tick().await;
+            clock.tick(std::time::Instant::now());
+        }
+    });
     let limits = Limits {
         max_connections,
         max_connections_per_ip: usize::MAX,
@@ -186,20 +216,35 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
     let (tx, mut source) = ws;
     match hello.role {
         Role::Worker => {
+            let refuse = |why: &dyn std::fmt::Display| {
+                let failure = Failure::new(0, why.to_string());
+                let _ = tx.send(Message::Failure(failure).encode().into());
+            };
+            let experts = match distinct_claims(hello.experts) {
+                Ok(experts) => experts,
+                Err(why) => {
+                    refuse(&why);
+                    bail!("refused {}: {why}", hello.key);
+                }
+            };
             let session = hub.registry.open_session(hello.key)?;
-            let _ = tx.send(Message::Welcome(Welcome { session }).encode().into());
-            tracing::info!(session, worker = %hello.key, experts = hello.experts.len(), "worker attached");
             let entry = DirectoryEntry {
                 session,
                 worker: hello.key,
                 model_id: hello.model_id,
-                experts: hello.experts,
+                experts,
             };
+            let claimed = entry.experts.len();
             {
+                // The welcome goes out under the lock, so no relayed request can precede it.
                 let mut links = hub.links();
-                links.workers.insert(session, WorkerLink { entry, tx });
-                links.send_directory();
+                if let Err(why) = links.add_worker(entry, tx.clone()) {
+                    refuse(&why);
+                    bail!("refused {}: {why}", hello.key);
+                }
+                let _ = tx.send(Message::Welcome(Welcome { session }).encode().into());
             }
+            tracing::info!(session, worker = %hello.key, experts = claimed, "worker attached");
             let result = async {
                 loop {
                     hub.relay_answer(session, next_frame(&mut source).await?)?;

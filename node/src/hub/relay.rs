@@ -1,17 +1,42 @@
 //! Relaying dispatch frames between the backbone and worker sessions, and which relayed
 //! requests are still unanswered: an answer is metered (see `metering`) only if it answers
-//! one of them.
+//! one of them in time. Everything a peer can grow here is bounded: unanswered requests per
+//! session (past the cap the backbone gets a failure at once), how long one may wait (past its
+//! deadline the backbone gets a failure, and a minute later the request is forgotten; an
+//! answer in that minute is late, earns nothing and costs the worker nothing), the experts a
+//! session and the whole hub may claim, and how often the directory is re-sent (changes are
+//! coalesced).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::MutexGuard;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Bytes;
 
-use super::metering::{self, Answer, Asked};
+use super::metering::{self, Answer, Asked, Metered};
 use super::Hub;
-use crate::wire::{Directory, DirectoryEntry, Failure, Message, Relayed};
+use crate::wire::{Directory, DirectoryEntry, ExpertId, Failure, Message, Relayed};
+
+/// Requests one session may have unanswered at once: one per layer step per micro-batch in
+/// flight is the most an honest backbone sends, far below this.
+pub(super) const MAX_UNANSWERED: usize = 64;
+/// Experts one session may claim (Qwen3.5-122B-A10B has 49 x 256 = 12,544).
+pub(super) const MAX_CLAIMS_PER_SESSION: usize = 16_384;
+/// Claims over every session together: keeps the directory a few MiB, well inside a frame.
+pub(super) const MAX_CLAIMS: usize = 1 << 20;
+/// The directory is sent at most this often; joins and leaves in between are coalesced.
+pub(super) const DIRECTORY_INTERVAL: Duration = Duration::from_millis(100);
+/// How long past its deadline a request is remembered, so that a slow worker's late answer is
+/// recognised as late (and not as an answer to nothing, which drops the worker).
+const LATE_GRACE: Duration = Duration::from_secs(60);
+
+/// A relayed request, and whether the backbone was already told it failed.
+struct Waiting {
+    asked: Asked,
+    failed: bool,
+}
 
 #[derive(Default)]
 pub(super) struct Links {
@@ -19,12 +44,36 @@ pub(super) struct Links {
     pub backbone: Option<(u64, mpsc::UnboundedSender<Bytes>)>,
     pub backbone_connections: u64,
     /// Requests relayed and not yet answered: (session, request id) -> what answers them.
-    outstanding: HashMap<(u64, u64), Asked>,
+    outstanding: HashMap<(u64, u64), Waiting>,
+    /// Claims of every connected session together.
+    claims: usize,
+    /// The directory changed since it was last sent.
+    directory_changed: bool,
 }
 
 pub(super) struct WorkerLink {
-    pub entry: DirectoryEntry,
-    pub tx: mpsc::UnboundedSender<Bytes>,
+    entry: DirectoryEntry,
+    tx: mpsc::UnboundedSender<Bytes>,
+    /// Its entries in `outstanding`.
+    unanswered: usize,
+}
+
+/// Why a worker is not admitted.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum Refused {
+    #[error("a session may claim at most {MAX_CLAIMS_PER_SESSION} experts, this hello claims {0}")]
+    TooManyClaims(usize),
+    #[error("the hub holds its maximum of {MAX_CLAIMS} claimed experts; try another hub or later")]
+    HubFull,
+}
+
+/// `claims` without repeats, in order, if within the per-session cap.
+pub(super) fn distinct_claims(claims: Vec<ExpertId>) -> Result<Vec<ExpertId>, Refused> {
+    let distinct: BTreeSet<ExpertId> = claims.into_iter().collect();
+    if distinct.len() > MAX_CLAIMS_PER_SESSION {
+        return Err(Refused::TooManyClaims(distinct.len()));
+    }
+    Ok(distinct.into_iter().collect())
 }
 
 impl Links {
@@ -34,9 +83,47 @@ impl Links {
         }
     }
 
-    pub fn send_directory(&self) {
+    fn fail(&self, id: u64, message: String) {
+        let failure = Failure::new(id, message);
+        self.to_backbone(Message::Failure(failure).encode().into());
+    }
+
+    /// Admits worker `entry` (its claims already distinct) if the hub has room for its claims.
+    pub fn add_worker(
+        &mut self,
+        entry: DirectoryEntry,
+        tx: mpsc::UnboundedSender<Bytes>,
+    ) -> Result<(), Refused> {
+        let claims = self.claims.saturating_add(entry.experts.len());
+        if claims > MAX_CLAIMS {
+            return Err(Refused::HubFull);
+        }
+        self.claims = claims;
+        let session = entry.session;
+        let link = WorkerLink {
+            entry,
+            tx,
+            unanswered: 0,
+        };
+        self.workers.insert(session, link);
+        self.directory_changed = true;
+        Ok(())
+    }
+
+    /// The whole directory, now (a backbone that just attached must not wait for it).
+    pub fn send_directory(&mut self) {
         let sessions = self.workers.values().map(|w| w.entry.clone()).collect();
         self.to_backbone(Message::Directory(Directory { sessions }).encode().into());
+        self.directory_changed = false;
+    }
+
+    /// Forgets `(session, id)`; what was asked, if it was.
+    fn take(&mut self, session: u64, id: u64) -> Option<Asked> {
+        let waiting = self.outstanding.remove(&(session, id))?;
+        if let Some(worker) = self.workers.get_mut(&session) {
+            worker.unanswered = worker.unanswered.saturating_sub(1);
+        }
+        Some(waiting.asked)
     }
 }
 
@@ -49,7 +136,8 @@ impl Hub {
     /// A frame from worker `session`: a response or failure answering a relayed request,
     /// metered as `metering` decides. An answer refused (or not metered) for a request the
     /// backbone is waiting for becomes a failure at once, so the backbone computes it locally
-    /// without waiting out its deadline; then the worker is dropped.
+    /// without waiting out its deadline; then the worker is dropped. A late answer is
+    /// dropped quietly: the worker is slow, not lying.
     pub(super) fn relay_answer(&self, session: u64, frame: Bytes) -> Result<()> {
         let (id, answer) = match Message::inspect(&frame)? {
             Relayed::Response { id, values } => (
@@ -62,22 +150,25 @@ impl Hub {
             Relayed::Failure { id } => (id, Answer::Failure),
             _ => bail!("a worker may only send responses and failures"),
         };
-        let asked = self.links().outstanding.remove(&(session, id));
-        let verdict = metering::metered(id, asked, answer)
+        let asked = self.links().take(session, id);
+        let verdict = metering::metered(id, asked, answer, Instant::now())
             .map_err(anyhow::Error::from)
-            .and_then(|bytes| match bytes {
-                0 => Ok(()),
-                bytes => self.registry.meter(session, bytes).map(drop),
+            .and_then(|metered| match metered {
+                Metered::Bytes(0) | Metered::Late => Ok(metered),
+                Metered::Bytes(bytes) => self.registry.meter(session, bytes).map(|_| metered),
             });
-        if let Err(e) = verdict {
-            if asked.is_some() {
-                let failure = Failure::new(id, format!("session {session}: {e:#}"));
-                self.links()
-                    .to_backbone(Message::Failure(failure).encode().into());
+        match verdict {
+            Ok(Metered::Bytes(_)) => self.links().to_backbone(frame),
+            Ok(Metered::Late) => {
+                tracing::debug!(session, id, "answer after its deadline: not metered")
             }
-            return Err(e);
+            Err(e) => {
+                if asked.is_some() {
+                    self.links().fail(id, format!("session {session}: {e:#}"));
+                }
+                return Err(e);
+            }
         }
-        self.links().to_backbone(frame);
         Ok(())
     }
 
@@ -92,25 +183,41 @@ impl Hub {
             bail!("a backbone may only send requests");
         };
         let mut links = self.links();
-        let Some(worker) = links.workers.get(&session) else {
-            let message = format!("session {session} is not connected");
-            links.to_backbone(Message::Failure(Failure { id, message }).encode().into());
+        let Some(worker) = links.workers.get_mut(&session) else {
+            links.fail(id, format!("session {session} is not connected"));
             return Ok(());
         };
-        let _ = worker.tx.send(frame.clone());
-        links.outstanding.insert(
-            (session, id),
-            Asked {
-                request_bytes: frame.len() as u64,
-                response_values,
-            },
-        );
+        if worker.unanswered >= MAX_UNANSWERED {
+            let message = format!("session {session} has {MAX_UNANSWERED} requests unanswered");
+            links.fail(id, message);
+            return Ok(());
+        }
+        let asked = Asked {
+            request_bytes: frame.len() as u64,
+            response_values,
+            deadline: Instant::now() + self.answer_deadline,
+        };
+        if worker.tx.send(frame).is_err() {
+            links.fail(id, format!("session {session} is leaving"));
+            return Ok(());
+        }
+        worker.unanswered += 1;
+        // A repeated id replaces the entry: the count above then over-counts by one until the
+        // session answers or leaves, which only makes the cap stricter.
+        let waiting = Waiting {
+            asked,
+            failed: false,
+        };
+        links.outstanding.insert((session, id), waiting);
         Ok(())
     }
 
     pub(super) fn remove_worker(&self, session: u64) {
         let mut links = self.links();
-        links.workers.remove(&session);
+        if let Some(worker) = links.workers.remove(&session) {
+            links.claims = links.claims.saturating_sub(worker.entry.experts.len());
+            links.directory_changed = true;
+        }
         let lost: Vec<u64> = links
             .outstanding
             .keys()
@@ -119,9 +226,207 @@ impl Hub {
             .collect();
         for id in lost {
             links.outstanding.remove(&(session, id));
-            let message = format!("session {session} left");
-            links.to_backbone(Message::Failure(Failure { id, message }).encode().into());
+            links.fail(id, format!("session {session} left"));
         }
-        links.send_directory();
+    }
+
+    /// Fails every request past its deadline (the backbone computes it locally), forgets those
+    /// past their grace, and sends the directory if it changed: the hub's clock task, each
+    /// tick.
+    pub(super) fn tick(&self, now: Instant) {
+        let mut links = self.links();
+        let mut late = Vec::new();
+        let mut forgotten = Vec::new();
+        for (key, waiting) in links.outstanding.iter_mut() {
+            if now > waiting.asked.deadline + LATE_GRACE {
+                forgotten.push(*key);
+            } else if now > waiting.asked.deadline && !waiting.failed {
+                waiting.failed = true;
+                late.push(*key);
+            }
+        }
+        for (session, id) in late {
+            links.fail(id, format!("session {session} did not answer in time"));
+        }
+        for (session, id) in forgotten {
+            links.take(session, id);
+        }
+        if links.directory_changed {
+            links.send_directory();
+        }
+    }
+
+    /// Requests waiting for an answer (all sessions).
+    #[cfg(test)]
+    pub(super) fn unanswered(&self) -> usize {
+        self.links().outstanding.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::Request;
+    use kvasir_ledger::Keypair;
+
+    fn hub(dir: &std::path::Path, deadline: Duration) -> Hub {
+        Hub::for_tests(dir, deadline)
+    }
+
+    fn request(session: u64, id: u64) -> Bytes {
+        Message::Request(Request {
+            session,
+            id,
+            layer: 0,
+            hidden: 2,
+            rows: vec![1.0, 2.0],
+            experts: vec![(0, vec![0])],
+        })
+        .encode()
+        .into()
+    }
+
+    /// A worker session on `hub` and the frames relayed to it; the backbone's receiving end.
+    fn attach(
+        hub: &Hub,
+        session: u64,
+    ) -> (
+        mpsc::UnboundedReceiver<Bytes>,
+        mpsc::UnboundedReceiver<Bytes>,
+    ) {
+        let (backbone_tx, backbone_rx) = mpsc::unbounded_channel();
+        let (worker_tx, worker_rx) = mpsc::unbounded_channel();
+        let mut links = hub.links();
+        links.backbone = Some((1, backbone_tx));
+        let entry = DirectoryEntry {
+            session,
+            worker: Keypair::generate().address(),
+            model_id: "m".into(),
+            experts: vec![(0, 0)],
+        };
+        links.add_worker(entry, worker_tx).unwrap();
+        (worker_rx, backbone_rx)
+    }
+
+    fn failures(rx: &mut mpsc::UnboundedReceiver<Bytes>) -> Vec<u64> {
+        let mut ids = Vec::new();
+        while let Ok(frame) = rx.try_recv() {
+            if let Ok(Message::Failure(f)) = Message::decode(&frame) {
+                ids.push(f.id);
+            }
+        }
+        ids
+    }
+
+    #[test]
+    fn a_session_that_never_answers_holds_at_most_the_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = hub(dir.path(), Duration::from_secs(60));
+        let (mut worker, mut backbone) = attach(&hub, 1);
+        for id in 0..(MAX_UNANSWERED as u64 + 10) {
+            hub.relay_request(request(1, id)).unwrap();
+        }
+        assert_eq!(hub.unanswered(), MAX_UNANSWERED);
+        let mut relayed = 0;
+        while worker.try_recv().is_ok() {
+            relayed += 1;
+        }
+        assert_eq!(relayed, MAX_UNANSWERED);
+        // The ten over the cap were failed at once.
+        let over: Vec<u64> = (MAX_UNANSWERED as u64..MAX_UNANSWERED as u64 + 10).collect();
+        assert_eq!(failures(&mut backbone), over);
+    }
+
+    #[test]
+    fn requests_past_their_deadline_are_failed_once_and_late_answers_earn_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = hub(dir.path(), Duration::from_millis(10));
+        let (_worker, mut backbone) = attach(&hub, 1);
+        hub.relay_request(request(1, 7)).unwrap();
+        let values = 2;
+        let late = Message::Response(crate::wire::Response {
+            id: 7,
+            partials: vec![0.5; values],
+        })
+        .encode();
+        hub.tick(Instant::now() + Duration::from_millis(20));
+        assert_eq!(failures(&mut backbone), vec![7]);
+        // Failed once, not again.
+        hub.tick(Instant::now() + Duration::from_millis(30));
+        assert!(backbone.try_recv().is_err());
+        // The answer that comes after: not relayed, not metered, and the worker stays.
+        std::thread::sleep(Duration::from_millis(20));
+        hub.relay_answer(1, late.into()).unwrap();
+        assert!(backbone.try_recv().is_err());
+        assert!(hub.registry.sessions().unwrap().is_empty());
+        assert_eq!(hub.unanswered(), 0);
+        // One that is never answered is forgotten after its grace.
+        hub.relay_request(request(1, 8)).unwrap();
+        hub.tick(Instant::now() + LATE_GRACE + Duration::from_secs(1));
+        assert_eq!(hub.unanswered(), 0);
+    }
+
+    #[test]
+    fn claims_are_deduplicated_and_capped() {
+        let claims = vec![(0, 1), (0, 1), (2, 3)];
+        assert_eq!(distinct_claims(claims).unwrap(), vec![(0, 1), (2, 3)]);
+        let many: Vec<ExpertId> = (0..=MAX_CLAIMS_PER_SESSION as u32)
+            .map(|i| ((i / 256) as u16, (i % 256) as u16))
+            .collect();
+        assert!(matches!(
+            distinct_claims(many),
+            Err(Refused::TooManyClaims(_))
+        ));
+    }
+
+    #[test]
+    fn the_hub_refuses_claims_beyond_its_total_and_frees_them_on_leave() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = hub(dir.path(), Duration::from_secs(60));
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let full: Vec<ExpertId> = (0..MAX_CLAIMS as u32)
+            .map(|i| ((i >> 16) as u16, i as u16))
+            .collect();
+        let entry = |session, experts| DirectoryEntry {
+            session,
+            worker: Keypair::generate().address(),
+            model_id: "m".into(),
+            experts,
+        };
+        hub.links().add_worker(entry(1, full), tx.clone()).unwrap();
+        assert!(matches!(
+            hub.links().add_worker(entry(2, vec![(0, 0)]), tx.clone()),
+            Err(Refused::HubFull)
+        ));
+        hub.remove_worker(1);
+        hub.links().add_worker(entry(2, vec![(0, 0)]), tx).unwrap();
+    }
+
+    #[test]
+    fn directory_changes_are_coalesced_into_one_send_per_tick() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = hub(dir.path(), Duration::from_secs(60));
+        let (_worker, mut backbone) = attach(&hub, 1);
+        for session in 2..20 {
+            let (tx, _rx) = mpsc::unbounded_channel();
+            let entry = DirectoryEntry {
+                session,
+                worker: Keypair::generate().address(),
+                model_id: "m".into(),
+                experts: vec![(0, 0)],
+            };
+            hub.links().add_worker(entry, tx).unwrap();
+        }
+        assert!(backbone.try_recv().is_err(), "sent before the tick");
+        hub.tick(Instant::now());
+        hub.tick(Instant::now());
+        let mut directories = 0;
+        while let Ok(frame) = backbone.try_recv() {
+            if let Ok(Message::Directory(d)) = Message::decode(&frame) {
+                assert_eq!(d.sessions.len(), 19);
+                directories += 1;
+            }
+        }
+        assert_eq!(directories, 1);
     }
 }
