@@ -11,8 +11,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::ledger::{
-    AccountView, Batch, BatchVerdicts, BlockView, ErrorBody, Head, History, HubSessions,
-    SessionMark, Submission, Submitted, TxState, TxStatus, Verdict,
+    AccountView, Batch, BatchVerdicts, BlockView, CreditedSession, ErrorBody, Head, History,
+    HubSessions, SessionMark, Submission, Submitted, TxState, TxStatus, Verdict, PAGE_MAX,
 };
 use crate::registry::ReceiptListing;
 
@@ -191,19 +191,58 @@ impl Client {
         self.get(&format!("/sessions/{hub}/{session_id}"))
     }
 
-    pub fn sessions(&self, hub: &Address) -> Result<HubSessions, ClientError> {
-        self.get(&format!("/sessions/{hub}"))
+    /// A page of the hub's credited sessions with ids above `after`.
+    pub fn sessions(
+        &self,
+        hub: &Address,
+        after: u64,
+        limit: usize,
+    ) -> Result<HubSessions, ClientError> {
+        self.get(&format!("/sessions/{hub}?after={after}&limit={limit}"))
     }
 
-    /// The hub registry's signed receipts (this client pointed at `--registry-listen`).
-    pub fn receipts(&self) -> Result<ReceiptListing, ClientError> {
-        self.get("/receipts")
+    /// Every credited session of the hub, walking the pages.
+    pub fn all_sessions(&self, hub: &Address) -> Result<Vec<CreditedSession>, ClientError> {
+        let mut all = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = self.sessions(hub, after, PAGE_MAX)?;
+            all.extend(page.sessions);
+            match page.next_after {
+                Some(next) if next > after => after = next,
+                _ => return Ok(all),
+            }
+        }
+    }
+
+    /// Every receipt of the hub registry, walking the pages (this client pointed at
+    /// `--registry-listen`).
+    pub fn all_receipts(&self) -> Result<ReceiptListing, ClientError> {
+        let mut listing = self.receipts(0, PAGE_MAX)?;
+        while let Some(after) = listing.next_after.take() {
+            let page = self.receipts(after, PAGE_MAX)?;
+            if page.receipts.first().is_some_and(|r| r.session_id <= after) {
+                return Err(ClientError::BadReply {
+                    url: format!("{}/receipts", self.base),
+                    reason: format!("the page after {after} goes back"),
+                });
+            }
+            listing.receipts.extend(page.receipts);
+            listing.next_after = page.next_after;
+        }
+        Ok(listing)
+    }
+
+    /// A page of the hub registry's signed receipts, ids above `after` (this client pointed
+    /// at `--registry-listen`).
+    pub fn receipts(&self, after: u64, limit: usize) -> Result<ReceiptListing, ClientError> {
+        self.get(&format!("/receipts?after={after}&limit={limit}"))
     }
 
     /// Submits a signed transaction; its hash.
     pub fn submit(&self, tx: &SignedTx) -> Result<Hash, ClientError> {
         let submitted: Submitted = self.post("/txs", &Submission { tx: tx_hex(tx) })?;
-        Ok(submitted.hash)
+        self.own_hash(tx, submitted.hash)
     }
 
     /// Submits many signed transactions in one request; per transaction, its hash or the
@@ -226,14 +265,26 @@ impl Client {
                 ),
             });
         }
-        Ok(verdicts
+        verdicts
             .results
             .into_iter()
-            .map(|verdict| match verdict {
-                Verdict::Admitted(submitted) => Ok(submitted.hash),
-                Verdict::Refused(error) => Err(error),
+            .zip(txs)
+            .map(|(verdict, tx)| match verdict {
+                Verdict::Admitted(submitted) => self.own_hash(tx, submitted.hash).map(Ok),
+                Verdict::Refused(error) => Ok(Err(error)),
             })
-            .collect())
+            .collect()
+    }
+
+    /// `hash` if it is `tx`'s own: a node must not make a client wait on another transaction.
+    fn own_hash(&self, tx: &SignedTx, hash: Hash) -> Result<Hash, ClientError> {
+        if hash != tx.hash() {
+            return Err(ClientError::BadReply {
+                url: self.base.clone(),
+                reason: format!("admitted {} as {hash}", tx.hash()),
+            });
+        }
+        Ok(hash)
     }
 
     /// Waits until transaction `hash` is committed; its height.

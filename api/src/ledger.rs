@@ -2,7 +2,7 @@
 
 use kvasir_ledger::{Address, Amount, Hash};
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 /// An amount: base units (10^-9 KVR) as a decimal string, exact in every JSON reader, and the
 /// same amount in KVR as exact decimal text.
@@ -256,12 +256,37 @@ pub struct SessionMark {
     pub cumulative_bytes: u64,
 }
 
-/// `GET /sessions/{hub}`: every credited session of a hub.
+/// `?after=ID&limit=N`: a page of a listing in session-id order, of the ids above `after`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PageQuery {
+    /// Only sessions with a greater id (the previous page's `next_after`).
+    pub after: Option<u64>,
+    /// At most this many (default 1,000, at most 10,000).
+    pub limit: Option<usize>,
+}
+
+/// Entries a page holds unless `limit` says fewer.
+pub const PAGE_DEFAULT: usize = 1_000;
+/// Entries a page holds at most.
+pub const PAGE_MAX: usize = 10_000;
+
+impl PageQuery {
+    /// The page size asked for, within bounds.
+    pub fn limit(&self) -> usize {
+        self.limit.unwrap_or(PAGE_DEFAULT).clamp(1, PAGE_MAX)
+    }
+}
+
+/// `GET /sessions/{hub}`: a page of a hub's credited sessions, in id order.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct HubSessions {
     #[schema(value_type = String)]
     pub hub: Address,
     pub sessions: Vec<CreditedSession>,
+    /// `after` for the next page; absent on the last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

@@ -10,11 +10,16 @@ use utoipa::ToSchema;
 const MAX_SIGNED_HEX: usize = 4096;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+/// `GET /receipts?after=ID&limit=N`: a page of the sessions that metered something, in id
+/// order.
 pub struct ReceiptListing {
     pub chain_id: String,
     #[schema(value_type = String)]
     pub hub: Address,
     pub receipts: Vec<ReceiptEntry>,
+    /// `after` for the next page; absent on the last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

@@ -333,16 +333,21 @@ fn genesis_init_encrypt_seals_every_key_and_a_role_opens_its_key_with_the_passph
     assert_eq!(message.trim_end().lines().count(), 1, "{message}");
     assert!(!other.exists());
     // A role started with the passphrase in its environment opens its sealed key.
+    let (genesis, data, key) = (
+        out.join("genesis.json"),
+        dir.path().join("ledger"),
+        out.join("keys/validator.key"),
+    );
     let ledger_args = [
         "ledger",
         "--listen",
         "127.0.0.1:0",
         "--genesis",
-        path_str(&out.join("genesis.json")),
+        path_str(&genesis),
         "--data-dir",
-        path_str(&dir.path().join("ledger")),
+        path_str(&data),
         "--key",
-        path_str(&out.join("keys/validator.key")),
+        path_str(&key),
     ];
     let mut ledger = Proc::spawn(node(&ledger_args, Some("correct horse")));
     ledger.listening("ledger");
@@ -389,4 +394,50 @@ fn a_hub_on_an_exposed_address_refuses_the_dev_chain_unless_allowed() {
     assert_eq!(message.trim_end().lines().count(), 1, "{message}");
     let mut allowed = hub(&["--allow-dev-chain"]);
     allowed.listening("hub");
+}
+
+#[test]
+fn verify_chain_refuses_a_store_of_another_genesis_and_warns_without_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let genesis = |name: &str| {
+        let out = dir.path().join(name);
+        let init = run("kvasir-node", &["genesis", "init", "--out", path_str(&out)]);
+        assert!(init.status.success(), "{}", stderr(&init));
+        (
+            Genesis::load(&out.join("genesis.json")).unwrap(),
+            out.join("genesis.json"),
+        )
+    };
+    let ((ours, our_file), (theirs, their_file)) = (genesis("ours"), genesis("theirs"));
+    let data = dir.path().join("ledger");
+    drop(SledStore::open_or_create(&data, &ours).unwrap());
+    let verify = |extra: &[&str]| {
+        let mut args = vec!["verify-chain", "--data-dir", path_str(&data)];
+        args.extend_from_slice(extra);
+        run("kvasir-node", &args)
+    };
+    let refused = verify(&["--genesis", path_str(&their_file)]);
+    assert!(!refused.status.success());
+    let message = stderr(&refused);
+    assert!(
+        message.starts_with("error: ")
+            && message.contains(&ours.hash().to_string())
+            && message.contains(&theirs.hash().to_string()),
+        "{message}"
+    );
+    assert_eq!(message.trim_end().lines().count(), 1, "{message}");
+    let checked = verify(&["--genesis", path_str(&our_file)]);
+    assert!(checked.status.success(), "{}", stderr(&checked));
+    assert!(
+        !stderr(&checked).contains("warning"),
+        "{}",
+        stderr(&checked)
+    );
+    let trusted = verify(&[]);
+    assert!(trusted.status.success(), "{}", stderr(&trusted));
+    assert!(
+        stderr(&trusted).contains("warning: no --genesis given"),
+        "{}",
+        stderr(&trusted)
+    );
 }

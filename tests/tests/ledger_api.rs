@@ -450,6 +450,9 @@ fn malformed_requests_get_the_right_status_and_a_json_error() {
             400,
         ),
         ("GET", "/no/such/thing", String::new(), 404),
+        ("GET", "/accounts/%FF", String::new(), 400),
+        ("GET", "/txs", String::new(), 405),
+        ("GET", "/sessions/kvr1x?after=-1", String::new(), 400),
     ];
     let openapi: OpenApi = chain.client.get("/openapi.json").unwrap();
     for (method, path, body, expected) in &cases {

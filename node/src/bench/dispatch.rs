@@ -188,6 +188,9 @@ pub fn run(args: Args) -> Result<()> {
         remote: rate(&remote, 512, big_steps)?,
     };
     let stats = remote.stats();
+    if stats.remote_requests == 0 {
+        bail!("no request reached the worker: not a measurement of remote dispatch");
+    }
     if stats.fallbacks > 0 {
         bail!(
             "{} of {} remote requests fell back to local experts: not a measurement of remote dispatch",

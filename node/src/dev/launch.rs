@@ -135,6 +135,10 @@ impl Child {
 
 impl Drop for Child {
     fn drop(&mut self) {
+        // Reaped already (see `exited`): its pid may belong to another process by now.
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
         #[cfg(unix)]
         if let Ok(pid) = i32::try_from(self.child.id()) {
             let pid = nix::unistd::Pid::from_raw(pid);

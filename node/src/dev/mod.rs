@@ -207,7 +207,7 @@ pub fn run(args: Args) -> Result<()> {
     // Every session's bytes, credited: wait until the ledger's marks reach the registry's counts.
     let registry = Client::new(&format!("http://{}", swarm.registry_addr));
     let ledger = Client::new(&ledger_url);
-    let listing = registry.receipts()?;
+    let listing = registry.all_receipts()?;
     let sessions: Vec<MeteredSession> = listing
         .receipts
         .iter()

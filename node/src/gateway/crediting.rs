@@ -9,8 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use kvasir_api::ledger::PAGE_MAX;
 use kvasir_api::Client;
-use kvasir_ledger::{Keypair, TxKind};
+use kvasir_ledger::{Address, Keypair, TxKind};
 use rayon::prelude::*;
 
 /// How long a round waits for its credits to commit before polling again.
@@ -25,52 +26,64 @@ pub struct Crediting {
 }
 
 impl Crediting {
-    /// One pass: credits every session that rose; how many credits were admitted.
+    /// One pass over the registry, page by page: credits every session that rose; how many
+    /// credits were admitted. A malformed receipt is logged and skipped, not a stall.
     pub fn round(&self) -> Result<usize> {
-        let listing = self
-            .registry
-            .receipts()
-            .context("reading the hub registry")?;
         let chain_id = self.ledger.head()?.chain_id;
-        let nonce = self.ledger.account(&self.key.address())?.nonce;
-        let credited: HashMap<u64, u64> = self
-            .ledger
-            .sessions(&listing.hub)?
-            .sessions
-            .into_iter()
-            .map(|mark| (mark.session_id, mark.cumulative_bytes))
-            .collect();
-        let mut rose = Vec::new();
-        for receipt in &listing.receipts {
-            if receipt.cumulative_bytes <= credited.get(&receipt.session_id).copied().unwrap_or(0) {
-                continue;
-            }
-            let signed = receipt
-                .signed_receipt()
-                .context("the registry served a malformed receipt")?;
-            rose.push(signed);
-        }
-        // Signing is most of the gateway's work per credit: both cores share it.
-        let credits: Vec<_> = rose
-            .into_par_iter()
-            .enumerate()
-            .map(|(i, signed)| {
-                TxKind::Credit(signed).signed(&chain_id, &self.key, nonce + i as u64)
-            })
-            .collect();
+        let mut nonce = self.ledger.account(&self.key.address())?.nonce;
         let mut admitted = 0;
         let mut last = None;
-        for batch in credits.chunks(BATCH) {
-            for verdict in self.ledger.submit_batch(batch)? {
-                match verdict {
-                    Ok(hash) => {
-                        admitted += 1;
-                        last = Some(hash);
-                    }
-                    // A later nonce now waits on a gap; the ledger drops it in production and
-                    // the next round submits afresh from the recorded counts.
-                    Err(refused) => tracing::info!("credit not admitted: {}", refused.message),
+        let mut after = 0;
+        loop {
+            let listing = self
+                .registry
+                .receipts(after, PAGE_MAX)
+                .context("reading the hub registry")?;
+            let Some(end) = listing.receipts.last().map(|r| r.session_id) else {
+                break;
+            };
+            let credited = self.credited(&listing.hub, after, end)?;
+            let mut rose = Vec::new();
+            for receipt in &listing.receipts {
+                let mark = credited.get(&receipt.session_id).copied().unwrap_or(0);
+                if receipt.cumulative_bytes <= mark {
+                    continue;
                 }
+                match receipt.signed_receipt() {
+                    Ok(signed) => rose.push(signed),
+                    Err(e) => tracing::warn!(
+                        "skipping session {}: the registry served a malformed receipt: {e}",
+                        receipt.session_id
+                    ),
+                }
+            }
+            // Signing is most of the gateway's work per credit: both cores share it.
+            let credits: Vec<_> = rose
+                .into_par_iter()
+                .enumerate()
+                .map(|(i, signed)| {
+                    TxKind::Credit(signed).signed(&chain_id, &self.key, nonce + i as u64)
+                })
+                .collect();
+            nonce += credits.len() as u64;
+            for batch in credits.chunks(BATCH) {
+                for verdict in self.ledger.submit_batch(batch)? {
+                    match verdict {
+                        Ok(hash) => {
+                            admitted += 1;
+                            last = Some(hash);
+                        }
+                        // A later nonce now waits on a gap; the ledger drops it in production
+                        // and the next round submits afresh from the recorded counts.
+                        Err(refused) => {
+                            tracing::info!("credit not admitted: {}", refused.message)
+                        }
+                    }
+                }
+            }
+            match listing.next_after {
+                Some(next) => after = next,
+                None => break,
             }
         }
         // The gateway's credits commit in nonce order: the last one committed, all did.
@@ -78,6 +91,25 @@ impl Crediting {
             self.ledger.wait_committed(&hash, COMMIT_WAIT)?;
         }
         Ok(admitted)
+    }
+
+    /// The ledger's marks of `hub`'s sessions with ids in `(after, end]`.
+    fn credited(&self, hub: &Address, after: u64, end: u64) -> Result<HashMap<u64, u64>> {
+        let mut marks = HashMap::new();
+        let mut from = after;
+        loop {
+            let page = self.ledger.sessions(hub, from, PAGE_MAX)?;
+            marks.extend(
+                page.sessions
+                    .iter()
+                    .filter(|m| m.session_id <= end)
+                    .map(|m| (m.session_id, m.cumulative_bytes)),
+            );
+            match page.next_after {
+                Some(next) if next < end => from = next,
+                _ => return Ok(marks),
+            }
+        }
     }
 
     /// Rounds `interval` apart until `stop` is set.

@@ -59,17 +59,20 @@ pub(super) fn metered(
     now: Instant,
 ) -> Result<Metered, Refusal> {
     let asked = asked.ok_or(Refusal::Unasked { id })?;
+    // A wrong size is a lie whenever it arrives; lateness is only slowness.
     match answer {
+        Answer::Response { values, .. } if values != asked.response_values => {
+            Err(Refusal::WrongSize {
+                id,
+                values,
+                expected: asked.response_values,
+            })
+        }
         _ if now > asked.deadline => Ok(Metered::Late),
         Answer::Failure => Ok(Metered::Bytes(0)),
-        Answer::Response { values, bytes } if values == asked.response_values => {
+        Answer::Response { bytes, .. } => {
             Ok(Metered::Bytes(asked.request_bytes.saturating_add(bytes)))
         }
-        Answer::Response { values, .. } => Err(Refusal::WrongSize {
-            id,
-            values,
-            expected: asked.response_values,
-        }),
     }
 }
 
@@ -135,10 +138,15 @@ mod tests {
     }
 
     #[test]
-    fn an_answer_after_the_deadline_earns_nothing_whatever_it_is() {
+    fn an_answer_after_the_deadline_earns_nothing_and_a_wrong_size_is_still_refused() {
         let late = asked().deadline + Duration::from_millis(1);
-        for answer in [response(12), response(13), Answer::Failure] {
+        for answer in [response(12), Answer::Failure] {
             assert_eq!(metered(3, Some(asked()), answer, late), Ok(Metered::Late));
         }
+        // A wrong size is refused, late or not.
+        assert!(matches!(
+            metered(3, Some(asked()), response(13), late),
+            Err(Refusal::WrongSize { .. })
+        ));
     }
 }

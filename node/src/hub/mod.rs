@@ -71,8 +71,9 @@ pub struct Args {
     #[arg(long)]
     allow_dev_chain: bool,
     /// Connections held at once (workers arrive through the gateway, so all from its address:
-    /// the hub caps only the total).
-    #[arg(long, default_value_t = 4096)]
+    /// the hub caps only the total, above the gateway's own cap so that the backbone always
+    /// finds room).
+    #[arg(long, default_value_t = 8192)]
     max_connections: usize,
     /// A request unanswered this long is failed to the backbone, and an answer after it earns
     /// nothing: keep it at most the backbone's `--dispatch-timeout-ms`.
@@ -227,7 +228,7 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
                     bail!("refused {}: {why}", hello.key);
                 }
             };
-            let session = hub.registry.open_session(hello.key)?;
+            let session = hub.registry.new_session()?;
             let entry = DirectoryEntry {
                 session,
                 worker: hello.key,

@@ -3,14 +3,31 @@
 
 use std::sync::Arc;
 
-use axum::extract::State as AxumState;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State as AxumState};
 use axum::http::StatusCode;
 use axum::Json;
+use kvasir_api::ledger::PageQuery;
 use kvasir_api::registry::{ReceiptEntry, ReceiptListing};
 use kvasir_api::ErrorBody;
-use kvasir_ledger::tx::Receipt;
+use kvasir_ledger::tx::{Receipt, SignedReceipt};
 
+use super::registry::SessionRecord;
 use super::Hub;
+
+impl SessionRecord {
+    /// This session's cumulative count as a receipt signed by `hub`.
+    fn signed_receipt(&self, hub: &Hub, session_id: u64) -> SignedReceipt {
+        Receipt {
+            chain_id: hub.chain_id.clone(),
+            hub: hub.key.address(),
+            session_id,
+            worker: self.worker,
+            cumulative_bytes: self.cumulative_bytes,
+        }
+        .sign(&hub.key)
+    }
+}
 
 /// The OpenAPI description of the registry endpoint.
 #[derive(utoipa::OpenApi)]
@@ -23,40 +40,52 @@ use super::Hub;
 )]
 pub(super) struct RegistryDoc;
 
-/// `GET /receipts`: every session's signed cumulative receipt.
-#[utoipa::path(get, path = "/receipts", description = "Every session's cumulative metered bytes, signed by the hub as a receipt.", responses((status = 200, body = ReceiptListing), (status = 500, description = "The registry could not be read", body = ErrorBody)))]
+/// `GET /receipts?after=ID&limit=N`: a page of the sessions that metered something, each
+/// with its signed cumulative receipt. An unreadable record is logged and left out, so one
+/// cannot stall crediting for everyone.
+#[utoipa::path(get, path = "/receipts", description = "A page of the sessions that metered something, in id order (ids above `after`, at most `limit`: default 1,000, at most 10,000), each with its cumulative bytes signed by the hub as a receipt; `next_after` continues.", params(PageQuery), responses((status = 200, body = ReceiptListing), (status = 400, description = "A bad `after` or `limit`", body = ErrorBody), (status = 500, description = "The registry could not be read", body = ErrorBody)))]
 pub(super) async fn receipts(
     AxumState(hub): AxumState<Arc<Hub>>,
+    query: Result<Query<PageQuery>, QueryRejection>,
 ) -> Result<Json<ReceiptListing>, (StatusCode, Json<ErrorBody>)> {
-    let internal = |e: anyhow::Error| {
+    let failed = |status: StatusCode, error: &str, message: String| {
         let body = ErrorBody {
-            error: "internal".into(),
-            message: format!("{e:#}"),
+            error: error.into(),
+            message,
         };
-        (StatusCode::INTERNAL_SERVER_ERROR, Json(body))
+        (status, Json(body))
     };
-    let signer = hub.clone();
-    let sessions = tokio::task::spawn_blocking(move || signer.registry.sessions())
+    let Query(page) =
+        query.map_err(|e| failed(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+    let internal = |e: anyhow::Error| {
+        failed(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("{e:#}"),
+        )
+    };
+    let reader = hub.clone();
+    let (after, limit) = (page.after.unwrap_or(0), page.limit());
+    let page = tokio::task::spawn_blocking(move || reader.registry.page(after, limit))
         .await
         .map_err(|e| internal(e.into()))?
         .map_err(internal)?;
-    let receipts = sessions
+    let receipts = page
+        .sessions
         .into_iter()
-        .map(|(session_id, record)| {
-            let signed = Receipt {
-                chain_id: hub.chain_id.clone(),
-                hub: hub.key.address(),
-                session_id,
-                worker: record.worker,
-                cumulative_bytes: record.cumulative_bytes,
+        .filter_map(|(session_id, record)| match record {
+            Ok(record) => Some(record.signed_receipt(&hub, session_id)),
+            Err(e) => {
+                tracing::error!("{e}");
+                None
             }
-            .sign(&hub.key);
-            ReceiptEntry::new(&signed)
         })
+        .map(|signed| ReceiptEntry::new(&signed))
         .collect();
     Ok(Json(ReceiptListing {
         chain_id: hub.chain_id.clone(),
         hub: hub.key.address(),
         receipts,
+        next_after: page.next_after,
     }))
 }

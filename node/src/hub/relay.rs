@@ -150,12 +150,19 @@ impl Hub {
             Relayed::Failure { id } => (id, Answer::Failure),
             _ => bail!("a worker may only send responses and failures"),
         };
-        let asked = self.links().take(session, id);
+        let (asked, worker) = {
+            let mut links = self.links();
+            let worker = links.workers.get(&session).map(|w| w.entry.worker);
+            (links.take(session, id), worker)
+        };
         let verdict = metering::metered(id, asked, answer, Instant::now())
             .map_err(anyhow::Error::from)
-            .and_then(|metered| match metered {
-                Metered::Bytes(0) | Metered::Late => Ok(metered),
-                Metered::Bytes(bytes) => self.registry.meter(session, bytes).map(|_| metered),
+            .and_then(|metered| match (metered, worker) {
+                (Metered::Bytes(0) | Metered::Late, _) => Ok(metered),
+                (Metered::Bytes(bytes), Some(worker)) => {
+                    self.registry.meter(session, worker, bytes).map(|_| metered)
+                }
+                (Metered::Bytes(_), None) => bail!("session {session} has left"),
             });
         match verdict {
             Ok(Metered::Bytes(_)) => self.links().to_backbone(frame),

@@ -20,15 +20,15 @@ use std::str::FromStr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use kvasir_api::ledger::{
     AccountView, Batch, BatchVerdicts, BlockView, CreditedSession, Direction, ErrorBody, Head,
-    History, HistoryEntry, HistoryEvent, HubSessions, PendingView, SessionMark, Submission,
-    Submitted, TxState, TxStatus, Verdict,
+    History, HistoryEntry, HistoryEvent, HubSessions, PageQuery, PendingView, SessionMark,
+    Submission, Submitted, TxState, TxStatus, Verdict,
 };
 use kvasir_ledger::mempool::MempoolError;
 use kvasir_ledger::state::SessionKey;
@@ -106,6 +106,12 @@ fn internal(message: impl ToString) -> ApiError {
     )
 }
 
+/// A path parameter, or a 400 in the API's own form when it is not text (`%FF`).
+fn path_text<T>(path: Result<Path<T>, PathRejection>) -> Result<T, ApiError> {
+    path.map(|Path(value)| value)
+        .map_err(|e| bad_request(e.body_text()))
+}
+
 /// A body that is not the JSON asked for, with axum's status for it: 400 (not JSON), 413
 /// (over the size limit), 415 (not `application/json`) or 422 (JSON of another shape).
 fn bad_body(rejection: JsonRejection) -> ApiError {
@@ -137,6 +143,13 @@ pub fn router(ledger: Arc<Ledger>) -> Router {
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(|| async { Json(ApiDoc::openapi()) }))
         .fallback(|| async { not_found("no such endpoint") })
+        .method_not_allowed_fallback(|| async {
+            ApiError(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this endpoint takes another method".into(),
+            )
+        })
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(ledger)
 }
@@ -161,8 +174,9 @@ async fn head(State(ledger): State<Arc<Ledger>>) -> Json<Head> {
 #[utoipa::path(get, path = "/accounts/{address}", description = "Settled balance, pending rewards with settle heights, nonce.", params(("address" = String, Path, description = "A kvr1... address")), responses((status = 200, body = AccountView), (status = 400, body = ErrorBody), (status = 500, body = ErrorBody)))]
 async fn account(
     State(ledger): State<Arc<Ledger>>,
-    Path(address): Path<String>,
+    address: Result<Path<String>, PathRejection>,
 ) -> Reply<AccountView> {
+    let address = path_text(address)?;
     let address = Address::from_str(&address).map_err(bad_request)?;
     let account = ledger.state().account(&address);
     let pending_total = account
@@ -209,9 +223,10 @@ fn parse_location(text: &str) -> Result<TxLocation, ApiError> {
 #[utoipa::path(get, path = "/accounts/{address}/history", description = "The transactions the account is a party to, newest first, at most 100: transfers in and out and credits it received. `before` lists those before a location; `next_before` is its value for the next page (absent on the last).", params(("address" = String, Path, description = "A kvr1... address"), ("before" = Option<String>, Query, description = "HEIGHT.INDEX or HEIGHT: only entries before it")), responses((status = 200, body = History), (status = 400, body = ErrorBody), (status = 500, body = ErrorBody)))]
 async fn history(
     State(ledger): State<Arc<Ledger>>,
-    Path(address): Path<String>,
+    address: Result<Path<String>, PathRejection>,
     query: Result<Query<HistoryQuery>, QueryRejection>,
 ) -> Reply<History> {
+    let address = path_text(address)?;
     let address = Address::from_str(&address).map_err(bad_request)?;
     let Query(query) = query.map_err(bad_request)?;
     let before = query.before.as_deref().map(parse_location).transpose()?;
@@ -305,8 +320,9 @@ fn stored_block(ledger: &Ledger, height: u64) -> Reply<BlockView> {
 #[utoipa::path(get, path = "/blocks/{height}", description = "A block by height.", params(("height" = String, Path, description = "Block height")), responses((status = 200, body = BlockView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 500, body = ErrorBody)))]
 async fn block_by_height(
     State(ledger): State<Arc<Ledger>>,
-    Path(height): Path<String>,
+    height: Result<Path<String>, PathRejection>,
 ) -> Reply<BlockView> {
+    let height = path_text(height)?;
     let height: u64 = height
         .parse()
         .map_err(|_| bad_request(format!("{height:?} is not a block height")))?;
@@ -316,8 +332,9 @@ async fn block_by_height(
 #[utoipa::path(get, path = "/blocks/by-hash/{hash}", description = "A block by hash.", params(("hash" = String, Path, description = "Block hash, hex")), responses((status = 200, body = BlockView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 500, body = ErrorBody)))]
 async fn block_by_hash(
     State(ledger): State<Arc<Ledger>>,
-    Path(hash): Path<String>,
+    hash: Result<Path<String>, PathRejection>,
 ) -> Reply<BlockView> {
+    let hash = path_text(hash)?;
     let hash = Hash::from_str(&hash).map_err(bad_request)?;
     match ledger.store.height_of(&hash).map_err(internal)? {
         Some(height) => stored_block(&ledger, height),
@@ -399,7 +416,11 @@ async fn submit_batch(
 }
 
 #[utoipa::path(get, path = "/txs/{hash}", description = "A transaction: pending, committed (height, index) or rejected (reason).", params(("hash" = String, Path, description = "Transaction hash, hex")), responses((status = 200, body = TxStatus), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 500, body = ErrorBody)))]
-async fn tx_status(State(ledger): State<Arc<Ledger>>, Path(hash): Path<String>) -> Reply<TxStatus> {
+async fn tx_status(
+    State(ledger): State<Arc<Ledger>>,
+    hash: Result<Path<String>, PathRejection>,
+) -> Reply<TxStatus> {
+    let hash = path_text(hash)?;
     let hash = Hash::from_str(&hash).map_err(bad_request)?;
     let state = if let Some(location) = ledger.store.tx_location(&hash).map_err(internal)? {
         TxState::Committed {
@@ -421,8 +442,9 @@ async fn tx_status(State(ledger): State<Arc<Ledger>>, Path(hash): Path<String>) 
 #[utoipa::path(get, path = "/sessions/{hub}/{session}", description = "The receipt high-water mark of one hub session (0 bytes and no worker if never credited).", params(("hub" = String, Path, description = "The hub address"), ("session" = String, Path, description = "Session id")), responses((status = 200, body = SessionMark), (status = 400, body = ErrorBody)))]
 async fn session(
     State(ledger): State<Arc<Ledger>>,
-    Path((hub, session)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
 ) -> Reply<SessionMark> {
+    let (hub, session) = path_text(path)?;
     let hub = Address::from_str(&hub).map_err(bad_request)?;
     let session_id: u64 = session
         .parse()
@@ -437,23 +459,36 @@ async fn session(
     }))
 }
 
-#[utoipa::path(get, path = "/sessions/{hub}", description = "Every credited session of a hub.", params(("hub" = String, Path, description = "The hub address")), responses((status = 200, body = HubSessions), (status = 400, body = ErrorBody)))]
+#[utoipa::path(get, path = "/sessions/{hub}", description = "A page of a hub's credited sessions, in id order: those with an id above `after`, at most `limit` (default 1,000, at most 10,000); `next_after` continues.", params(("hub" = String, Path, description = "The hub address"), PageQuery), responses((status = 200, body = HubSessions), (status = 400, body = ErrorBody)))]
 async fn sessions(
     State(ledger): State<Arc<Ledger>>,
-    Path(hub): Path<String>,
+    hub: Result<Path<String>, PathRejection>,
+    query: Result<Query<PageQuery>, QueryRejection>,
 ) -> Reply<HubSessions> {
+    let hub = path_text(hub)?;
     let hub = Address::from_str(&hub).map_err(bad_request)?;
+    let Query(page) = query.map_err(bad_request)?;
+    let (after, limit) = (page.after.unwrap_or(0), page.limit());
     let state = ledger.state();
-    let sessions = state
+    let mut sessions: Vec<CreditedSession> = state
         .receipts()
-        .filter(|(key, _)| key.hub == hub)
+        .filter(|(key, _)| key.hub == hub && key.session_id > after)
+        .take(limit + 1)
         .map(|(key, mark)| CreditedSession {
             session_id: key.session_id,
             worker: mark.worker,
             cumulative_bytes: mark.cumulative_bytes,
         })
         .collect();
-    Ok(Json(HubSessions { hub, sessions }))
+    let next_after = (sessions.len() > limit).then(|| {
+        sessions.truncate(limit);
+        sessions.last().map_or(after, |s| s.session_id)
+    });
+    Ok(Json(HubSessions {
+        hub,
+        sessions,
+        next_after,
+    }))
 }
 
 #[utoipa::path(get, path = "/metrics", description = "Prometheus text: height, blocks produced, mempool, credited sessions.", responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain")))]

@@ -623,19 +623,33 @@ impl<'a> Reader<'a> {
         };
         let count = self.count("request experts", 1 << 16, 6)?;
         let mut experts: Vec<(u16, Vec<u32>)> = Vec::with_capacity(count);
-        for _ in 0..count {
+        // The answer must fit a frame: this bounds what a small request can make a worker
+        // compute and allocate (each listed row is `hidden` values out).
+        let max_listed = MAX_FRAME / 4 / hidden as usize;
+        let mut listed = 0usize;
+        // Per row, the position (from 1) of the last expert that listed it: one allocation per
+        // request however many experts it names.
+        let mut listed_by = vec![0u32; rows as usize];
+        for position in 1..=count as u32 {
             let expert = self.u16()?;
             if experts.last().is_some_and(|(last, _)| *last >= expert) {
                 return Err(WireError::Invalid("expert order (must ascend, no repeats)"));
             }
             let n = self.count("rows of an expert", rows as usize, 4)?;
+            listed += n;
+            if listed > max_listed {
+                return Err(WireError::TooLarge {
+                    what: "rows listed (the answer would not fit a frame)",
+                    got: listed as u64,
+                    max: max_listed as u64,
+                });
+            }
             let indices = (0..n)
                 .map(|_| self.u32())
                 .collect::<Result<Vec<u32>, _>>()?;
-            let mut seen = vec![false; rows as usize];
             for i in &indices {
-                match seen.get_mut(*i as usize) {
-                    Some(seen) if !*seen => *seen = true,
+                match listed_by.get_mut(*i as usize) {
+                    Some(by) if *by != position => *by = position,
                     Some(_) => return Err(WireError::Invalid("row index (repeated)")),
                     None => return Err(WireError::Invalid("row index")),
                 }
@@ -674,6 +688,30 @@ mod tests {
             hidden: hidden as u32,
             rows: (0..rows * hidden).map(|i| i as f32 * 0.25 - 3.0).collect(),
             experts,
+        }
+    }
+
+    #[test]
+    fn a_small_request_cannot_ask_for_an_answer_larger_than_a_frame() {
+        // One row of 8192 values, listed by 4096 experts: 64 KiB of request, 128 MiB of answer.
+        let request = Request {
+            session: 1,
+            id: 2,
+            layer: 0,
+            hidden: 8192,
+            rows: vec![0.0; 8192],
+            experts: (0..4096).map(|e| (e, vec![0])).collect(),
+        };
+        let frame = Message::Request(request).encode();
+        assert!(frame.len() < 128 << 10);
+        for result in [
+            Message::decode(&frame).map(drop),
+            Message::inspect(&frame).map(drop),
+        ] {
+            assert!(
+                matches!(result, Err(WireError::TooLarge { .. })),
+                "{result:?}"
+            );
         }
     }
 

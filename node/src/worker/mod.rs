@@ -2,6 +2,9 @@
 //! It opens one outbound `wss://` connection to the gateway and listens on no socket; it
 //! answers the hub's challenge with its wallet key, announces what it holds, then serves
 //! requests until the link drops, and reconnects with backoff.
+//!
+//! The room: it may touch the engine's expert executors, the wire protocol and its link;
+//! it never sees the router, the prompt, other layers or the ledger.
 
 use std::path::PathBuf;
 use std::sync::Arc;
