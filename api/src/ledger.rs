@@ -44,7 +44,9 @@ mod base_units {
 /// Every error: a machine-readable kind and a sentence for people.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
-    /// `bad_request`, `not_found`, `invalid_tx`, `conflict`, `mempool_full`, `internal`, ...
+    /// `bad_request`, `too_large`, `unsupported_media_type`, `not_found`,
+    /// `method_not_allowed`, `invalid_tx`, `conflict`, `sender_limit`, `mempool_full`,
+    /// `ledger_unreachable`, `ledger_timeout` (the gateway), `internal`.
     pub error: String,
     pub message: String,
 }
