@@ -259,6 +259,8 @@ pub struct Swarm {
     pub ledger: Option<Proc>,
     pub ledger_addr: Option<String>,
     backbone_key: PathBuf,
+    /// Arguments added to the hub's command line, also when it is restarted.
+    hub_extra: Vec<String>,
 }
 
 impl Swarm {
@@ -268,6 +270,12 @@ impl Swarm {
 
     /// With `crediting`, also a ledger, and the gateway credits the hub's receipts to it.
     pub fn start_with(preset: &str, crediting: bool) -> Swarm {
+        Swarm::start_with_hub_args(preset, crediting, &[])
+    }
+
+    /// As `start_with`, the hub also given `hub_extra` (e.g. `--idle-timeout-ms 1000`).
+    pub fn start_with_hub_args(preset: &str, crediting: bool, hub_extra: &[&str]) -> Swarm {
+        let hub_extra: Vec<String> = hub_extra.iter().map(|a| a.to_string()).collect();
         let dir = tempfile::tempdir().unwrap();
         let model = dir.path().join("model");
         let synth = run(
@@ -292,7 +300,13 @@ impl Swarm {
         let backbone = new_key(&backbone_key);
         let mut hub = Proc::start(
             "kvasir-node",
-            &Swarm::hub_args(dir.path(), "127.0.0.1:0", "127.0.0.1:0", &backbone),
+            &Swarm::hub_args(
+                dir.path(),
+                "127.0.0.1:0",
+                "127.0.0.1:0",
+                &backbone,
+                &hub_extra,
+            ),
         );
         let hub_addr = hub.listening("hub");
         let registry_addr = hub.listening("hub registry");
@@ -323,12 +337,19 @@ impl Swarm {
             ledger,
             ledger_addr,
             backbone_key,
+            hub_extra,
         }
     }
 
-    fn hub_args(dir: &Path, listen: &str, registry: &str, backbone: &str) -> Vec<String> {
+    fn hub_args(
+        dir: &Path,
+        listen: &str,
+        registry: &str,
+        backbone: &str,
+        extra: &[String],
+    ) -> Vec<String> {
         let chain = dir.join("chain");
-        [
+        let mut args = [
             "hub",
             "--listen",
             listen,
@@ -344,7 +365,9 @@ impl Swarm {
             path_str(&dir.join("hub-data")),
         ]
         .map(String::from)
-        .to_vec()
+        .to_vec();
+        args.extend_from_slice(extra);
+        args
     }
 
     fn gateway_args(
@@ -385,6 +408,26 @@ impl Swarm {
         args.into_iter().map(String::from).collect()
     }
 
+    /// Kills the gateway and starts it again on the same address, with at most `files` open
+    /// files (`prlimit`) and `extra` arguments.
+    pub fn restart_gateway_limited(&mut self, files: u64, extra: &[&str]) {
+        self.gateway.kill();
+        let mut command = Command::new("prlimit");
+        command
+            .arg(format!("--nofile={files}:{files}"))
+            .arg(bin("kvasir-node"))
+            .args(Swarm::gateway_args(
+                self.dir.path(),
+                &self.gateway_addr,
+                &self.hub_addr,
+                &self.registry_addr,
+                self.ledger_addr.as_deref(),
+            ))
+            .args(extra);
+        self.gateway = Proc::spawn(command);
+        self.gateway.listening("gateway");
+    }
+
     /// Kills the gateway (SIGKILL) and starts it again on the same address.
     pub fn restart_gateway(&mut self) {
         self.gateway.kill();
@@ -410,6 +453,7 @@ impl Swarm {
             &self.hub_addr,
             &self.registry_addr,
             backbone.trim(),
+            &self.hub_extra,
         );
         let mut hub = Proc::start("kvasir-node", &args);
         hub.listening("hub");
@@ -449,27 +493,32 @@ impl Swarm {
 
     /// Starts a worker holding `experts`; returns its index once its session is open.
     pub fn add_worker(&mut self, experts: &str) -> usize {
+        self.add_worker_with(experts, &[])
+    }
+
+    /// As `add_worker`, the worker also given `extra` arguments.
+    pub fn add_worker_with(&mut self, experts: &str, extra: &[&str]) -> usize {
         let key = self
             .dir
             .path()
             .join(format!("worker{}.key", self.workers.len()));
         new_key(&key);
-        let mut worker = Proc::start(
-            "kvasir-node",
-            &[
-                "worker",
-                "--gateway",
-                &self.gateway_url(),
-                "--keyfile",
-                path_str(&key),
-                "--model",
-                path_str(&self.model),
-                "--experts",
-                experts,
-                "--ca",
-                path_str(&self.cert()),
-            ],
-        );
+        let (url, cert) = (self.gateway_url(), self.cert());
+        let mut args = vec![
+            "worker",
+            "--gateway",
+            &url,
+            "--keyfile",
+            path_str(&key),
+            "--model",
+            path_str(&self.model),
+            "--experts",
+            experts,
+            "--ca",
+            path_str(&cert),
+        ];
+        args.extend_from_slice(extra);
+        let mut worker = Proc::start("kvasir-node", &args);
         worker.line("worker session ", Duration::from_secs(60));
         self.workers.push(worker);
         self.workers.len() - 1
@@ -549,6 +598,17 @@ impl Swarm {
             .map(|r| (r.session_id, r.worker.to_string(), r.cumulative_bytes))
             .collect()
     }
+}
+
+/// Resident memory of process `pid`, in KiB (`VmRSS`).
+pub fn resident_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+            line.split_whitespace().nth(1)?.parse().ok()
+        })
+        .unwrap_or(0)
 }
 
 /// A fresh wallet key file; its address.
