@@ -24,6 +24,7 @@ pub mod hub;
 pub mod ledger;
 pub mod link;
 pub mod listen;
+pub mod metrics;
 pub mod shutdown;
 pub mod spec;
 pub mod tls;

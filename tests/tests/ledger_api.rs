@@ -240,6 +240,12 @@ fn credits_and_transfers_commit_and_bad_ones_change_nothing() {
         chain.account(&stranger).balance.base_units.base_units(),
         3_000_000_000
     );
+    // The refusals above are counted by reason.
+    let metrics = http(&chain.addr, "GET", "/metrics", "").1;
+    assert!(
+        metrics.contains("kvasir_refused_transactions_total{reason=\"BadSignature\"}"),
+        "{metrics}"
+    );
 }
 
 #[test]
@@ -474,7 +480,14 @@ fn malformed_requests_get_the_right_status_and_a_json_error() {
         .unwrap();
     assert!(fresh.balance.base_units.is_zero() && fresh.nonce == 0);
     let metrics = http(&chain.addr, "GET", "/metrics", "").1;
-    assert!(metrics.contains("kvasir_height"), "{metrics}");
+    for line in [
+        "# HELP kvasir_height ",
+        "# TYPE kvasir_block_interval_seconds histogram",
+        "kvasir_block_interval_seconds_bucket{le=\"+Inf\"} ",
+        "# HELP kvasir_refused_transactions_total ",
+    ] {
+        assert!(metrics.contains(line), "{line:?} missing: {metrics}");
+    }
 }
 
 #[test]

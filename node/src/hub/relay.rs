@@ -17,6 +17,7 @@ use tokio_tungstenite::tungstenite::Bytes;
 
 use super::metering::{self, Answer, Asked, Metered};
 use super::Hub;
+use crate::metrics::Exposition;
 use crate::wire::{Directory, DirectoryEntry, ExpertId, Failure, Message, Relayed};
 
 /// Requests one session may have unanswered at once: one per layer step per micro-batch in
@@ -49,6 +50,17 @@ pub(super) struct Links {
     claims: usize,
     /// The directory changed since it was last sent.
     directory_changed: bool,
+    counts: Counts,
+}
+
+/// What the relay has done since the hub started, for `/metrics`.
+#[derive(Default)]
+struct Counts {
+    requests: u64,
+    metered_bytes: u64,
+    refused_answers: u64,
+    late_answers: u64,
+    failed_requests: u64,
 }
 
 pub(super) struct WorkerLink {
@@ -83,7 +95,8 @@ impl Links {
         }
     }
 
-    fn fail(&self, id: u64, message: String) {
+    fn fail(&mut self, id: u64, message: String) {
+        self.counts.failed_requests += 1;
         let failure = Failure::new(id, message);
         self.to_backbone(Message::Failure(failure).encode().into());
     }
@@ -164,14 +177,20 @@ impl Hub {
                 }
                 (Metered::Bytes(_), None) => bail!("session {session} has left"),
             });
+        let mut links = self.links();
         match verdict {
-            Ok(Metered::Bytes(_)) => self.links().to_backbone(frame),
+            Ok(Metered::Bytes(bytes)) => {
+                links.counts.metered_bytes += bytes;
+                links.to_backbone(frame);
+            }
             Ok(Metered::Late) => {
+                links.counts.late_answers += 1;
                 tracing::debug!(session, id, "answer after its deadline: not metered")
             }
             Err(e) => {
+                links.counts.refused_answers += 1;
                 if asked.is_some() {
-                    self.links().fail(id, format!("session {session}: {e:#}"));
+                    links.fail(id, format!("session {session}: {e:#}"));
                 }
                 return Err(e);
             }
@@ -209,6 +228,7 @@ impl Hub {
             return Ok(());
         }
         worker.unanswered += 1;
+        links.counts.requests += 1;
         // A repeated id replaces the entry: the count above then over-counts by one until the
         // session answers or leaves, which only makes the cap stricter.
         let waiting = Waiting {
@@ -267,6 +287,54 @@ impl Hub {
     #[cfg(test)]
     pub(super) fn unanswered(&self) -> usize {
         self.links().outstanding.len()
+    }
+
+    /// `/metrics` on the registry listener, as Prometheus text.
+    pub(super) fn metrics_text(&self) -> String {
+        let links = self.links();
+        let c = &links.counts;
+        Exposition::default()
+            .gauge(
+                "kvasir_hub_sessions",
+                "Worker sessions connected.",
+                links.workers.len() as u64,
+            )
+            .gauge(
+                "kvasir_hub_claimed_experts",
+                "Experts claimed by connected sessions.",
+                links.claims as u64,
+            )
+            .gauge(
+                "kvasir_hub_unanswered_requests",
+                "Requests relayed to a session and not answered yet.",
+                links.outstanding.len() as u64,
+            )
+            .counter(
+                "kvasir_hub_requests_total",
+                "Requests relayed from the backbone to a session.",
+                c.requests,
+            )
+            .counter(
+                "kvasir_hub_metered_bytes_total",
+                "Bytes of well-formed dispatch traffic metered (requests and their answers).",
+                c.metered_bytes,
+            )
+            .counter(
+                "kvasir_hub_refused_answers_total",
+                "Answers refused (wrong size, unasked): each dropped its worker.",
+                c.refused_answers,
+            )
+            .counter(
+                "kvasir_hub_late_answers_total",
+                "Answers after their deadline: dropped, not metered.",
+                c.late_answers,
+            )
+            .counter(
+                "kvasir_hub_failed_requests_total",
+                "Failures sent to the backbone (session gone, over its cap, too slow, lied).",
+                c.failed_requests,
+            )
+            .text()
     }
 }
 
@@ -342,6 +410,15 @@ mod tests {
         // The ten over the cap were failed at once.
         let over: Vec<u64> = (MAX_UNANSWERED as u64..MAX_UNANSWERED as u64 + 10).collect();
         assert_eq!(failures(&mut backbone), over);
+        let metrics = hub.metrics_text();
+        for line in [
+            format!("kvasir_hub_unanswered_requests {MAX_UNANSWERED}\n"),
+            format!("kvasir_hub_requests_total {MAX_UNANSWERED}\n"),
+            "kvasir_hub_failed_requests_total 10\n".to_string(),
+            "# HELP kvasir_hub_sessions Worker sessions connected.\n".to_string(),
+        ] {
+            assert!(metrics.contains(&line), "{line:?} missing: {metrics}");
+        }
     }
 
     #[test]

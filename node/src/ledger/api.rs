@@ -37,6 +37,7 @@ use kvasir_ledger::{Address, Amount, Block, Hash, SignedTx, TxKind};
 use utoipa::OpenApi;
 
 use super::{Ledger, Refusal};
+use crate::metrics::Exposition;
 
 /// The OpenAPI description of this API, generated from the handlers' annotations.
 #[derive(utoipa::OpenApi)]
@@ -494,15 +495,35 @@ async fn sessions(
 #[utoipa::path(get, path = "/metrics", description = "Prometheus text: height, blocks produced, mempool, credited sessions.", responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain")))]
 async fn metrics(State(ledger): State<Arc<Ledger>>) -> String {
     let state = ledger.state();
-    let credits = state.receipts().count();
-    format!(
-        "# TYPE kvasir_height gauge\nkvasir_height {}\n\
-         # TYPE kvasir_blocks_produced_total counter\nkvasir_blocks_produced_total {}\n\
-         # TYPE kvasir_mempool_transactions gauge\nkvasir_mempool_transactions {}\n\
-         # TYPE kvasir_credited_sessions gauge\nkvasir_credited_sessions {}\n",
-        state.height(),
-        ledger.blocks_produced.load(Ordering::Relaxed),
-        ledger.mempool_len(),
-        credits,
-    )
+    let credits = state.receipts().count() as u64;
+    let refusals = ledger.refusals();
+    Exposition::default()
+        .gauge("kvasir_height", "Height of the head block.", state.height())
+        .counter(
+            "kvasir_blocks_produced_total",
+            "Blocks this node made since it started.",
+            ledger.blocks_produced.load(Ordering::Relaxed),
+        )
+        .histogram(
+            "kvasir_block_interval_seconds",
+            "Time between consecutive blocks made by this node.",
+            &ledger.block_interval,
+        )
+        .gauge(
+            "kvasir_mempool_transactions",
+            "Transactions waiting for a block.",
+            ledger.mempool_len() as u64,
+        )
+        .labelled_counter(
+            "kvasir_refused_transactions_total",
+            "Transactions refused at admission or dropped from a block, by reason.",
+            "reason",
+            refusals.iter().map(|(why, n)| (why.as_str(), *n)),
+        )
+        .gauge(
+            "kvasir_credited_sessions",
+            "Hub sessions with a credited receipt.",
+            credits,
+        )
+        .text()
 }

@@ -12,7 +12,7 @@
 
 mod api;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,6 +27,7 @@ use kvasir_ledger::{
 };
 
 use crate::link;
+use crate::metrics::Histogram;
 
 /// Rejections remembered for `GET /txs/{hash}`; beyond, the oldest are forgotten.
 const REJECTIONS_KEPT: usize = 100_000;
@@ -104,6 +105,21 @@ pub struct Ledger {
     rejected: Mutex<Rejections>,
     validator: Keypair,
     pub blocks_produced: std::sync::atomic::AtomicU64,
+    /// Time between blocks made here.
+    pub block_interval: Histogram,
+    last_block: Mutex<Option<Instant>>,
+    /// Transactions refused at admission or dropped from a block, by reason (the error's
+    /// variant: a fixed set, so the map stays small).
+    refusals: Mutex<BTreeMap<String, u64>>,
+}
+
+/// A refusal's reason as a metric label: its variant's name.
+fn reason(error: &dyn std::fmt::Debug) -> String {
+    let text = format!("{error:?}");
+    text.split(|c: char| !c.is_ascii_alphanumeric())
+        .next()
+        .unwrap_or("unknown")
+        .to_string()
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -135,6 +151,9 @@ impl Ledger {
             rejected: Mutex::new(Rejections::new(REJECTIONS_KEPT)),
             validator,
             blocks_produced: Default::default(),
+            block_interval: Histogram::default(),
+            last_block: Mutex::new(None),
+            refusals: Mutex::default(),
         })
     }
 
@@ -149,10 +168,19 @@ impl Ledger {
         let state = self.state();
         let checked = check_stateless(state.genesis(), txs);
         let mut mempool = lock(&self.mempool);
-        let verdicts = checked
+        let verdicts: Vec<Result<Hash, Refusal>> = checked
             .into_iter()
             .map(|verified| Ok(mempool.insert(&state, verified?)?))
             .collect();
+        let mut refusals = lock(&self.refusals);
+        for refusal in verdicts.iter().filter_map(|v| v.as_ref().err()) {
+            let why = match refusal {
+                Refusal::Invalid(e) => reason(e),
+                Refusal::Mempool(e) => reason(e),
+            };
+            *refusals.entry(why).or_default() += 1;
+        }
+        drop(refusals);
         if mempool.len() >= self.block_limit {
             self.full.notify_one();
         }
@@ -180,6 +208,14 @@ impl Ledger {
         lock(&self.mempool).len()
     }
 
+    /// Refusals so far, by reason.
+    pub fn refusals(&self) -> Vec<(String, u64)> {
+        lock(&self.refusals)
+            .iter()
+            .map(|(why, n)| (why.clone(), *n))
+            .collect()
+    }
+
     /// Produces and commits the next block from the mempool (possibly empty). Fails with
     /// `BlockError::AheadOfClock`, committing nothing, while the head is too far ahead of
     /// this machine's clock for a new block to be stamped honestly.
@@ -194,8 +230,15 @@ impl Ledger {
         let dropped: Vec<Hash> = produced.rejected.iter().map(|(h, _)| *h).collect();
         lock(&self.mempool).remove(included.chain(dropped.iter().copied()));
         let mut rejected = lock(&self.rejected);
+        let mut refusals = lock(&self.refusals);
         for (hash, error) in produced.rejected {
+            *refusals.entry(reason(&error)).or_default() += 1;
             rejected.insert(hash, Rejection(error.to_string()));
+        }
+        drop((rejected, refusals));
+        let made = Instant::now();
+        if let Some(last) = lock(&self.last_block).replace(made) {
+            self.block_interval.observe(made - last);
         }
         *self.state.write().unwrap_or_else(|p| p.into_inner()) = produced.state;
         self.blocks_produced.fetch_add(1, Ordering::Relaxed);
