@@ -46,7 +46,7 @@ mod base_units {
 pub struct ErrorBody {
     /// `bad_request`, `too_large`, `unsupported_media_type`, `not_found`,
     /// `method_not_allowed`, `invalid_tx`, `conflict`, `sender_limit`, `mempool_full`,
-    /// `ledger_unreachable`, `ledger_timeout` (the gateway), `internal`.
+    /// `ledger_unreachable`, `ledger_timeout`, `request_timeout` (the gateway), `internal`.
     pub error: String,
     pub message: String,
 }

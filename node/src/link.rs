@@ -1,9 +1,19 @@
 //! What every swarm role does with a WebSocket carrying wire frames: the size limits, reading
-//! the next frame, a writer task fed by a channel, and binding a listener that says where it
-//! listens (tests and `dev` read that line).
+//! the next frame, a writer task fed by a channel (which can also ping the peer), a read half
+//! that gives up on a silent peer (`Idle`), and binding a listener that says where it listens
+//! (tests and `dev` read that line).
+//!
+//! Keepalive: the hub pings every link (`Keepalive`); a peer answers while it polls its read
+//! half (tungstenite queues the pong when it reads a ping and writes it on the next read), and
+//! `next_frame` passes over pings and pongs. Whoever wraps its read half in `Idle` drops a link
+//! from which nothing at all, not even a pong or a ping, arrived for the idle timeout.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{ready, Context as TaskContext, Poll};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use futures_util::stream::{SplitSink, SplitStream};
@@ -11,6 +21,7 @@ use futures_util::{SinkExt, Stream, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
+use tokio::time::{Instant, Interval, MissedTickBehavior, Sleep};
 use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_rustls::rustls::ClientConfig;
 use tokio_rustls::TlsConnector;
@@ -95,7 +106,7 @@ pub async fn dial(
     let (ws, _) = tokio_tungstenite::client_async_with_config(url, stream, Some(ws_config()))
         .await
         .with_context(|| format!("WebSocket handshake with {url}"))?;
-    Ok(split(ws))
+    Ok(split(ws, None))
 }
 
 /// WebSocket limits matching the wire protocol's: nothing larger is ever buffered.
@@ -133,30 +144,118 @@ where
 
 pub type Source<T> = SplitStream<WebSocketStream<T>>;
 
+/// A link silent this long is given up on unless a role's `--idle-timeout-ms` says otherwise
+/// (three of the hub's default ping intervals).
+pub const DEFAULT_IDLE_TIMEOUT_MS: u64 = 45_000;
+
+/// How a link is kept alive: a ping every `ping`; a write that cannot finish within `idle`
+/// (the peer reads nothing) ends the writer.
+#[derive(Clone, Copy, Debug)]
+pub struct Keepalive {
+    pub ping: Duration,
+    pub idle: Duration,
+}
+
 /// Splits a link: frames sent on the returned channel are written in order by a task that
-/// ends (closing the socket) when every sender is dropped or a write fails.
-pub fn split<T>(ws: WebSocketStream<T>) -> (mpsc::UnboundedSender<Bytes>, Source<T>)
+/// ends (closing the socket) when every sender is dropped or a write fails. With `keepalive`
+/// the task also pings the peer and gives up on a write that stalls.
+pub fn split<T>(
+    ws: WebSocketStream<T>,
+    keepalive: Option<Keepalive>,
+) -> (mpsc::UnboundedSender<Bytes>, Source<T>)
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (sink, source) = ws.split();
     let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(write_frames(sink, rx));
+    tokio::spawn(write_frames(sink, rx, keepalive));
     (tx, source)
 }
 
 async fn write_frames<T>(
     mut sink: SplitSink<WebSocketStream<T>, WsMessage>,
     mut rx: mpsc::UnboundedReceiver<Bytes>,
+    keepalive: Option<Keepalive>,
 ) where
     T: AsyncRead + AsyncWrite + Unpin,
 {
-    while let Some(frame) = rx.recv().await {
-        if sink.send(WsMessage::Binary(frame)).await.is_err() {
+    let mut pings = keepalive.map(|k| {
+        let mut pings = tokio::time::interval_at(Instant::now() + k.ping, k.ping);
+        pings.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        pings
+    });
+    let limit = keepalive.map(|k| k.idle);
+    loop {
+        let message = tokio::select! {
+            frame = rx.recv() => match frame {
+                Some(frame) => WsMessage::Binary(frame),
+                None => break,
+            },
+            () = next_ping(&mut pings) => WsMessage::Ping(Bytes::new()),
+        };
+        if !within(limit, sink.send(message)).await {
             return;
         }
     }
-    let _ = sink.close().await;
+    within(limit, sink.close()).await;
+}
+
+/// The next tick of `pings`; never, without pings.
+async fn next_ping(pings: &mut Option<Interval>) {
+    match pings {
+        Some(pings) => {
+            pings.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Whether `write` succeeded, within `limit` when there is one.
+async fn within<E>(limit: Option<Duration>, write: impl Future<Output = Result<(), E>>) -> bool {
+    match limit {
+        Some(limit) => matches!(tokio::time::timeout(limit, write).await, Ok(Ok(()))),
+        None => write.await.is_ok(),
+    }
+}
+
+/// A link's read half that fails (a `TimedOut` I/O error) once nothing at all, no frame, ping
+/// or pong, has arrived for `idle`. Time spent not polling it counts: what arrived meanwhile
+/// is read before the deadline is looked at.
+pub struct Idle<S> {
+    inner: S,
+    idle: Duration,
+    deadline: Pin<Box<Sleep>>,
+}
+
+impl<S> Idle<S> {
+    pub fn new(inner: S, idle: Duration) -> Idle<S> {
+        Idle {
+            inner,
+            idle,
+            deadline: Box::pin(tokio::time::sleep(idle)),
+        }
+    }
+}
+
+impl<S> Stream for Idle<S>
+where
+    S: Stream<Item = Result<WsMessage, tungstenite::Error>> + Unpin,
+{
+    type Item = S::Item;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<S::Item>> {
+        let this = &mut *self;
+        if let Poll::Ready(item) = this.inner.poll_next_unpin(cx) {
+            this.deadline.as_mut().reset(Instant::now() + this.idle);
+            return Poll::Ready(item);
+        }
+        ready!(this.deadline.as_mut().poll(cx));
+        let silent = std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("nothing arrived for {:?}", this.idle),
+        );
+        Poll::Ready(Some(Err(tungstenite::Error::Io(silent))))
+    }
 }
 
 /// Binds `addr` and prints `<role> listening on <addr>` (the bound port when 0 was asked).
@@ -166,4 +265,63 @@ pub async fn bind(role: &str, addr: SocketAddr) -> Result<TcpListener> {
         .with_context(|| format!("{role}: cannot listen on {addr}"))?;
     println!("{role} listening on {}", listener.local_addr()?);
     Ok(listener)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEEPALIVE: Keepalive = Keepalive {
+        ping: Duration::from_millis(50),
+        idle: Duration::from_millis(400),
+    };
+
+    /// A server end with `KEEPALIVE` (its read half under `Idle`) and a plain client end, over
+    /// loopback.
+    async fn pair() -> (
+        (mpsc::UnboundedSender<Bytes>, Idle<Source<TcpStream>>),
+        (mpsc::UnboundedSender<Bytes>, Source<TcpStream>),
+    ) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = tokio::spawn(async move {
+            let tcp = TcpStream::connect(addr).await.unwrap();
+            let (ws, _) = tokio_tungstenite::client_async(format!("ws://{addr}/"), tcp)
+                .await
+                .unwrap();
+            split(ws, None)
+        });
+        let (tcp, _) = listener.accept().await.unwrap();
+        let ws = tokio_tungstenite::accept_async(tcp).await.unwrap();
+        let (tx, source) = split(ws, Some(KEEPALIVE));
+        (
+            (tx, Idle::new(source, KEEPALIVE.idle)),
+            client.await.unwrap(),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_reads_answers_pings_and_stays() {
+        let ((_server_tx, mut server), (client_tx, mut client)) = pair().await;
+        let server = tokio::spawn(async move { next_frame(&mut server).await });
+        // The client reads (passing over the pings, answering each) for twice the server's
+        // idle timeout, then sends a frame: the server, reading all along, is still there.
+        let reading = tokio::time::timeout(KEEPALIVE.idle * 2, next_frame(&mut client)).await;
+        assert!(reading.is_err(), "only pings were sent, yet: {reading:?}");
+        client_tx.send(Bytes::from_static(b"still here")).unwrap();
+        let frame = server.await.unwrap().expect("the link survived");
+        assert_eq!(&frame[..], b"still here");
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_reads_nothing_is_dropped_within_the_idle_timeout() {
+        let ((_server_tx, mut server), _client) = pair().await;
+        let start = std::time::Instant::now();
+        let ended = tokio::time::timeout(KEEPALIVE.idle * 3, next_frame(&mut server))
+            .await
+            .expect("a silent peer must be given up on");
+        let error = format!("{:#}", ended.expect_err("nothing was sent"));
+        assert!(error.contains("nothing arrived"), "{error}");
+        assert!(start.elapsed() >= KEEPALIVE.idle, "{:?}", start.elapsed());
+    }
 }

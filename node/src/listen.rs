@@ -3,10 +3,11 @@
 //! is logged at most once a second and retried after a short pause instead of ending the
 //! loop, and connections beyond a global cap or a per-address cap are closed at once, before
 //! any byte is read. Each accepted connection holds a `Slot` that frees its place when the
-//! connection's task ends.
+//! connection's task ends. The per-address cap counts an IPv6 peer by its /64 (one subscriber
+//! is routinely given a whole /64) and an IPv4-mapped IPv6 address as its IPv4 address.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -24,7 +25,7 @@ pub struct Limits {
     /// Connections held open at once, from everyone; beyond it new ones are closed at once.
     #[arg(long, default_value_t = 4096)]
     pub max_connections: usize,
-    /// Connections held open at once from one IP address.
+    /// Connections held open at once from one IP address (for IPv6, from one /64).
     #[arg(long, default_value_t = 64)]
     pub max_connections_per_ip: usize,
 }
@@ -48,6 +49,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
+    fn new(limits: Limits) -> Arc<Shared> {
+        Arc::new(Shared {
+            limits,
+            counts: Mutex::default(),
+            quiet_until: Mutex::default(),
+            suppressed: Mutex::default(),
+        })
+    }
+
     /// Logs `what` unless a line was logged less than a second ago (then counts it).
     fn log(&self, role: &str, what: std::fmt::Arguments) {
         let now = Instant::now();
@@ -63,6 +73,7 @@ impl Shared {
 
     /// Takes a place for a connection from `ip`, if the caps allow one.
     fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<Slot> {
+        let ip = cap_key(ip);
         let mut counts = lock(&self.counts);
         let from_ip = counts.per_ip.get(&ip).copied().unwrap_or(0);
         if counts.total >= self.limits.max_connections
@@ -79,9 +90,22 @@ impl Shared {
     }
 }
 
+/// What the per-address cap counts `ip` as: an IPv4 address as itself, an IPv4-mapped IPv6
+/// address as the IPv4 address, any other IPv6 address as its /64 (the rest zeroed).
+fn cap_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !(u128::MAX >> 64))),
+        },
+    }
+}
+
 /// A connection's place under the caps; dropping it frees the place.
 pub struct Slot {
     shared: Arc<Shared>,
+    /// The per-address cap's key for the peer (`cap_key`).
     ip: IpAddr,
 }
 
@@ -110,12 +134,7 @@ impl Acceptor {
         Acceptor {
             role,
             listener,
-            shared: Arc::new(Shared {
-                limits,
-                counts: Mutex::default(),
-                quiet_until: Mutex::default(),
-                suppressed: Mutex::default(),
-            }),
+            shared: Shared::new(limits),
         }
     }
 
@@ -204,6 +223,45 @@ mod tests {
             .expect("a freed place is taken")
             .unwrap();
         assert_eq!(acceptor.open(), 2);
+    }
+
+    #[test]
+    fn ipv6_peers_are_counted_by_their_64_and_mapped_ipv4_as_ipv4() {
+        let key = |ip: &str| cap_key(ip.parse().unwrap()).to_string();
+        assert_eq!(key("203.0.113.7"), "203.0.113.7");
+        assert_eq!(key("::ffff:203.0.113.7"), "203.0.113.7");
+        assert_eq!(key("2001:db8:1:2:aaaa:bbbb:cccc:dddd"), "2001:db8:1:2::");
+        assert_eq!(key("2001:db8:1:2::1"), "2001:db8:1:2::");
+        assert_eq!(key("2001:db8:1:3::1"), "2001:db8:1:3::");
+        assert_eq!(key("::1"), "::");
+    }
+
+    #[test]
+    fn one_64_shares_one_per_address_cap() {
+        let shared = Shared::new(Limits {
+            max_connections: 100,
+            max_connections_per_ip: 2,
+        });
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let first = shared.admit(ip("2001:db8::1")).expect("room");
+        let _second = shared.admit(ip("2001:db8::ffff:2")).expect("room");
+        assert!(
+            shared.admit(ip("2001:db8::3")).is_none(),
+            "a third from that /64"
+        );
+        assert!(shared.admit(ip("2001:db8:0:1::3")).is_some(), "another /64");
+        // Two connections from an IPv4 address, one of them through a mapped IPv6 socket.
+        let _v4 = shared.admit(ip("198.51.100.1")).expect("room");
+        let _mapped = shared.admit(ip("::ffff:198.51.100.1")).expect("room");
+        assert!(
+            shared.admit(ip("198.51.100.1")).is_none(),
+            "a third from that address"
+        );
+        drop(first);
+        assert!(
+            shared.admit(ip("2001:db8::4")).is_some(),
+            "a freed place is taken"
+        );
     }
 
     #[tokio::test]

@@ -117,3 +117,86 @@ fn a_silent_or_missing_ledger_gets_a_json_error_in_time_without_internal_text() 
 fn port(addr: &str) -> &str {
     addr.rsplit(':').next().unwrap_or_default()
 }
+
+/// A POST that promises 1000 bytes of body and sends one a second is answered 408 (the API's
+/// JSON error) within the gateway's body deadline, and the gateway serves others meanwhile.
+#[test]
+fn a_trickled_request_body_gets_a_408_in_time_and_others_are_served_meanwhile() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_rustls::rustls::pki_types::ServerName;
+    use tokio_rustls::TlsConnector;
+
+    let dir = tempfile::tempdir().unwrap();
+    let cert = dir.path().join("cert.pem");
+    let mut gateway = Proc::start(
+        "kvasir-node",
+        &[
+            "gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--self-signed",
+            "--cert-out",
+            cert.to_str().unwrap(),
+            "--hub",
+            "127.0.0.1:9",
+        ],
+    );
+    let addr = gateway.listening("gateway");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let start = std::time::Instant::now();
+    let trickled = runtime.spawn({
+        let (addr, cert) = (addr.clone(), cert.clone());
+        async move {
+            let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            let tls = TlsConnector::from(kvasir_node::tls::client(Some(&cert)).unwrap());
+            let name = ServerName::try_from("localhost").unwrap();
+            let (mut reader, mut writer) = tokio::io::split(tls.connect(name, tcp).await.unwrap());
+            writer
+                .write_all(b"POST /txs HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n")
+                .await
+                .unwrap();
+            let trickle = tokio::spawn(async move {
+                while writer.write_all(b" ").await.is_ok() && writer.flush().await.is_ok() {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            });
+            let mut answer = Vec::new();
+            let read = tokio::time::timeout(
+                Duration::from_secs(20),
+                reader.read_to_end(&mut answer),
+            )
+            .await;
+            trickle.abort();
+            (read.is_ok(), String::from_utf8_lossy(&answer).into_owned())
+        }
+    });
+    // Meanwhile another client is served at once (404: this gateway relays no ledger).
+    std::thread::sleep(Duration::from_secs(2));
+    let client =
+        Client::with_ca(&format!("https://localhost:{}", port(&addr)), Some(&cert)).unwrap();
+    let asked = std::time::Instant::now();
+    match client.head() {
+        Err(ClientError::Api { status: 404, .. }) => {}
+        other => panic!("the gateway stopped serving: {other:?}"),
+    }
+    assert!(
+        asked.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        asked.elapsed()
+    );
+    let (ended, answer) = runtime.block_on(trickled).unwrap();
+    let took = start.elapsed();
+    assert!(
+        ended,
+        "the connection was still open after {took:?}: {answer:?}\n{}",
+        gateway.stderr()
+    );
+    assert!(took < Duration::from_secs(13), "took {took:?}");
+    if !answer.is_empty() {
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        let body = answer.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+        let error: kvasir_api::ErrorBody =
+            serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"));
+        assert_eq!(error.error, "request_timeout", "{answer}");
+    }
+}

@@ -162,4 +162,16 @@ fn the_backbone_http_endpoint_generates_remotely_and_refuses_bad_bodies() {
     assert_eq!(http(&addr, "POST", "/generate", &oversized).0, 413);
     // Still serving after all that.
     assert_eq!(http(&addr, "POST", "/generate", &body).0, 200);
+    // Its metrics count what went remote and how long the round trips took.
+    let (status, metrics) = http(&addr, "GET", "/metrics", "");
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("# HELP kvasir_backbone_fallbacks_total "),
+        "{metrics}"
+    );
+    let round_trips = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("kvasir_backbone_dispatch_round_trip_seconds_count "))
+        .and_then(|n| n.parse::<u64>().ok());
+    assert!(round_trips.is_some_and(|n| n > 0), "{metrics}");
 }

@@ -18,6 +18,7 @@ use kvasir_ledger::keys::Keypair;
 use super::hub_link::{maintain_link, LinkState};
 use super::lock;
 use crate::engine::model_id;
+use crate::metrics::Histogram;
 use crate::spec::ExpertSpec;
 use crate::wire::{split_partials, DirectoryEntry, Message, Request};
 
@@ -31,11 +32,14 @@ pub struct RemoteExperts {
     link: Arc<Mutex<LinkState>>,
     shunned: Mutex<HashSet<u64>>,
     stats: Mutex<DispatchCounts>,
+    /// From sending a request to its answer, for the answers that came.
+    pub round_trip: Histogram,
 }
 
 /// One worker's share of a layer step.
 struct Dispatch {
     session: u64,
+    sent: Instant,
     /// Indices into the step's requests.
     members: Vec<usize>,
     answer: Option<std_mpsc::Receiver<Result<Vec<f32>, String>>>,
@@ -85,6 +89,7 @@ impl RemoteExperts {
             link: link.clone(),
             shunned: Mutex::new(HashSet::new()),
             stats: Mutex::new(DispatchCounts::default()),
+            round_trip: Histogram::default(),
         };
         runtime.spawn(maintain_link(
             hub_url.to_string(),
@@ -155,6 +160,7 @@ impl RemoteExperts {
             };
             dispatches.push(Dispatch {
                 session,
+                sent: Instant::now(),
                 members,
                 answer,
                 id,
@@ -174,7 +180,10 @@ impl RemoteExperts {
         let waited = answer.recv_timeout(deadline.saturating_duration_since(Instant::now()));
         lock(&self.link).pending.remove(&dispatch.id);
         let partials = match waited {
-            Ok(Ok(partials)) => partials,
+            Ok(Ok(partials)) => {
+                self.round_trip.observe(dispatch.sent.elapsed());
+                partials
+            }
             Ok(Err(message)) => {
                 tracing::warn!("worker failed request {}: {message}", dispatch.id);
                 return None;

@@ -15,6 +15,7 @@ use utoipa::OpenApi;
 
 use super::Engine;
 use crate::link;
+use crate::metrics::Exposition;
 
 /// Most tokens one HTTP request may ask for.
 const MAX_HTTP_TOKENS: usize = 4096;
@@ -44,13 +45,42 @@ struct Served {
         title = "Kvasir backbone",
         description = "Text generation with remote experts."
     ),
-    paths(generate_handler, healthz)
+    paths(generate_handler, healthz, metrics)
 )]
 struct ApiDoc;
 
 #[utoipa::path(get, path = "/healthz", description = "Liveness: the text `ok`.", responses((status = 200, description = "ok", body = String, content_type = "text/plain")))]
 async fn healthz() -> &'static str {
     "ok"
+}
+
+/// `GET /metrics`: dispatch counts and round trips, as Prometheus text.
+#[utoipa::path(get, path = "/metrics", description = "Prometheus text: remote requests, fallbacks, dispatch round trips.", responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain")))]
+async fn metrics(State(served): State<Arc<Served>>) -> String {
+    let experts = &served.engine.experts;
+    let counts = experts.stats();
+    Exposition::default()
+        .counter(
+            "kvasir_backbone_remote_requests_total",
+            "Requests sent to workers (one per worker per layer step).",
+            counts.remote_requests,
+        )
+        .counter(
+            "kvasir_backbone_remote_evaluations_total",
+            "Expert evaluations answered by workers.",
+            counts.remote_evaluations,
+        )
+        .counter(
+            "kvasir_backbone_fallbacks_total",
+            "Requests computed locally after their worker failed, left or stalled.",
+            counts.fallbacks,
+        )
+        .histogram(
+            "kvasir_backbone_dispatch_round_trip_seconds",
+            "From sending a request to a worker to its answer.",
+            &experts.round_trip,
+        )
+        .text()
 }
 
 /// `POST /generate`: JSON in and out, errors as `{error, message}`.
@@ -98,6 +128,7 @@ pub(super) async fn serve(
     let app = Router::new()
         .route("/generate", post(generate_handler))
         .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
         .route("/openapi.json", get(|| async { Json(ApiDoc::openapi()) }))
         .layer(DefaultBodyLimit::max(64 << 10))
         .with_state(served);

@@ -3,19 +3,24 @@
 //! and response timeouts. The public sees the ledger's answer, or the API's own
 //! `{error, message}` when the ledger cannot be reached or is too slow, never the text of an
 //! internal error (that goes to the log).
+//!
+//! Every request's body is read in full before it is routed, within `BODY_TIMEOUT` and
+//! `MAX_REQUEST` (`read_body`): a client trickling its body gets a 408 and the connection is
+//! closed; one sending too much gets a 413.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::header::CONTENT_TYPE;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::header::{CONNECTION, CONTENT_TYPE};
 use axum::http::{HeaderValue, Method, Request, StatusCode, Uri};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -27,6 +32,8 @@ const MAX_REQUEST: usize = 64 << 10;
 const MAX_ANSWER: usize = 16 << 20;
 /// A ledger that does not accept a connection within this is unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// A request body must arrive in full within this of its head (the head's own limit).
+const BODY_TIMEOUT: Duration = super::HEAD_TIMEOUT;
 
 /// The ledger behind the gateway: where it is and the pooled client that reaches it.
 pub(super) struct Upstream {
@@ -93,8 +100,43 @@ pub(super) fn api(ledger: Option<Upstream>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .fallback(relay_to_ledger)
-        .layer(DefaultBodyLimit::max(MAX_REQUEST))
+        .layer(middleware::from_fn(read_body))
         .with_state(Arc::new(ledger))
+}
+
+/// Reads the whole body of `request` (at most `MAX_REQUEST` bytes, within `BODY_TIMEOUT`)
+/// before passing it on: 408 for a body too slow, which also closes the connection (the rest
+/// of the body is never read), 413 for one too large.
+async fn read_body(request: axum::extract::Request, next: Next) -> Response {
+    let (parts, body) = request.into_parts();
+    let read = tokio::time::timeout(BODY_TIMEOUT, Limited::new(body, MAX_REQUEST).collect());
+    match read.await {
+        Ok(Ok(body)) => {
+            next.run(Request::from_parts(parts, Body::from(body.to_bytes())))
+                .await
+        }
+        Ok(Err(e)) if e.is::<LengthLimitError>() => error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            &format!("the request body is over {} KiB", MAX_REQUEST >> 10),
+        ),
+        Ok(Err(_)) => error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "the request body could not be read",
+        ),
+        Err(_) => {
+            let mut response = error(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                "the request body did not arrive in time",
+            );
+            response
+                .headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+            response
+        }
+    }
 }
 
 /// Passes a GET or POST through to the ledger and its answer back.

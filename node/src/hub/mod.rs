@@ -4,6 +4,10 @@
 //! frames, meters each session's well-formed traffic in the registry and serves signed
 //! cumulative receipts.
 //!
+//! Liveness: the hub pings every link every `--ping-interval-ms` and drops one (a worker
+//! leaves the directory) from which nothing, not even a pong, arrived for
+//! `--idle-timeout-ms`, or that does not take a frame within that time.
+//!
 //! Metering: a request's bytes and its response's bytes count when, and only when, the
 //! response decodes, answers a request this hub relayed to that session, and carries exactly
 //! the values the request implies. Anything else drops the worker and counts nothing; a
@@ -33,7 +37,7 @@ use tokio::net::TcpStream;
 use utoipa::OpenApi;
 
 use crate::commands::genesis::{dev_genesis_hash, refuse_exposed_dev_chain};
-use crate::link::{self, next_frame, next_message};
+use crate::link::{self, next_frame, next_message, Idle, Keepalive};
 use crate::listen::{Acceptor, Limits};
 use crate::wire::{Challenge, DirectoryEntry, Failure, Message, Role, Welcome};
 use receipts::{receipts, RegistryDoc};
@@ -42,6 +46,8 @@ use relay::{distinct_claims, Links, DIRECTORY_INTERVAL};
 
 /// A client must complete the WebSocket handshake and its hello within this.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often each link is pinged unless `--ping-interval-ms` says otherwise.
+const DEFAULT_PING_INTERVAL_MS: u64 = 15_000;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -79,6 +85,13 @@ pub struct Args {
     /// nothing: keep it at most the backbone's `--dispatch-timeout-ms`.
     #[arg(long, default_value_t = 5000)]
     answer_deadline_ms: u64,
+    /// Every link (workers and the backbone) is pinged this often.
+    #[arg(long, default_value_t = DEFAULT_PING_INTERVAL_MS, value_parser = clap::value_parser!(u64).range(1..))]
+    ping_interval_ms: u64,
+    /// A link from which nothing arrives (no frame, no pong) for this long is dropped; keep it
+    /// well above `--ping-interval-ms`, and at least the workers' `--idle-timeout-ms`.
+    #[arg(long, default_value_t = link::DEFAULT_IDLE_TIMEOUT_MS)]
+    idle_timeout_ms: u64,
 }
 
 struct Hub {
@@ -88,6 +101,7 @@ struct Hub {
     registry: Registry,
     links: Mutex<Links>,
     answer_deadline: Duration,
+    keepalive: Keepalive,
 }
 
 #[cfg(test)]
@@ -102,6 +116,10 @@ impl Hub {
             registry: Registry::open(&dir.join("registry")).expect("a registry"),
             links: Mutex::new(Links::default()),
             answer_deadline,
+            keepalive: Keepalive {
+                ping: Duration::from_millis(DEFAULT_PING_INTERVAL_MS),
+                idle: Duration::from_millis(link::DEFAULT_IDLE_TIMEOUT_MS),
+            },
         }
     }
 }
@@ -114,6 +132,9 @@ fn is_lan(ip: IpAddr) -> bool {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    if args.idle_timeout_ms <= args.ping_interval_ms {
+        bail!("--idle-timeout-ms must be longer than --ping-interval-ms, or honest links are dropped between pings");
+    }
     for addr in [args.listen, args.registry_listen] {
         if !is_lan(addr.ip()) && !args.allow_public {
             bail!("{addr} is not a loopback or private address; the hub belongs on the LAN (pass --allow-public to override)");
@@ -139,6 +160,10 @@ pub fn run(args: Args) -> Result<()> {
         registry: Registry::open(&args.data_dir.join("registry"))?,
         links: Mutex::new(Links::default()),
         answer_deadline: Duration::from_millis(args.answer_deadline_ms),
+        keepalive: Keepalive {
+            ping: Duration::from_millis(args.ping_interval_ms),
+            idle: Duration::from_millis(args.idle_timeout_ms),
+        },
     });
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(serve(
@@ -164,6 +189,12 @@ async fn serve(
             get(|| async { axum::Json(RegistryDoc::openapi()) }),
         )
         .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/metrics",
+            get(|axum::extract::State(hub): axum::extract::State<Arc<Hub>>| async move {
+                hub.metrics_text()
+            }),
+        )
         .with_state(hub.clone());
     tokio::spawn(async move { axum::serve(registry, app).await });
     let clock = hub.clone();
@@ -196,7 +227,7 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
     let (ws, challenge, hello) = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
         let ws =
             tokio_tungstenite::accept_async_with_config(stream, Some(link::ws_config())).await?;
-        let (tx, mut source) = link::split(ws);
+        let (tx, mut source) = link::split(ws, Some(hub.keepalive));
         let challenge = Challenge {
             nonce: rand::random(),
             hub: hub.key.address(),
@@ -214,7 +245,8 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
     if !hello.verify(&challenge) {
         bail!("hello from {} does not answer this challenge", hello.key);
     }
-    let (tx, mut source) = ws;
+    let (tx, source) = ws;
+    let mut source = Idle::new(source, Duration::from_secs(3600));
     match hello.role {
         Role::Worker => {
             let refuse = |why: &dyn std::fmt::Display| {

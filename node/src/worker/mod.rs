@@ -1,7 +1,9 @@
 //! `kvasir-node worker`: holds a slice of experts and evaluates them for the rows it is sent.
 //! It opens one outbound `wss://` connection to the gateway and listens on no socket; it
 //! answers the hub's challenge with its wallet key, announces what it holds, then serves
-//! requests until the link drops, and reconnects with backoff.
+//! requests until the link drops, and reconnects with backoff. It answers the hub's pings,
+//! and takes a hub from which nothing (not even a ping) arrived for `--idle-timeout-ms` for
+//! dead: it drops that link and redials.
 //!
 //! The room: it may touch the engine's expert executors, the wire protocol and its link;
 //! it never sees the router, the prompt, other layers or the ledger.
@@ -17,7 +19,7 @@ use kvasir_ledger::keys::Keypair;
 use tokio_rustls::rustls::ClientConfig;
 
 use crate::engine::{load_experts, model_id, Backend};
-use crate::link::{self, next_message, Identity};
+use crate::link::{self, next_message, Identity, Idle};
 use crate::spec::ExpertSpec;
 use crate::tls;
 use crate::wire::{ExpertId, Failure, Message, Request, Response, Role};
@@ -43,6 +45,11 @@ pub struct Args {
     ca: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = Backend::Cpu)]
     backend: Backend,
+    /// Nothing from the hub for this long (the hub pings every link, by default every 15 s)
+    /// and the link is taken for dead and redialled; it also bounds dialling and the
+    /// handshake.
+    #[arg(long, default_value_t = link::DEFAULT_IDLE_TIMEOUT_MS, value_parser = clap::value_parser!(u64).range(1..))]
+    idle_timeout_ms: u64,
 }
 
 struct Worker {
@@ -81,12 +88,13 @@ pub fn run(args: Args) -> Result<()> {
     // Checked once up front for a clear error; re-read per connection, so a gateway that
     // restarts with a new certificate is trusted again.
     tls::client(args.ca.as_deref())?;
+    let idle = Duration::from_millis(args.idle_timeout_ms);
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         let mut backoff = Duration::from_millis(250);
         loop {
             let attempt = match tls::client(args.ca.as_deref()) {
-                Ok(tls) => session(&worker, &args.gateway, &tls).await,
+                Ok(tls) => session(&worker, &args.gateway, &tls, idle).await,
                 Err(e) => Err(e),
             };
             match attempt {
@@ -104,8 +112,14 @@ pub fn run(args: Args) -> Result<()> {
     })
 }
 
-/// One connection: dial, authenticate, serve until it ends. Returns requests served.
-async fn session(worker: &Arc<Worker>, url: &str, tls: &Arc<ClientConfig>) -> Result<u64> {
+/// One connection: dial, authenticate, serve until it ends or the hub is silent for `idle`.
+/// Returns requests served.
+async fn session(
+    worker: &Arc<Worker>,
+    url: &str,
+    tls: &Arc<ClientConfig>,
+    idle: Duration,
+) -> Result<u64> {
     let identity = Identity {
         key: &worker.key,
         role: Role::Worker,
@@ -113,7 +127,10 @@ async fn session(worker: &Arc<Worker>, url: &str, tls: &Arc<ClientConfig>) -> Re
         backend: worker.backend.clone(),
         experts: worker.held.clone(),
     };
-    let (tx, mut source, session) = link::connect(url, tls, identity).await?;
+    let (tx, source, session) = tokio::time::timeout(idle, link::connect(url, tls, identity))
+        .await
+        .with_context(|| format!("no welcome from the hub within {idle:?}"))??;
+    let mut source = Idle::new(source, idle);
     println!("worker session {session} open");
     let mut served = 0;
     loop {
