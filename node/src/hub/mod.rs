@@ -191,9 +191,11 @@ async fn serve(
         .route("/healthz", get(|| async { "ok" }))
         .route(
             "/metrics",
-            get(|axum::extract::State(hub): axum::extract::State<Arc<Hub>>| async move {
-                hub.metrics_text()
-            }),
+            get(
+                |axum::extract::State(hub): axum::extract::State<Arc<Hub>>| async move {
+                    hub.metrics_text()
+                },
+            ),
         )
         .with_state(hub.clone());
     tokio::spawn(async move { axum::serve(registry, app).await });
@@ -246,7 +248,7 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
         bail!("hello from {} does not answer this challenge", hello.key);
     }
     let (tx, source) = ws;
-    let mut source = Idle::new(source, Duration::from_secs(3600));
+    let mut source = Idle::new(source, hub.keepalive.idle);
     match hello.role {
         Role::Worker => {
             let refuse = |why: &dyn std::fmt::Display| {
