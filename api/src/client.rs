@@ -59,7 +59,8 @@ impl Client {
         Client::with_agent(base, ureq::Agent::config_builder())
     }
 
-    /// A client that also trusts the PEM certificate(s) in `ca` over HTTPS.
+    /// A client that trusts the PEM certificate(s) in `ca` over HTTPS, in place of the web's
+    /// roots (a self-signed gateway).
     pub fn with_ca(base: &str, ca: Option<&Path>) -> Result<Client, ClientError> {
         let Some(path) = ca else {
             return Ok(Client::new(base));

@@ -35,8 +35,8 @@ struct Cli {
         default_value = "http://127.0.0.1:7200"
     )]
     url: String,
-    /// Also trust this PEM certificate for an https:// URL (a gateway with a self-signed
-    /// certificate, like the one `kvasir-node dev` starts).
+    /// Trust this PEM certificate for an https:// URL, in place of the web's roots (a gateway
+    /// with a self-signed certificate, like the one `kvasir-node dev` starts).
     #[arg(long, global = true, env = "KVASIR_CA")]
     ca: Option<PathBuf>,
     #[command(subcommand)]
