@@ -277,19 +277,7 @@ impl Swarm {
     pub fn start_with_hub_args(preset: &str, crediting: bool, hub_extra: &[&str]) -> Swarm {
         let hub_extra: Vec<String> = hub_extra.iter().map(|a| a.to_string()).collect();
         let dir = tempfile::tempdir().unwrap();
-        let model = dir.path().join("model");
-        let synth = run(
-            "kvasir-node",
-            &[
-                "model",
-                "synth",
-                "--out",
-                path_str(&model),
-                "--preset",
-                preset,
-            ],
-        );
-        assert!(synth.status.success(), "{}", stderr(&synth));
+        let model = synth_model(dir.path(), preset);
         let chain = dir.path().join("chain");
         let init = run(
             "kvasir-node",
@@ -598,6 +586,48 @@ impl Swarm {
             .map(|r| (r.session_id, r.worker.to_string(), r.cumulative_bytes))
             .collect()
     }
+}
+
+/// The `preset` checkpoint, synthesized into `dir/model`.
+pub fn synth_model(dir: &Path, preset: &str) -> PathBuf {
+    let model = dir.join("model");
+    let synth = run(
+        "kvasir-node",
+        &[
+            "model",
+            "synth",
+            "--out",
+            path_str(&model),
+            "--preset",
+            preset,
+        ],
+    );
+    assert!(synth.status.success(), "{}", stderr(&synth));
+    model
+}
+
+/// A gateway on its own (its hub unreachable at port 9), self-signed into `cert`, with
+/// `extra` arguments; the process and its address.
+pub fn lone_gateway(cert: &Path, extra: &[&str]) -> (Proc, String) {
+    let mut gateway = Proc::start(
+        "kvasir-node",
+        &[
+            &[
+                "gateway",
+                "--listen",
+                "127.0.0.1:0",
+                "--self-signed",
+                "--cert-out",
+                path_str(cert),
+                "--hub",
+                "127.0.0.1:9",
+            ],
+            extra,
+        ]
+        .concat(),
+    );
+    let addr = gateway.listening("gateway");
+    (gateway, addr)
 }
 
 /// Resident memory of process `pid`, in KiB (`VmRSS`).

@@ -10,8 +10,8 @@ use kvasir_ledger::Keypair;
 use kvasir_node::link::{self, connect, next_frame, next_message, Identity};
 use kvasir_node::tls;
 use kvasir_node::wire::{Challenge, Message, Role, Welcome};
-use kvasir_tests::swarm::{http, new_key, Proc, Swarm};
-use kvasir_tests::{path_str, run, stderr};
+use kvasir_tests::path_str;
+use kvasir_tests::swarm::{http, new_key, synth_model, Proc, Swarm};
 use tokio::runtime::Runtime;
 
 const PROMPT: &str = "Once upon a time";
@@ -86,19 +86,7 @@ fn a_silent_session_is_dropped_while_an_idle_worker_and_the_backbone_stay() {
 #[test]
 fn a_worker_redials_a_hub_that_goes_silent() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("model");
-    let synth = run(
-        "kvasir-node",
-        &[
-            "model",
-            "synth",
-            "--out",
-            path_str(&model),
-            "--preset",
-            "tiny",
-        ],
-    );
-    assert!(synth.status.success(), "{}", stderr(&synth));
+    let model = synth_model(dir.path(), "tiny");
     let key = dir.path().join("worker.key");
     new_key(&key);
     let runtime = Runtime::new().unwrap();

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use kvasir_api::{Client, ClientError};
 use kvasir_tests::bin;
-use kvasir_tests::swarm::Proc;
+use kvasir_tests::swarm::{lone_gateway, Proc};
 
 /// With its open-file limit at 64, the gateway is sent 200 idle TCP connections: it runs out
 /// of descriptors, keeps accepting once they close, and serves the next client.
@@ -66,24 +66,11 @@ fn a_silent_or_missing_ledger_gets_a_json_error_in_time_without_internal_text() 
         (silent_addr, 504, "ledger_timeout"),
         (missing_addr, 502, "ledger_unreachable"),
     ] {
-        let mut gateway = Proc::start(
-            "kvasir-node",
-            &[
-                "gateway",
-                "--listen",
-                "127.0.0.1:0",
-                "--self-signed",
-                "--cert-out",
-                cert.to_str().unwrap(),
-                "--hub",
-                "127.0.0.1:9",
-                "--ledger",
-                &format!("http://{ledger}"),
-                "--ledger-timeout-ms",
-                "500",
-            ],
+        let ledger_url = format!("http://{ledger}");
+        let (_gateway, addr) = lone_gateway(
+            &cert,
+            &["--ledger", &ledger_url, "--ledger-timeout-ms", "500"],
         );
-        let addr = gateway.listening("gateway");
         let url = format!("https://localhost:{}", port(&addr));
         let client = Client::with_ca(&url, Some(&cert)).unwrap();
         let start = std::time::Instant::now();
@@ -128,20 +115,7 @@ fn a_trickled_request_body_gets_a_408_in_time_and_others_are_served_meanwhile() 
 
     let dir = tempfile::tempdir().unwrap();
     let cert = dir.path().join("cert.pem");
-    let mut gateway = Proc::start(
-        "kvasir-node",
-        &[
-            "gateway",
-            "--listen",
-            "127.0.0.1:0",
-            "--self-signed",
-            "--cert-out",
-            cert.to_str().unwrap(),
-            "--hub",
-            "127.0.0.1:9",
-        ],
-    );
-    let addr = gateway.listening("gateway");
+    let (gateway, addr) = lone_gateway(&cert, &[]);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let start = std::time::Instant::now();
     let trickled = runtime.spawn({
