@@ -47,3 +47,40 @@ pub struct DispatchCounts {
     /// Requests computed locally after their worker failed, left or stalled.
     pub fallbacks: u64,
 }
+
+impl DispatchCounts {
+    /// Whether the work really went to workers, all of it: equal output proves nothing about
+    /// remote dispatch if the experts never left the backbone. Why not, if not.
+    pub fn all_remote(&self) -> Result<(), String> {
+        if self.remote_requests == 0 {
+            return Err("no request reached a worker: the run did not go remote".into());
+        }
+        if self.fallbacks > 0 {
+            return Err(format!(
+                "{} of {} remote requests fell back to local experts: the run did not fully go remote",
+                self.fallbacks, self.remote_requests
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_run_with_requests_and_no_fallbacks_went_remote() {
+        let counts = |remote_requests, fallbacks| DispatchCounts {
+            remote_requests,
+            remote_evaluations: remote_requests,
+            fallbacks,
+        };
+        assert!(counts(32, 0).all_remote().is_ok());
+        assert!(counts(0, 0)
+            .all_remote()
+            .unwrap_err()
+            .contains("did not go remote"));
+        assert!(counts(32, 1).all_remote().unwrap_err().contains("1 of 32"));
+    }
+}

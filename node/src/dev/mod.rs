@@ -192,17 +192,7 @@ pub fn run(args: Args) -> Result<()> {
     {
         bail!("remote output differs from local output");
     }
-    // Equal output proves nothing if the experts never left this machine's backbone.
-    if dispatch.remote_requests == 0 {
-        bail!("the backbone sent no request to a worker: the run did not go remote");
-    }
-    if dispatch.fallbacks > 0 {
-        bail!(
-            "{} of {} remote requests fell back to local experts: the run did not fully go remote",
-            dispatch.fallbacks,
-            dispatch.remote_requests
-        );
-    }
+    dispatch.all_remote().map_err(anyhow::Error::msg)?;
 
     // Every session's bytes, credited: wait until the ledger's marks reach the registry's counts.
     let registry = Client::new(&format!("http://{}", swarm.registry_addr));
