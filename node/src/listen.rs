@@ -8,9 +8,12 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, Instant};
 
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 
 /// How long the loop waits after an accept error before trying again: long enough for
@@ -28,6 +31,17 @@ pub struct Limits {
     /// Connections held open at once from one IP address (for IPv6, from one /64).
     #[arg(long, default_value_t = 64)]
     pub max_connections_per_ip: usize,
+}
+
+impl Limits {
+    /// Only a total: for a LAN service whose clients arrive through the gateway, all from
+    /// its address, so that a per-address cap would cap the gateway itself.
+    pub fn total(max_connections: usize) -> Limits {
+        Limits {
+            max_connections,
+            max_connections_per_ip: usize::MAX,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -119,6 +133,66 @@ impl Drop for Slot {
                 counts.per_ip.remove(&self.ip);
             }
         }
+    }
+}
+
+/// A connection holding its place under the caps (freed when it is dropped): what an HTTP
+/// server built on an `Acceptor` serves.
+pub struct Capped {
+    stream: TcpStream,
+    _slot: Slot,
+}
+
+impl AsyncRead for Capped {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Capped {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// `axum::serve` over an `Acceptor`: the ledger's, the backbone's and the hub registry's HTTP
+/// APIs get the same caps and never-dying accept loop as the swarm ports.
+impl axum::serve::Listener for Acceptor {
+    type Io = Capped;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Capped, SocketAddr) {
+        let (stream, peer, slot) = self.next().await;
+        (
+            Capped {
+                stream,
+                _slot: slot,
+            },
+            peer,
+        )
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
     }
 }
 
@@ -282,5 +356,37 @@ mod tests {
         assert!(closed(&mut second).await);
         assert_eq!(acceptor.open(), 1);
         background.abort();
+    }
+
+    #[tokio::test]
+    async fn an_http_api_served_over_an_acceptor_keeps_its_caps() {
+        use tokio::io::AsyncWriteExt;
+        let limits = Limits {
+            max_connections: 10,
+            max_connections_per_ip: 1,
+        };
+        let (acceptor, addr) = acceptor(limits).await;
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        tokio::spawn(async move { axum::serve(acceptor, app).await });
+        let holder = TcpStream::connect(addr).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut second = TcpStream::connect(addr).await.unwrap();
+        assert!(
+            closed(&mut second).await,
+            "a second connection from one address was served"
+        );
+        drop(holder);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        client
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut reply = String::new();
+        client.read_to_string(&mut reply).await.unwrap();
+        assert!(
+            reply.starts_with("HTTP/1.1 200") && reply.ends_with("ok"),
+            "{reply}"
+        );
     }
 }

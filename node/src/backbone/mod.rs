@@ -21,6 +21,7 @@ use kvasir_inference::moe::LocalExperts;
 use kvasir_inference::tokenizer::Tokenizer;
 
 use crate::engine::{run_generation, SamplingArgs};
+use crate::listen::Limits;
 use crate::spec::ExpertSpec;
 pub use remote::RemoteExperts;
 
@@ -45,6 +46,10 @@ pub struct Args {
     /// Serve `POST /generate` ({"prompt", "tokens"}) on this address instead.
     #[arg(long, conflicts_with = "prompt")]
     listen: Option<std::net::SocketAddr>,
+    /// Connections `--listen` holds at once (users come through a gateway, so this caps only
+    /// the total).
+    #[arg(long, default_value_t = 4096)]
+    max_connections: usize,
     #[command(flatten)]
     sampling: SamplingArgs,
     /// A remote answer later than this is given up on and computed locally.
@@ -93,7 +98,12 @@ pub fn run(args: Args) -> Result<()> {
         experts,
     });
     if let Some(listen) = args.listen {
-        return runtime.block_on(serve::serve(engine, listen, sampling));
+        return runtime.block_on(serve::serve(
+            engine,
+            listen,
+            Limits::total(args.max_connections),
+            sampling,
+        ));
     }
     let prompt = args.prompt.unwrap_or_default();
     let generation = engine.generate(&prompt, args.sampling.tokens, sampling)?;

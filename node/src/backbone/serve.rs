@@ -15,6 +15,7 @@ use utoipa::OpenApi;
 
 use super::Engine;
 use crate::link;
+use crate::listen::{Acceptor, Limits};
 use crate::metrics::Exposition;
 
 /// Most tokens one HTTP request may ask for.
@@ -118,6 +119,7 @@ async fn generate_handler(
 pub(super) async fn serve(
     engine: Arc<Engine>,
     listen: std::net::SocketAddr,
+    limits: Limits,
     sampling: Sampling,
 ) -> Result<()> {
     let served = Arc::new(Served {
@@ -133,6 +135,6 @@ pub(super) async fn serve(
         .layer(DefaultBodyLimit::max(64 << 10))
         .with_state(served);
     let listener = link::bind("backbone", listen).await?;
-    axum::serve(listener, app).await?;
+    axum::serve(Acceptor::new("backbone", listener, limits), app).await?;
     Ok(())
 }

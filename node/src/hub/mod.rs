@@ -198,6 +198,8 @@ async fn serve(
             ),
         )
         .with_state(hub.clone());
+    // The gateway's poll is the registry's only client; a small cap is plenty.
+    let registry = Acceptor::new("hub registry", registry, Limits::total(256));
     tokio::spawn(async move { axum::serve(registry, app).await });
     let clock = hub.clone();
     tokio::spawn(async move {
@@ -207,11 +209,7 @@ async fn serve(
             clock.tick(std::time::Instant::now());
         }
     });
-    let limits = Limits {
-        max_connections,
-        max_connections_per_ip: usize::MAX,
-    };
-    let listener = Acceptor::new("hub", listener, limits);
+    let listener = Acceptor::new("hub", listener, Limits::total(max_connections));
     loop {
         let (stream, peer, slot) = listener.next().await;
         let hub = hub.clone();

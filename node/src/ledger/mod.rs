@@ -27,6 +27,7 @@ use kvasir_ledger::{
 };
 
 use crate::link;
+use crate::listen::{Acceptor, Limits as ConnectionLimits};
 use crate::metrics::Histogram;
 
 /// Rejections remembered for `GET /txs/{hash}`; beyond, the oldest are forgotten.
@@ -46,6 +47,10 @@ pub struct Args {
     /// The validator key that signs blocks (a validator named in genesis).
     #[arg(long)]
     key: PathBuf,
+    /// Connections held at once (clients come through the gateway, so this caps only the
+    /// total).
+    #[arg(long, default_value_t = 4096)]
+    max_connections: usize,
 }
 
 /// Why a submitted transaction was not admitted.
@@ -288,6 +293,11 @@ pub fn run(args: Args) -> Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         let listener = link::bind("ledger", args.listen).await?;
+        let listener = Acceptor::new(
+            "ledger",
+            listener,
+            ConnectionLimits::total(args.max_connections),
+        );
         let app = api::router(ledger.clone());
         axum::serve(listener, app)
             .with_graceful_shutdown(crate::shutdown::requested())
