@@ -5,14 +5,39 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 /// An amount: base units (10^-9 KVR) as a decimal string, exact in every JSON reader, and the
-/// same amount in KVR as exact decimal text.
+/// same amount in KVR as exact decimal text. Read back, the two must agree: a reply that says
+/// two amounts at once is refused, not resolved one way or the other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(try_from = "AmountFields")]
 pub struct AmountView {
     #[serde(with = "base_units")]
     #[schema(value_type = String, example = "8945664")]
     pub base_units: Amount,
     #[schema(value_type = String, example = "0.008945664")]
     pub kvr: Amount,
+}
+
+/// `AmountView` as it arrives, before its two forms are compared.
+#[derive(Deserialize)]
+struct AmountFields {
+    #[serde(with = "base_units")]
+    base_units: Amount,
+    kvr: Amount,
+}
+
+impl TryFrom<AmountFields> for AmountView {
+    type Error = String;
+
+    fn try_from(fields: AmountFields) -> Result<AmountView, String> {
+        if fields.base_units != fields.kvr {
+            return Err(format!(
+                "base_units {} and kvr {} are different amounts",
+                fields.base_units.base_units(),
+                fields.kvr.to_decimal()
+            ));
+        }
+        Ok(AmountView::from(fields.base_units))
+    }
 }
 
 impl From<Amount> for AmountView {
@@ -313,6 +338,7 @@ mod tests {
             r#"{"base_units":8945664,"kvr":"0.008945664"}"#,
             r#"{"base_units":"-1","kvr":"0"}"#,
             r#"{"base_units":"18446744073709551616","kvr":"0"}"#,
+            r#"{"base_units":"8945664","kvr":"8.945664"}"#,
         ] {
             assert!(serde_json::from_str::<AmountView>(bad).is_err(), "{bad}");
         }
