@@ -222,7 +222,13 @@ impl Client {
         let mut listing = self.receipts(0, PAGE_MAX)?;
         while let Some(after) = listing.next_after.take() {
             let page = self.receipts(after, PAGE_MAX)?;
-            if page.receipts.first().is_some_and(|r| r.session_id <= after) {
+            // Every page must move forward, or a registry could keep this loop (and the list)
+            // going for ever.
+            let last = page.receipts.last().map(|r| r.session_id);
+            let stalls = page
+                .next_after
+                .is_some_and(|next| next <= after || Some(next) < last);
+            if stalls || page.receipts.first().is_some_and(|r| r.session_id <= after) {
                 return Err(ClientError::BadReply {
                     url: format!("{}/receipts", self.base),
                     reason: format!("the page after {after} goes back"),

@@ -11,6 +11,10 @@ use std::time::{Duration, Instant};
 
 use kvasir_api::generation::GenerationReport;
 use kvasir_api::registry::ReceiptListing;
+use kvasir_ledger::Keypair;
+use kvasir_node::link::{connect, Dialed, Identity};
+use kvasir_node::wire::Role;
+use tokio_rustls::rustls::ClientConfig;
 
 use crate::{bin, path_str, run, stderr, stdout};
 
@@ -586,6 +590,28 @@ impl Swarm {
             .map(|r| (r.session_id, r.worker.to_string(), r.cumulative_bytes))
             .collect()
     }
+}
+
+/// A worker session with a fresh key that claims nothing (so no backbone ever dispatches to
+/// it), dialled through `url`: its sending half, its read half and its session id, or None if
+/// the hub refused it.
+pub async fn claimless_session(
+    url: &str,
+    tls: &Arc<ClientConfig>,
+) -> Option<(
+    tokio::sync::mpsc::UnboundedSender<tokio_tungstenite::tungstenite::Bytes>,
+    Dialed,
+    u64,
+)> {
+    let key = Keypair::generate();
+    let identity = Identity {
+        key: &key,
+        role: Role::Worker,
+        model_id: "silent".into(),
+        backend: "cpu".into(),
+        experts: vec![],
+    };
+    connect(url, tls, identity).await.ok()
 }
 
 /// The `preset` checkpoint, synthesized into `dir/model`.

@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 
 use kvasir_api::generation::{GenerateRequest, GenerationReport};
 use kvasir_ledger::Keypair;
-use kvasir_node::link::{self, connect, next_frame, next_message, Identity};
+use kvasir_node::link::{self, next_frame, next_message};
 use kvasir_node::tls;
-use kvasir_node::wire::{Challenge, Message, Role, Welcome};
+use kvasir_node::wire::{Challenge, Message, Welcome};
 use kvasir_tests::path_str;
-use kvasir_tests::swarm::{http, new_key, synth_model, Proc, Swarm};
+use kvasir_tests::swarm::{claimless_session, http, new_key, synth_model, Proc, Swarm};
 use tokio::runtime::Runtime;
 
 const PROMPT: &str = "Once upon a time";
@@ -29,16 +29,8 @@ fn a_silent_session_is_dropped_while_an_idle_worker_and_the_backbone_stay() {
     // A session that completes the handshake and then neither reads nor writes.
     let runtime = Runtime::new().unwrap();
     let client_tls = tls::client(Some(&swarm.cert())).unwrap();
-    let key = Keypair::generate();
-    let identity = Identity {
-        key: &key,
-        role: Role::Worker,
-        model_id: "silent".into(),
-        backend: "cpu".into(),
-        experts: vec![],
-    };
     let (_tx, mut silent, _) = runtime
-        .block_on(connect(&swarm.gateway_url(), &client_tls, identity))
+        .block_on(claimless_session(&swarm.gateway_url(), &client_tls))
         .expect("the silent session is welcomed");
     std::thread::sleep(IDLE * 3);
 

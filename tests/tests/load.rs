@@ -10,11 +10,9 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use kvasir_api::Client;
-use kvasir_ledger::{Genesis, Keypair};
-use kvasir_node::link::{connect, Identity};
+use kvasir_ledger::Genesis;
 use kvasir_node::tls;
-use kvasir_node::wire::Role;
-use kvasir_tests::swarm::{alive, resident_kib, Swarm};
+use kvasir_tests::swarm::{alive, claimless_session, resident_kib, Swarm};
 
 const PROMPT: &str = "Once upon a time";
 const IDLE_TCP: usize = 2_000;
@@ -47,17 +45,7 @@ fn a_flood_of_idle_stalled_and_silent_connections_changes_nothing_for_honest_wor
     let silent = runtime.block_on(async {
         let mut held = Vec::new();
         for _ in 0..SILENT_SESSIONS {
-            let key = Keypair::generate();
-            let identity = Identity {
-                key: &key,
-                role: Role::Worker,
-                model_id: "silent".into(),
-                backend: "cpu".into(),
-                experts: vec![],
-            };
-            if let Ok(link) = connect(&url, &client_tls, identity).await {
-                held.push(link);
-            }
+            held.extend(claimless_session(&url, &client_tls).await);
         }
         held
     });

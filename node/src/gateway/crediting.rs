@@ -82,7 +82,12 @@ impl Crediting {
                 }
             }
             match listing.next_after {
-                Some(next) => after = next,
+                // A cursor must move forward: a registry that says otherwise ends the round.
+                Some(next) if next > after => after = next,
+                Some(next) => {
+                    tracing::warn!("the registry's next page starts at {next}, not after {after}");
+                    break;
+                }
                 None => break,
             }
         }
@@ -106,7 +111,7 @@ impl Crediting {
                     .map(|m| (m.session_id, m.cumulative_bytes)),
             );
             match page.next_after {
-                Some(next) if next < end => from = next,
+                Some(next) if next < end && next > from => from = next,
                 _ => return Ok(marks),
             }
         }
