@@ -23,6 +23,9 @@ mod receipts;
 mod registry;
 mod relay;
 
+#[cfg(fuzzing)]
+pub use relay::fuzzing::relay_script;
+
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -104,7 +107,7 @@ struct Hub {
     keepalive: Keepalive,
 }
 
-#[cfg(test)]
+#[cfg(any(test, fuzzing))]
 impl Hub {
     /// A hub with a fresh registry in `dir`, no links yet.
     fn for_tests(dir: &std::path::Path, answer_deadline: Duration) -> Hub {

@@ -20,6 +20,9 @@ use super::Hub;
 use crate::metrics::Exposition;
 use crate::wire::{Directory, DirectoryEntry, ExpertId, Failure, Message, Relayed};
 
+#[cfg(fuzzing)]
+pub mod fuzzing;
+
 /// Requests one session may have unanswered at once: one per layer step per micro-batch in
 /// flight is the most an honest backbone sends, far below this.
 pub(super) const MAX_UNANSWERED: usize = 64;

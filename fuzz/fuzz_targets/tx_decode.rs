@@ -1,0 +1,47 @@
+//! A transaction from a stranger (the ledger's `POST /txs` body). Decoding never panics and
+//! accepts only the canonical encoding. Then the same action, re-signed by the dev key that may
+//! send it (the faucet for a transfer, the gateway for a credit, whose receipt the hub
+//! re-signs), goes through admission and into a produced block: the producer and a verifier
+//! replaying that block reach the same state, and supply is unchanged.
+#![no_main]
+
+use kvasir_fuzz::{assert_supply_kept, dev_chain};
+use kvasir_ledger::{apply_block, check_stateless, produce_block, SignedTx, Tx, TxKind};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|bytes: &[u8]| {
+    let Ok(signed) = SignedTx::from_bytes(bytes) else {
+        return;
+    };
+    assert_eq!(signed.to_bytes(), bytes);
+    let chain = dev_chain();
+    let state = &chain.state;
+    let chain_id = state.genesis().params.chain_id.clone();
+    // As sent: its signature is checked like any other.
+    let _ = check_stateless(state.genesis(), vec![signed.clone()]);
+    let (sender, kind) = match signed.tx.kind {
+        TxKind::Transfer { to, amount } => (&chain.faucet, TxKind::Transfer { to, amount }),
+        TxKind::Credit(receipt) => {
+            let mut receipt = receipt.receipt;
+            receipt.chain_id = chain_id.clone();
+            receipt.hub = chain.hub.address();
+            (&chain.gateway, TxKind::Credit(receipt.sign(&chain.hub)))
+        }
+    };
+    let resigned = Tx {
+        chain_id,
+        sender: sender.address(),
+        nonce: signed.tx.nonce,
+        kind,
+    }
+    .sign(sender);
+    let verified: Vec<_> = check_stateless(state.genesis(), vec![resigned])
+        .into_iter()
+        .flatten()
+        .collect();
+    let produced = produce_block(state, &verified, &chain.validator, state.timestamp_ms() + 1)
+        .expect("a block on the dev genesis");
+    assert_supply_kept(&produced.state);
+    let (replayed, _) = apply_block(state, &produced.block).expect("the produced block applies");
+    assert_eq!(replayed.root(), produced.state.root());
+});
