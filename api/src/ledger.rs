@@ -4,6 +4,8 @@ use kvasir_ledger::{Address, Amount, Hash};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use crate::schema::{AddressText, BaseUnitsText, HashText, KvrText, TxHexText};
+
 /// An amount: base units (10^-9 KVR) as a decimal string, exact in every JSON reader, and the
 /// same amount in KVR as exact decimal text. Read back, the two must agree: a reply that says
 /// two amounts at once is refused, not resolved one way or the other.
@@ -11,9 +13,9 @@ use utoipa::{IntoParams, ToSchema};
 #[serde(try_from = "AmountFields")]
 pub struct AmountView {
     #[serde(with = "base_units")]
-    #[schema(value_type = String, example = "8945664")]
+    #[schema(value_type = BaseUnitsText)]
     pub base_units: Amount,
-    #[schema(value_type = String, example = "0.008945664")]
+    #[schema(value_type = KvrText)]
     pub kvr: Amount,
 }
 
@@ -81,9 +83,9 @@ pub struct ErrorBody {
 pub struct Head {
     pub chain_id: String,
     pub height: u64,
-    #[schema(value_type = String)]
+    #[schema(value_type = HashText)]
     pub hash: Hash,
-    #[schema(value_type = String)]
+    #[schema(value_type = HashText)]
     pub state_root: Hash,
     pub timestamp_ms: u64,
 }
@@ -91,7 +93,7 @@ pub struct Head {
 /// `GET /accounts/{address}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct AccountView {
-    #[schema(value_type = String)]
+    #[schema(value_type = AddressText)]
     pub address: Address,
     /// Spendable.
     pub balance: AmountView,
@@ -135,7 +137,7 @@ impl AccountView {
 /// last page).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct History {
-    #[schema(value_type = String)]
+    #[schema(value_type = AddressText)]
     pub address: Address,
     pub entries: Vec<HistoryEntry>,
     /// `HEIGHT.INDEX` to pass as `before` for the next page.
@@ -148,7 +150,7 @@ pub struct History {
 pub struct HistoryEntry {
     pub height: u64,
     pub index: u32,
-    #[schema(value_type = String)]
+    #[schema(value_type = HashText)]
     pub hash: Hash,
     #[serde(flatten)]
     pub event: HistoryEvent,
@@ -167,18 +169,18 @@ impl HistoryEntry {
 pub enum HistoryEvent {
     Transfer {
         direction: Direction,
-        #[schema(value_type = String)]
+        #[schema(value_type = AddressText)]
         from: Address,
-        #[schema(value_type = String)]
+        #[schema(value_type = AddressText)]
         to: Address,
         amount: AmountView,
     },
     Credit {
-        #[schema(value_type = String)]
+        #[schema(value_type = AddressText)]
         worker: Address,
-        #[schema(value_type = String)]
+        #[schema(value_type = AddressText)]
         gateway: Address,
-        #[schema(value_type = String)]
+        #[schema(value_type = AddressText)]
         hub: Address,
         session_id: u64,
         cumulative_bytes: u64,
@@ -196,19 +198,19 @@ pub enum Direction {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct BlockView {
     pub height: u64,
-    #[schema(value_type = String)]
+    #[schema(value_type = HashText)]
     pub hash: Hash,
-    #[schema(value_type = String)]
+    #[schema(value_type = HashText)]
     pub prev_hash: Hash,
     pub timestamp_ms: u64,
-    #[schema(value_type = String)]
+    #[schema(value_type = HashText)]
     pub tx_root: Hash,
-    #[schema(value_type = String)]
+    #[schema(value_type = HashText)]
     pub state_root: Hash,
-    #[schema(value_type = String)]
+    #[schema(value_type = AddressText)]
     pub proposer: Address,
     /// The hashes of its transactions, in order.
-    #[schema(value_type = Vec<String>)]
+    #[schema(value_type = Vec<HashText>)]
     pub txs: Vec<Hash>,
 }
 
@@ -216,13 +218,14 @@ pub struct BlockView {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Submission {
     /// The signed transaction, borsh-encoded, in hex.
+    #[schema(value_type = TxHexText)]
     pub tx: String,
 }
 
 /// `POST /txs`: admitted to the mempool.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Submitted {
-    #[schema(value_type = String)]
+    #[schema(value_type = HashText)]
     pub hash: Hash,
 }
 
@@ -230,6 +233,7 @@ pub struct Submitted {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Batch {
     /// Signed transactions, each borsh-encoded, in hex.
+    #[schema(value_type = Vec<TxHexText>, max_items = 10_000)]
     pub txs: Vec<String>,
 }
 
@@ -250,7 +254,7 @@ pub enum Verdict {
 /// `GET /txs/{hash}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct TxStatus {
-    #[schema(value_type = String)]
+    #[schema(value_type = HashText)]
     pub hash: Hash,
     #[serde(flatten)]
     pub state: TxState,
@@ -275,10 +279,10 @@ pub enum TxState {
 /// and no worker when it was never credited).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct SessionMark {
-    #[schema(value_type = String)]
+    #[schema(value_type = AddressText)]
     pub hub: Address,
     pub session_id: u64,
-    #[schema(value_type = Option<String>)]
+    #[schema(value_type = Option<AddressText>)]
     pub worker: Option<Address>,
     pub cumulative_bytes: u64,
 }
@@ -288,9 +292,11 @@ pub struct SessionMark {
 #[into_params(parameter_in = Query)]
 pub struct PageQuery {
     /// Only sessions with a greater id (the previous page's `next_after`).
+    #[param(maximum = 18446744073709551615u64)]
     pub after: Option<u64>,
-    /// At most this many (default 1,000, at most 10,000).
-    pub limit: Option<usize>,
+    /// At most this many (default 1,000; more is read as 10,000).
+    #[param(maximum = 18446744073709551615u64)]
+    pub limit: Option<u64>,
 }
 
 /// Entries a page holds unless `limit` says fewer.
@@ -301,14 +307,16 @@ pub const PAGE_MAX: usize = 10_000;
 impl PageQuery {
     /// The page size asked for, within bounds.
     pub fn limit(&self) -> usize {
-        self.limit.unwrap_or(PAGE_DEFAULT).clamp(1, PAGE_MAX)
+        self.limit.map_or(PAGE_DEFAULT, |limit| {
+            limit.clamp(1, PAGE_MAX as u64) as usize
+        })
     }
 }
 
 /// `GET /sessions/{hub}`: a page of a hub's credited sessions, in id order.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct HubSessions {
-    #[schema(value_type = String)]
+    #[schema(value_type = AddressText)]
     pub hub: Address,
     pub sessions: Vec<CreditedSession>,
     /// `after` for the next page; absent on the last.
@@ -319,7 +327,7 @@ pub struct HubSessions {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct CreditedSession {
     pub session_id: u64,
-    #[schema(value_type = String)]
+    #[schema(value_type = AddressText)]
     pub worker: Address,
     pub cumulative_bytes: u64,
 }

@@ -14,6 +14,7 @@ pub mod generation;
 pub mod ledger;
 pub mod registry;
 pub mod reports;
+pub mod schema;
 
 pub use client::{Client, ClientError};
 pub use ledger::{AmountView, ErrorBody};

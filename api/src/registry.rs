@@ -6,6 +6,8 @@ use kvasir_ledger::{Address, SignedReceipt};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use crate::schema::AddressText;
+
 /// A signed receipt is about 200 bytes; anything far larger is not one.
 const MAX_SIGNED_HEX: usize = 4096;
 
@@ -14,7 +16,7 @@ const MAX_SIGNED_HEX: usize = 4096;
 /// order.
 pub struct ReceiptListing {
     pub chain_id: String,
-    #[schema(value_type = String)]
+    #[schema(value_type = AddressText)]
     pub hub: Address,
     pub receipts: Vec<ReceiptEntry>,
     /// `after` for the next page; absent on the last.
@@ -25,7 +27,7 @@ pub struct ReceiptListing {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ReceiptEntry {
     pub session_id: u64,
-    #[schema(value_type = String)]
+    #[schema(value_type = AddressText)]
     pub worker: Address,
     pub cumulative_bytes: u64,
     /// The signed receipt, borsh-encoded, in hex: what a Credit transaction carries.

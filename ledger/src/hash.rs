@@ -67,8 +67,9 @@ pub struct BadHash;
 
 impl FromStr for Hash {
     type Err = BadHash;
+    /// Exactly 64 hex digits, nothing around them (the API documents that form).
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let bytes = hex::decode(text.trim()).map_err(|_| BadHash)?;
+        let bytes = hex::decode(text).map_err(|_| BadHash)?;
         bytes.try_into().map(Hash).map_err(|_| BadHash)
     }
 }

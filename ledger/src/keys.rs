@@ -74,8 +74,15 @@ impl fmt::Debug for Address {
 
 impl FromStr for Address {
     type Err = AddressError;
+    /// The one canonical form, as `Display` writes it: lowercase, nothing around it (bech32m
+    /// would also take the uppercase form).
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let checked = bech32::primitives::decode::CheckedHrpstring::new::<Bech32m>(text.trim())
+        if text.bytes().any(|b| b.is_ascii_uppercase()) {
+            return Err(AddressError::Encoding(
+                "uppercase; addresses are lowercase".into(),
+            ));
+        }
+        let checked = bech32::primitives::decode::CheckedHrpstring::new::<Bech32m>(text)
             .map_err(|e| AddressError::Encoding(e.to_string()))?;
         if checked.hrp() != HRP {
             return Err(AddressError::WrongPrefix(checked.hrp().to_string()));

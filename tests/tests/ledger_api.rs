@@ -427,6 +427,15 @@ fn malformed_requests_get_the_right_status_and_a_json_error() {
         "/accounts/{}/history?before=soon",
         Keypair::generate().address()
     );
+    let upper_account = format!(
+        "/accounts/{}",
+        Keypair::generate().address().to_string().to_uppercase()
+    );
+    let spaced_hash = format!("/blocks/by-hash/%20{}", "ab".repeat(32));
+    let long_page = format!(
+        "/accounts/{}/history?before=1.0000000001",
+        Keypair::generate().address()
+    );
     let cases: Vec<(&str, &str, String, u16)> = vec![
         ("POST", "/txs", "{not json".into(), 400),
         ("POST", "/txs", r#"{"transaction": "00"}"#.into(), 422),
@@ -459,6 +468,14 @@ fn malformed_requests_get_the_right_status_and_a_json_error() {
         ("GET", "/accounts/%FF", String::new(), 400),
         ("GET", "/txs", String::new(), 405),
         ("GET", "/sessions/kvr1x?after=-1", String::new(), 400),
+        // Found by the contract test (tests/contract): a struct's array form, and text the
+        // document's patterns do not admit.
+        ("POST", "/txs", r#"["00"]"#.into(), 422),
+        ("POST", "/txs/batch", "[[]]".into(), 422),
+        ("GET", "/blocks/+1", String::new(), 400),
+        ("GET", &spaced_hash, String::new(), 400),
+        ("GET", &upper_account, String::new(), 400),
+        ("GET", &long_page, String::new(), 400),
     ];
     let openapi: OpenApi = chain.client.get("/openapi.json").unwrap();
     for (method, path, body, expected) in &cases {

@@ -30,6 +30,7 @@ use kvasir_api::ledger::{
     History, HistoryEntry, HistoryEvent, HubSessions, PageQuery, PendingView, SessionMark,
     Submission, Submitted, TxState, TxStatus, Verdict,
 };
+use kvasir_api::schema::{AddressText, HashText};
 use kvasir_ledger::mempool::MempoolError;
 use kvasir_ledger::state::SessionKey;
 use kvasir_ledger::store::{Storage, TxLocation};
@@ -125,6 +126,18 @@ fn bad_body(rejection: JsonRejection) -> ApiError {
     ApiError(status, kind, rejection.body_text())
 }
 
+/// A body that must be a JSON object of `T`'s shape. serde's derive alone would also take a
+/// struct's array form (`["00"]` for `{"tx": "00"}`), which the document does not allow.
+fn object_body<T: serde::de::DeserializeOwned>(
+    body: Result<Json<serde_json::Map<String, serde_json::Value>>, JsonRejection>,
+) -> Result<T, ApiError> {
+    let Json(object) = body.map_err(bad_body)?;
+    serde_json::from_value(serde_json::Value::Object(object)).map_err(|e| {
+        let message = format!("JSON of another shape: {e}");
+        ApiError(StatusCode::UNPROCESSABLE_ENTITY, "bad_request", message)
+    })
+}
+
 pub fn router(ledger: Arc<Ledger>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
@@ -172,7 +185,7 @@ async fn head(State(ledger): State<Arc<Ledger>>) -> Json<Head> {
     })
 }
 
-#[utoipa::path(get, path = "/accounts/{address}", description = "Settled balance, pending rewards with settle heights, nonce.", params(("address" = String, Path, description = "A kvr1... address")), responses((status = 200, body = AccountView), (status = 400, body = ErrorBody), (status = 500, body = ErrorBody)))]
+#[utoipa::path(get, path = "/accounts/{address}", description = "Settled balance, pending rewards with settle heights, nonce.", params(("address" = AddressText, Path, description = "A kvr1... address")), responses((status = 200, body = AccountView), (status = 400, body = ErrorBody), (status = 500, body = ErrorBody)))]
 async fn account(
     State(ledger): State<Arc<Ledger>>,
     address: Result<Path<String>, PathRejection>,
@@ -211,17 +224,30 @@ struct HistoryQuery {
     before: Option<String>,
 }
 
-/// `12.3` is transaction 3 of block 12; `12` is the start of block 12.
+/// Decimal digits and nothing else, at most `max_digits` of them (`str::parse` would also take
+/// `+7`, which the document does not allow).
+fn decimal<T: FromStr>(text: &str, max_digits: usize) -> Option<T> {
+    let digits = !text.is_empty() && text.len() <= max_digits;
+    (digits && text.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| text.parse().ok())
+        .flatten()
+}
+
+/// Digits of the largest u64 (and of a u32 index, for `before`) that the document admits.
+const U64_DIGITS: usize = 20;
+
+/// `12.3` is transaction 3 of block 12; `12` is the start of block 12. At most 19 and 9
+/// digits, as the document's pattern says, so every text it admits parses.
 fn parse_location(text: &str) -> Result<TxLocation, ApiError> {
     let bad = || bad_request(format!("{text:?} is not HEIGHT or HEIGHT.INDEX"));
     let (height, index) = text.split_once('.').unwrap_or((text, "0"));
     Ok(TxLocation {
-        height: height.parse().map_err(|_| bad())?,
-        index: index.parse().map_err(|_| bad())?,
+        height: decimal(height, 19).ok_or_else(bad)?,
+        index: decimal(index, 9).ok_or_else(bad)?,
     })
 }
 
-#[utoipa::path(get, path = "/accounts/{address}/history", description = "The transactions the account is a party to, newest first, at most 100: transfers in and out and credits it received. `before` lists those before a location; `next_before` is its value for the next page (absent on the last).", params(("address" = String, Path, description = "A kvr1... address"), ("before" = Option<String>, Query, description = "HEIGHT.INDEX or HEIGHT: only entries before it")), responses((status = 200, body = History), (status = 400, body = ErrorBody), (status = 500, body = ErrorBody)))]
+#[utoipa::path(get, path = "/accounts/{address}/history", description = "The transactions the account is a party to, newest first, at most 100: transfers in and out and credits it received. `before` lists those before a location; `next_before` is its value for the next page (absent on the last).", params(("address" = AddressText, Path, description = "A kvr1... address"), ("before" = Option<String>, Query, pattern = "^[0-9]{1,19}(\\.[0-9]{1,9})?$", description = "HEIGHT.INDEX or HEIGHT: only entries before it")), responses((status = 200, body = History), (status = 400, body = ErrorBody), (status = 500, body = ErrorBody)))]
 async fn history(
     State(ledger): State<Arc<Ledger>>,
     address: Result<Path<String>, PathRejection>,
@@ -318,19 +344,18 @@ fn stored_block(ledger: &Ledger, height: u64) -> Reply<BlockView> {
     }
 }
 
-#[utoipa::path(get, path = "/blocks/{height}", description = "A block by height.", params(("height" = String, Path, description = "Block height")), responses((status = 200, body = BlockView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 500, body = ErrorBody)))]
+#[utoipa::path(get, path = "/blocks/{height}", description = "A block by height.", params(("height" = u64, Path, maximum = 18446744073709551615u64, description = "Block height")), responses((status = 200, body = BlockView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 500, body = ErrorBody)))]
 async fn block_by_height(
     State(ledger): State<Arc<Ledger>>,
     height: Result<Path<String>, PathRejection>,
 ) -> Reply<BlockView> {
     let height = path_text(height)?;
-    let height: u64 = height
-        .parse()
-        .map_err(|_| bad_request(format!("{height:?} is not a block height")))?;
+    let height: u64 = decimal(&height, U64_DIGITS)
+        .ok_or_else(|| bad_request(format!("{height:?} is not a block height")))?;
     stored_block(&ledger, height)
 }
 
-#[utoipa::path(get, path = "/blocks/by-hash/{hash}", description = "A block by hash.", params(("hash" = String, Path, description = "Block hash, hex")), responses((status = 200, body = BlockView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 500, body = ErrorBody)))]
+#[utoipa::path(get, path = "/blocks/by-hash/{hash}", description = "A block by hash.", params(("hash" = HashText, Path, description = "Block hash, hex")), responses((status = 200, body = BlockView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 500, body = ErrorBody)))]
 async fn block_by_hash(
     State(ledger): State<Arc<Ledger>>,
     hash: Result<Path<String>, PathRejection>,
@@ -347,7 +372,7 @@ async fn block_by_hash(
 /// (no trailing bytes, nothing over `MAX_TX_BYTES`): what is admitted is exactly what is
 /// hashed and signed.
 fn decode_tx(text: &str) -> Result<SignedTx, ApiError> {
-    let bytes = hex::decode(text.trim()).map_err(|e| bad_request(format!("tx is not hex: {e}")))?;
+    let bytes = hex::decode(text).map_err(|e| bad_request(format!("tx is not hex: {e}")))?;
     SignedTx::from_bytes(&bytes).map_err(|e| bad_request(format!("tx: {e}")))
 }
 
@@ -372,9 +397,9 @@ fn refusal(refusal: Refusal) -> ApiError {
 #[utoipa::path(post, path = "/txs", description = "Submit one signed transaction: {\"tx\": hex of its borsh bytes}.", request_body = Submission, responses((status = 202, description = "Admitted to the mempool", body = Submitted), (status = 400, description = "Not JSON, not hex, or not a canonical signed transaction", body = ErrorBody), (status = 409, description = "Already pending, or its nonce is taken", body = ErrorBody), (status = 413, description = "Body over 64 KiB", body = ErrorBody), (status = 415, description = "Not application/json", body = ErrorBody), (status = 422, description = "JSON of another shape, or a transaction failing a check (signature, nonce, funds, authority, ...)", body = ErrorBody), (status = 429, description = "Its sender has as many transactions waiting as it may, or its nonce is further ahead than that", body = ErrorBody), (status = 500, body = ErrorBody), (status = 503, description = "The mempool is full", body = ErrorBody)))]
 async fn submit(
     State(ledger): State<Arc<Ledger>>,
-    body: Result<Json<Submission>, JsonRejection>,
+    body: Result<Json<serde_json::Map<String, serde_json::Value>>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Submitted>), ApiError> {
-    let Json(submission) = body.map_err(bad_body)?;
+    let submission: Submission = object_body(body)?;
     let tx = decode_tx(&submission.tx)?;
     let verdict = tokio::task::spawn_blocking(move || ledger.submit(vec![tx]))
         .await
@@ -390,9 +415,9 @@ async fn submit(
 #[utoipa::path(post, path = "/txs/batch", description = "Submit up to 10,000 signed transactions: {\"txs\": [hex, ...]}; one verdict each, in order.", request_body = Batch, responses((status = 202, description = "One verdict per transaction", body = BatchVerdicts), (status = 400, description = "Not JSON, over 10,000 transactions, or one is not a canonical signed transaction", body = ErrorBody), (status = 413, description = "Body over 16 MiB", body = ErrorBody), (status = 415, description = "Not application/json", body = ErrorBody), (status = 422, description = "JSON of another shape", body = ErrorBody), (status = 500, body = ErrorBody)))]
 async fn submit_batch(
     State(ledger): State<Arc<Ledger>>,
-    body: Result<Json<Batch>, JsonRejection>,
+    body: Result<Json<serde_json::Map<String, serde_json::Value>>, JsonRejection>,
 ) -> Result<(StatusCode, Json<BatchVerdicts>), ApiError> {
-    let Json(batch) = body.map_err(bad_body)?;
+    let batch: Batch = object_body(body)?;
     if batch.txs.len() > MAX_BATCH {
         return Err(bad_request(format!(
             "a batch holds at most {MAX_BATCH} transactions"
@@ -416,7 +441,7 @@ async fn submit_batch(
     Ok((StatusCode::ACCEPTED, Json(BatchVerdicts { results })))
 }
 
-#[utoipa::path(get, path = "/txs/{hash}", description = "A transaction: pending, committed (height, index) or rejected (reason).", params(("hash" = String, Path, description = "Transaction hash, hex")), responses((status = 200, body = TxStatus), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 500, body = ErrorBody)))]
+#[utoipa::path(get, path = "/txs/{hash}", description = "A transaction: pending, committed (height, index) or rejected (reason).", params(("hash" = HashText, Path, description = "Transaction hash, hex")), responses((status = 200, body = TxStatus), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 500, body = ErrorBody)))]
 async fn tx_status(
     State(ledger): State<Arc<Ledger>>,
     hash: Result<Path<String>, PathRejection>,
@@ -440,16 +465,15 @@ async fn tx_status(
     Ok(Json(TxStatus { hash, state }))
 }
 
-#[utoipa::path(get, path = "/sessions/{hub}/{session}", description = "The receipt high-water mark of one hub session (0 bytes and no worker if never credited).", params(("hub" = String, Path, description = "The hub address"), ("session" = String, Path, description = "Session id")), responses((status = 200, body = SessionMark), (status = 400, body = ErrorBody)))]
+#[utoipa::path(get, path = "/sessions/{hub}/{session}", description = "The receipt high-water mark of one hub session (0 bytes and no worker if never credited).", params(("hub" = AddressText, Path, description = "The hub address"), ("session" = u64, Path, maximum = 18446744073709551615u64, description = "Session id")), responses((status = 200, body = SessionMark), (status = 400, body = ErrorBody)))]
 async fn session(
     State(ledger): State<Arc<Ledger>>,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Reply<SessionMark> {
     let (hub, session) = path_text(path)?;
     let hub = Address::from_str(&hub).map_err(bad_request)?;
-    let session_id: u64 = session
-        .parse()
-        .map_err(|_| bad_request(format!("{session:?} is not a session id")))?;
+    let session_id: u64 = decimal(&session, U64_DIGITS)
+        .ok_or_else(|| bad_request(format!("{session:?} is not a session id")))?;
     let state = ledger.state();
     let mark = state.receipt_mark(&SessionKey { hub, session_id });
     Ok(Json(SessionMark {
@@ -460,7 +484,7 @@ async fn session(
     }))
 }
 
-#[utoipa::path(get, path = "/sessions/{hub}", description = "A page of a hub's credited sessions, in id order: those with an id above `after`, at most `limit` (default 1,000, at most 10,000); `next_after` continues.", params(("hub" = String, Path, description = "The hub address"), PageQuery), responses((status = 200, body = HubSessions), (status = 400, body = ErrorBody)))]
+#[utoipa::path(get, path = "/sessions/{hub}", description = "A page of a hub's credited sessions, in id order: those with an id above `after`, at most `limit` (default 1,000, at most 10,000); `next_after` continues.", params(("hub" = AddressText, Path, description = "The hub address"), PageQuery), responses((status = 200, body = HubSessions), (status = 400, body = ErrorBody)))]
 async fn sessions(
     State(ledger): State<Arc<Ledger>>,
     hub: Result<Path<String>, PathRejection>,
