@@ -109,6 +109,19 @@ impl Client {
         url: &str,
         response: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
     ) -> Result<T, ClientError> {
+        let text = self.reply_text(url, response)?;
+        serde_json::from_str(&text).map_err(|e| ClientError::BadReply {
+            url: url.to_string(),
+            reason: format!("{e}: {}", text.chars().take(200).collect::<String>()),
+        })
+    }
+
+    /// The reply's body as text on a 2xx status, else the API's error.
+    fn reply_text(
+        &self,
+        url: &str,
+        response: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    ) -> Result<String, ClientError> {
         let mut response = response.map_err(|e| ClientError::Unreachable {
             url: self.base.clone(),
             reason: e.to_string(),
@@ -126,7 +139,7 @@ impl Client {
             .map_err(|e| bad(e.to_string()))?;
         let excerpt = || text.chars().take(200).collect::<String>();
         if (200..300).contains(&status) {
-            return serde_json::from_str(&text).map_err(|e| bad(format!("{e}: {}", excerpt())));
+            return Ok(text);
         }
         let body: ErrorBody = serde_json::from_str(&text).map_err(|e| {
             bad(format!(
@@ -157,6 +170,13 @@ impl Client {
         let url = format!("{}{path}", self.base);
         let response = self.agent.post(&url).send_json(body);
         self.reply(&url, response)
+    }
+
+    /// `GET /metrics`: Prometheus text.
+    pub fn metrics(&self) -> Result<String, ClientError> {
+        let url = format!("{}/metrics", self.base);
+        let response = self.agent.get(&url).call();
+        self.reply_text(&url, response)
     }
 
     pub fn head(&self) -> Result<Head, ClientError> {

@@ -133,6 +133,21 @@ fn a_flood_of_idle_stalled_and_silent_connections_changes_nothing_for_honest_wor
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // The gateway's own metrics saw it all: the splices (the honest two and the silent 200),
+    // bytes both ways, the credits, and a crediting round not long ago.
+    let metrics = public.metrics().unwrap();
+    let value = |name: &str| -> u64 {
+        let line = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")));
+        line.and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing: {metrics}"))
+    };
+    assert!(value("kvasir_gateway_swarm_connections_total") >= 202);
+    assert!(value("kvasir_gateway_spliced_bytes_total{direction=\"to_hub\"}") > 0);
+    assert!(value("kvasir_gateway_spliced_bytes_total{direction=\"to_worker\"}") > 0);
+    assert!(value("kvasir_gateway_credits_admitted_total") >= 2);
+    assert!(value("kvasir_gateway_crediting_lag_seconds") < 60);
     let after = memory(&swarm);
     eprintln!(
         "resident KiB (gateway, hub): before {before:?}, under the flood {during:?}, after {after:?}"

@@ -181,6 +181,7 @@ pub fn run(args: Args) -> Result<()> {
             ledger: Client::new(&format!("http://{ledger_addr}")),
             registry: Client::new(&format!("http://{registry_addr}")),
             key: key("gateway")?,
+            stats: Default::default(),
         })
     };
     *registry

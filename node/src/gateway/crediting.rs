@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -13,6 +14,8 @@ use kvasir_api::ledger::PAGE_MAX;
 use kvasir_api::Client;
 use kvasir_ledger::{Address, Keypair, TxKind};
 use rayon::prelude::*;
+
+use super::stats::Stats;
 
 /// How long a round waits for its credits to commit before polling again.
 const COMMIT_WAIT: Duration = Duration::from_secs(30);
@@ -23,15 +26,25 @@ pub struct Crediting {
     pub ledger: Client,
     pub registry: Client,
     pub key: Keypair,
+    pub stats: Arc<Stats>,
+}
+
+/// What one round did.
+pub struct Round {
+    /// Credits the ledger admitted.
+    pub admitted: usize,
+    /// Bytes above the ledger's marks when the round read them.
+    pub uncredited_bytes: u64,
 }
 
 impl Crediting {
-    /// One pass over the registry, page by page: credits every session that rose; how many
-    /// credits were admitted. A malformed receipt is logged and skipped, not a stall.
-    pub fn round(&self) -> Result<usize> {
+    /// One pass over the registry, page by page: credits every session that rose. A
+    /// malformed receipt is logged and skipped, not a stall.
+    pub fn round(&self) -> Result<Round> {
         let chain_id = self.ledger.head()?.chain_id;
         let mut nonce = self.ledger.account(&self.key.address())?.nonce;
         let mut admitted = 0;
+        let mut uncredited_bytes = 0u64;
         let mut last = None;
         let mut after = 0;
         loop {
@@ -50,7 +63,11 @@ impl Crediting {
                     continue;
                 }
                 match receipt.signed_receipt() {
-                    Ok(signed) => rose.push(signed),
+                    Ok(signed) => {
+                        let above = receipt.cumulative_bytes - mark;
+                        uncredited_bytes = uncredited_bytes.saturating_add(above);
+                        rose.push(signed)
+                    }
                     Err(e) => tracing::warn!(
                         "skipping session {}: the registry served a malformed receipt: {e}",
                         receipt.session_id
@@ -95,7 +112,10 @@ impl Crediting {
         if let Some(hash) = last {
             self.ledger.wait_committed(&hash, COMMIT_WAIT)?;
         }
-        Ok(admitted)
+        Ok(Round {
+            admitted,
+            uncredited_bytes,
+        })
     }
 
     /// The ledger's marks of `hub`'s sessions with ids in `(after, end]`.
@@ -121,9 +141,16 @@ impl Crediting {
     pub fn run(self, interval: Duration, stop: &AtomicBool) {
         while !stop.load(Ordering::Relaxed) {
             match self.round() {
-                Ok(0) => {}
-                Ok(n) => tracing::info!("{n} credits committed"),
-                Err(e) => tracing::warn!("crediting: {e:#}"),
+                Ok(round) => {
+                    if round.admitted > 0 {
+                        tracing::info!("{} credits committed", round.admitted);
+                    }
+                    self.stats.round(round.admitted, round.uncredited_bytes);
+                }
+                Err(e) => {
+                    self.stats.failed_round();
+                    tracing::warn!("crediting: {e:#}")
+                }
             }
             std::thread::sleep(interval);
         }

@@ -7,10 +7,12 @@
 pub(crate) mod crediting;
 mod proxy;
 mod splice;
+pub(crate) mod stats;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -29,6 +31,7 @@ use crate::tls;
 use crediting::Crediting;
 use proxy::{api, Upstream};
 use splice::{is_swarm_upgrade, read_head, Rewind};
+use stats::{Counted, Stats};
 
 /// The path workers upgrade on.
 pub const SWARM_PATH: &str = "/swarm";
@@ -121,11 +124,13 @@ pub fn run(args: Args) -> Result<()> {
             config
         }
     };
+    let stats = Arc::new(Stats::default());
     if let (Some(registry), Some(ledger), Some(key)) = (&args.registry, &args.ledger, &args.key) {
         let crediting = Crediting {
             ledger: Client::new(ledger),
             registry: Client::new(registry),
             key: kvasir_keyfile::open(key)?,
+            stats: stats.clone(),
         };
         let interval = Duration::from_millis(args.credit_interval_ms);
         std::thread::spawn(move || crediting.run(interval, &AtomicBool::new(false)));
@@ -138,24 +143,26 @@ pub fn run(args: Args) -> Result<()> {
         .transpose()?;
     runtime.block_on(async {
         // The relay's client spawns its connection tasks on this runtime.
-        let api = api(upstream);
+        let api = api(upstream, stats.clone());
         let listener = link::bind("gateway", args.listen).await?;
-        serve(
-            TlsAcceptor::from(config),
-            Acceptor::new("gateway", listener, args.limits),
-            args.hub,
-            api,
-        )
-        .await
+        let tls = TlsAcceptor::from(config);
+        let acceptor = Acceptor::new("gateway", listener, args.limits);
+        serve(tls, acceptor, args.hub, api, stats).await
     })
 }
 
-async fn serve(tls: TlsAcceptor, listener: Acceptor, hub: SocketAddr, api: Router) -> Result<()> {
+async fn serve(
+    tls: TlsAcceptor,
+    listener: Acceptor,
+    hub: SocketAddr,
+    api: Router,
+    stats: Arc<Stats>,
+) -> Result<()> {
     loop {
         let (stream, peer, slot) = listener.next().await;
-        let (tls, api) = (tls.clone(), api.clone());
+        let (tls, api, stats) = (tls.clone(), api.clone(), stats.clone());
         tokio::spawn(async move {
-            if let Err(e) = connection(tls, stream, hub, api).await {
+            if let Err(e) = connection(tls, stream, hub, api, stats).await {
                 tracing::debug!(%peer, "connection ended: {e:#}");
             }
             drop(slot);
@@ -168,15 +175,25 @@ async fn connection(
     stream: TcpStream,
     hub: SocketAddr,
     api: Router,
+    stats: Arc<Stats>,
 ) -> Result<()> {
     stream.set_nodelay(true)?;
-    let mut tls = tokio::time::timeout(HEAD_TIMEOUT, acceptor.accept(stream))
-        .await
-        .context("TLS handshake timed out")??;
-    let head = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut tls))
-        .await
-        .context("request head timed out")??;
+    let handshake = async {
+        let mut tls = tokio::time::timeout(HEAD_TIMEOUT, acceptor.accept(stream))
+            .await
+            .context("TLS handshake timed out")??;
+        let head = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut tls))
+            .await
+            .context("request head timed out")??;
+        anyhow::Ok((tls, head))
+    };
+    let (tls, head) = handshake.await.inspect_err(|_| stats.failed_handshake())?;
     if is_swarm_upgrade(&head) {
+        let _open = stats.swarm_connection();
+        let mut tls = Counted {
+            inner: tls,
+            stats: stats.clone(),
+        };
         let mut upstream = TcpStream::connect(hub)
             .await
             .with_context(|| format!("hub {hub} unreachable"))?;
@@ -191,6 +208,7 @@ async fn connection(
         .await?;
         return Ok(());
     }
+    stats.api_connection();
     let io = TokioIo::new(Rewind {
         prefix: head,
         at: 0,

@@ -26,6 +26,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use kvasir_api::ErrorBody;
 
+use super::stats::Stats;
+
 /// Largest request relayed: a signed transaction is well under a kilobyte.
 const MAX_REQUEST: usize = 64 << 10;
 /// Largest answer relayed (a page of history, a hub's sessions).
@@ -96,9 +98,15 @@ fn error(status: StatusCode, error: &str, message: &str) -> Response {
 
 /// The public REST API: the ledger's, relayed (reads and transaction submission), when a
 /// ledger is configured; the market comes with a later change.
-pub(super) fn api(ledger: Option<Upstream>) -> Router {
+pub(super) fn api(ledger: Option<Upstream>, stats: Arc<Stats>) -> Router {
+    // The gateway's own counts; the ledger's /metrics stays on the ledger's LAN listener.
+    let metrics = move || {
+        let stats = stats.clone();
+        async move { stats.text() }
+    };
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route("/metrics", get(metrics))
         .fallback(relay_to_ledger)
         .layer(middleware::from_fn(read_body))
         .with_state(Arc::new(ledger))
