@@ -266,6 +266,12 @@ impl Client {
         self.get(&format!("/receipts?after={after}&limit={limit}"))
     }
 
+    /// A page of the signed receipts of the sessions whose count rose after `since` (a
+    /// listing's `mark`), in the order they changed.
+    pub fn receipts_since(&self, since: u64, limit: usize) -> Result<ReceiptListing, ClientError> {
+        self.get(&format!("/receipts?since={since}&limit={limit}"))
+    }
+
     /// Submits a signed transaction; its hash.
     pub fn submit(&self, tx: &SignedTx) -> Result<Hash, ClientError> {
         let submitted: Submitted = self.post("/txs", &Submission { tx: tx_hex(tx) })?;

@@ -4,7 +4,7 @@
 use borsh::BorshDeserialize;
 use kvasir_ledger::{Address, SignedReceipt};
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use crate::schema::AddressText;
 
@@ -19,9 +19,42 @@ pub struct ReceiptListing {
     #[schema(value_type = AddressText)]
     pub hub: Address,
     pub receipts: Vec<ReceiptEntry>,
-    /// `after` for the next page; absent on the last.
+    /// `after` for the next page of an id listing; absent on the last.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_after: Option<u64>,
+    /// `since` for the next page of a change listing; absent on the last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_since: Option<u64>,
+    /// Pass as `since` to list only the sessions whose count rose after this page was read
+    /// (of a change listing: after its last change).
+    #[serde(default)]
+    pub mark: u64,
+}
+
+/// `?after=ID&limit=N` (in session-id order) or `?since=MARK&limit=N` (only sessions whose
+/// count rose after `MARK`, a listing's `mark`, in the order they changed).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ReceiptQuery {
+    /// Only sessions with a greater id (the previous page's `next_after`).
+    #[param(maximum = 18446744073709551615u64)]
+    pub after: Option<u64>,
+    /// Only sessions whose count rose after this mark; `after` then only filters by id.
+    #[param(maximum = 18446744073709551615u64)]
+    pub since: Option<u64>,
+    /// At most this many (default 1,000; more is read as 10,000).
+    #[param(maximum = 18446744073709551615u64)]
+    pub limit: Option<u64>,
+}
+
+impl ReceiptQuery {
+    pub fn limit(&self) -> usize {
+        crate::ledger::PageQuery {
+            after: None,
+            limit: self.limit,
+        }
+        .limit()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

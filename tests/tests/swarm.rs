@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use kvasir_api::generation::{DispatchCounts, GenerateRequest, GenerationReport};
-use kvasir_api::ErrorBody;
+use kvasir_api::{Client, ErrorBody};
 use kvasir_tests::swarm::{http, listening_sockets, Swarm};
 
 const PROMPT: &str = "The capital of France is";
@@ -130,6 +130,52 @@ fn a_hub_restart_mid_generation_loses_no_count_and_dispatch_resumes() {
     assert!(last.len() > before.len(), "{last:?}");
     let newest = last.iter().max_by_key(|(s, _, _)| *s).unwrap();
     assert!(newest.2 > 0 && before.iter().all(|(s, _, _)| *s < newest.0));
+}
+
+#[test]
+fn the_registry_lists_only_the_sessions_that_rose_since_a_mark() {
+    let mut swarm = Swarm::start("tiny");
+    swarm.add_worker("*:0-3");
+    swarm.add_worker("*:4-7");
+    swarm.backbone("*:*", PROMPT, 4);
+    let registry = Client::new(&format!("http://{}", swarm.registry_addr));
+    let all = registry.receipts(0, 1000).unwrap();
+    assert_eq!(all.receipts.len(), 2, "{all:?}");
+    // In the order they changed, not by id.
+    let mut since_start = registry.receipts_since(0, 1000).unwrap();
+    since_start.receipts.sort_by_key(|r| r.session_id);
+    assert_eq!(since_start.receipts, all.receipts);
+    assert_eq!(since_start.mark, all.mark);
+    // Nothing ran since: nothing is listed, the mark stays.
+    let quiet = registry.receipts_since(all.mark, 1000).unwrap();
+    assert!(
+        quiet.receipts.is_empty() && quiet.mark == all.mark,
+        "{quiet:?}"
+    );
+    // Only experts 4-7 go remote now: only their worker's session rose.
+    swarm.backbone("*:4-7", PROMPT, 4);
+    let rose = registry.receipts_since(all.mark, 1000).unwrap();
+    assert_eq!(rose.receipts.len(), 1, "{rose:?}");
+    let before = all
+        .receipts
+        .iter()
+        .find(|r| r.session_id == rose.receipts[0].session_id);
+    assert!(rose.receipts[0].cumulative_bytes > before.unwrap().cumulative_bytes);
+    assert!(rose.receipts[0].signed_receipt().is_ok());
+    assert!(rose.mark > all.mark, "{} {}", rose.mark, all.mark);
+    // With `since`, `after` filters by id.
+    let ids: Vec<u64> = all.receipts.iter().map(|r| r.session_id).collect();
+    let (lowest, highest) = (ids[0], ids[1]);
+    let body = http(
+        &swarm.registry_addr,
+        "GET",
+        &format!("/receipts?since=0&after={lowest}"),
+        "",
+    )
+    .1;
+    let filtered: kvasir_api::registry::ReceiptListing = serde_json::from_str(&body).unwrap();
+    let listed: Vec<u64> = filtered.receipts.iter().map(|r| r.session_id).collect();
+    assert_eq!(listed, vec![highest]);
 }
 
 #[test]

@@ -79,6 +79,8 @@ async fn receipts(State(registry): State<Arc<Registry>>) -> Json<ReceiptListing>
         receipts,
         // One page: the benchmark's listing is the backlog as a whole.
         next_after: None,
+        next_since: None,
+        mark: 0,
     })
 }
 

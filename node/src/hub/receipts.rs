@@ -7,8 +7,7 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State as AxumState};
 use axum::http::StatusCode;
 use axum::Json;
-use kvasir_api::ledger::PageQuery;
-use kvasir_api::registry::{ReceiptEntry, ReceiptListing};
+use kvasir_api::registry::{ReceiptEntry, ReceiptListing, ReceiptQuery};
 use kvasir_api::ErrorBody;
 use kvasir_ledger::tx::{Receipt, SignedReceipt};
 
@@ -40,13 +39,14 @@ impl SessionRecord {
 )]
 pub(super) struct RegistryDoc;
 
-/// `GET /receipts?after=ID&limit=N`: a page of the sessions that metered something, each
+/// `GET /receipts?after=ID&limit=N` or `?since=MARK&limit=N`: a page of the sessions that
+/// metered something (all of them by id, or only those whose count rose after a mark), each
 /// with its signed cumulative receipt. An unreadable record is logged and left out, so one
 /// cannot stall crediting for everyone.
-#[utoipa::path(get, path = "/receipts", description = "A page of the sessions that metered something, in id order (ids above `after`, at most `limit`: default 1,000, at most 10,000), each with its cumulative bytes signed by the hub as a receipt; `next_after` continues.", params(PageQuery), responses((status = 200, body = ReceiptListing), (status = 400, description = "A bad `after` or `limit`", body = ErrorBody), (status = 500, description = "The registry could not be read", body = ErrorBody)))]
+#[utoipa::path(get, path = "/receipts", description = "A page of the sessions that metered something, each with its cumulative bytes signed by the hub as a receipt, at most `limit` (default 1,000, at most 10,000): in id order, ids above `after` (`next_after` continues), or, with `since`, only those whose count rose after that `mark` of an earlier listing, in the order they changed (`next_since` continues; `after` then only filters by id). Every listing's `mark` is where the next `since` listing starts.", params(ReceiptQuery), responses((status = 200, body = ReceiptListing), (status = 400, description = "A bad `after`, `since` or `limit`", body = ErrorBody), (status = 500, description = "The registry could not be read", body = ErrorBody)))]
 pub(super) async fn receipts(
     AxumState(hub): AxumState<Arc<Hub>>,
-    query: Result<Query<PageQuery>, QueryRejection>,
+    query: Result<Query<ReceiptQuery>, QueryRejection>,
 ) -> Result<Json<ReceiptListing>, (StatusCode, Json<ErrorBody>)> {
     let failed = |status: StatusCode, error: &str, message: String| {
         let body = ErrorBody {
@@ -65,8 +65,18 @@ pub(super) async fn receipts(
         )
     };
     let reader = hub.clone();
-    let (after, limit) = (page.after.unwrap_or(0), page.limit());
-    let page = tokio::task::spawn_blocking(move || reader.registry.page(after, limit))
+    let limit = page.limit();
+    let after = page.after.unwrap_or(0);
+    let read = move || match page.since {
+        // With `since`, `after` only filters: the listing pages by change.
+        Some(since) => reader.registry.changed(since, limit).map(|mut changed| {
+            changed.sessions.retain(|(session, _)| *session > after);
+            changed
+        }),
+        None => reader.registry.page(after, limit),
+    };
+    let by_change = page.since.is_some();
+    let page = tokio::task::spawn_blocking(read)
         .await
         .map_err(|e| internal(e.into()))?
         .map_err(internal)?;
@@ -86,6 +96,8 @@ pub(super) async fn receipts(
         chain_id: hub.chain_id.clone(),
         hub: hub.key.address(),
         receipts,
-        next_after: page.next_after,
+        next_after: page.next.filter(|_| !by_change),
+        next_since: page.next.filter(|_| by_change),
+        mark: page.mark,
     }))
 }

@@ -7,8 +7,15 @@
 //!
 //! A record that does not decode is an error naming its session, and is left as found: a
 //! count the hub has signed receipts for is never silently dropped or reset.
+//!
+//! A change log lets a reader list only the sessions whose count rose since a mark: every
+//! metering takes the next number of sled's persistent counter, and the log keeps each
+//! session's newest number only. A change is logged after its count is written; a hub that
+//! dies between the two leaves that session out of "since" listings until it meters again,
+//! so a reader walks the whole listing (by id) now and then.
 
 use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
 
 use anyhow::{Context, Result};
 use borsh::{BorshDeserialize, BorshSerialize};
@@ -24,15 +31,24 @@ pub struct Registry {
     db: sled::Db,
     /// Added to every session id (see the module comment).
     id_base: u64,
+    /// Change number -> session (each session's newest only), and session -> that number.
+    changes: sled::Tree,
+    change_of: sled::Tree,
+    /// Held while a change is numbered and logged, and while the log is read: a reader that
+    /// sees change n has seen every change below n that is still the newest of its session.
+    log: Mutex<()>,
 }
 
-/// One page of the listing, in session-id order.
+/// One page of a listing: in session-id order (`page`), or in change order (`changed`).
 pub struct Page {
-    /// Sessions after the cursor that metered something; a record that cannot be read is
-    /// its error instead, so that one bad record cannot hide the others.
+    /// Sessions that metered something; a record that cannot be read is its error instead,
+    /// so that one bad record cannot hide the others.
     pub sessions: Vec<(u64, Result<SessionRecord, RecordError>)>,
-    /// Where the next page starts, if there may be more.
-    pub next_after: Option<u64>,
+    /// Where the next page of the same listing starts, if there may be more.
+    pub next: Option<u64>,
+    /// The change log's mark: everything changed after it is listed by `changed(mark, _)`.
+    /// For an id page, the mark when it was read; for a change page, its last change.
+    pub mark: u64,
 }
 
 const ID_BASE: &[u8] = b"id_base";
@@ -44,6 +60,11 @@ pub enum RecordError {
     Corrupt { session: u64, reason: String },
     #[error("the registry record of session {0} belongs to another worker")]
     OtherWorker(u64),
+}
+
+fn be_u64(bytes: &[u8]) -> Result<u64> {
+    let bytes: [u8; 8] = bytes.try_into().context("a registry key is not 8 bytes")?;
+    Ok(u64::from_be_bytes(bytes))
 }
 
 fn decode(session: u64, bytes: &[u8]) -> Result<SessionRecord, RecordError> {
@@ -78,7 +99,36 @@ impl Registry {
                 base
             }
         };
-        Ok(Registry { db, id_base })
+        Ok(Registry {
+            changes: db.open_tree("changes")?,
+            change_of: db.open_tree("change_of")?,
+            db,
+            id_base,
+            log: Mutex::new(()),
+        })
+    }
+
+    fn log(&self) -> MutexGuard<'_, ()> {
+        self.log.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Logs a change of `session` under the next change number. The new entry is written
+    /// before the old one is removed, so a crash between leaves it listed twice, not lost.
+    fn log_change(&self, session: u64) -> Result<()> {
+        let _log = self.log();
+        let number = self.db.generate_id()?.to_be_bytes();
+        let key = session.to_be_bytes();
+        self.changes.insert(number, &key)?;
+        if let Some(old) = self.change_of.insert(key, &number)? {
+            self.changes.remove(old)?;
+        }
+        Ok(())
+    }
+
+    /// The newest change number logged (0 if none).
+    fn current_mark(&self) -> Result<u64> {
+        let last = self.changes.last()?;
+        last.map_or(Ok(0), |(number, _)| be_u64(&number))
     }
 
     /// A new session id. Nothing is written for it until it meters a byte, so connections
@@ -125,6 +175,9 @@ impl Registry {
             outcome = result;
             Some(value)
         })?;
+        if bytes > 0 && outcome.is_ok() {
+            self.log_change(session)?;
+        }
         outcome
     }
 
@@ -134,24 +187,29 @@ impl Registry {
     /// connecting without working costs the listing nothing.
     pub fn page(&self, after: u64, limit: usize) -> Result<Page> {
         self.db.flush()?;
+        let mark = {
+            let _log = self.log();
+            self.current_mark()?
+        };
         let mut sessions = Vec::new();
         let Some(start) = after.checked_add(1) else {
             return Ok(Page {
                 sessions,
-                next_after: None,
+                next: None,
+                mark,
             });
         };
         for entry in self.db.range(start.to_be_bytes()..) {
             if sessions.len() == limit {
-                let next_after = sessions.last().map(|(id, _)| *id);
+                let next = sessions.last().map(|(id, _)| *id);
                 return Ok(Page {
                     sessions,
-                    next_after,
+                    next,
+                    mark,
                 });
             }
             let (key, value) = entry?;
-            let id: [u8; 8] = key.as_ref().try_into().context("registry key")?;
-            let session = u64::from_be_bytes(id);
+            let session = be_u64(&key)?;
             match decode(session, &value) {
                 Ok(record) if record.cumulative_bytes == 0 => {}
                 record => sessions.push((session, record)),
@@ -159,7 +217,45 @@ impl Registry {
         }
         Ok(Page {
             sessions,
-            next_after: None,
+            next: None,
+            mark,
+        })
+    }
+
+    /// Up to `limit` sessions whose count rose after change `since`, oldest change first,
+    /// after making the counts durable; `next` is the `since` of the next page, `mark` this
+    /// page's last change (`since` itself when nothing changed).
+    pub fn changed(&self, since: u64, limit: usize) -> Result<Page> {
+        self.db.flush()?;
+        let mut changed = Vec::new();
+        let mut more = false;
+        if let Some(start) = since.checked_add(1) {
+            let _log = self.log();
+            for entry in self.changes.range(start.to_be_bytes()..) {
+                if changed.len() == limit {
+                    more = true;
+                    break;
+                }
+                let (number, session) = entry?;
+                changed.push((be_u64(&number)?, be_u64(&session)?));
+            }
+        }
+        let mark = changed.last().map_or(since, |(number, _)| *number);
+        let mut sessions = Vec::with_capacity(changed.len());
+        let mut seen = std::collections::HashSet::new();
+        for (_, session) in changed {
+            // A session logged twice (a crash between writing and removing) is listed once.
+            if !seen.insert(session) {
+                continue;
+            }
+            if let Some(value) = self.db.get(session.to_be_bytes())? {
+                sessions.push((session, decode(session, &value)));
+            }
+        }
+        Ok(Page {
+            sessions,
+            next: more.then_some(mark),
+            mark,
         })
     }
 
@@ -263,7 +359,7 @@ mod tests {
             let page = registry.page(after, 2).unwrap();
             assert!(page.sessions.len() <= 2);
             listed.extend(page.sessions.iter().map(|(id, r)| (*id, r.is_ok())));
-            match page.next_after {
+            match page.next {
                 Some(next) => after = next,
                 None => break,
             }
@@ -271,6 +367,57 @@ mod tests {
         let expected: Vec<(u64, bool)> = working.iter().map(|id| (*id, true)).collect();
         assert_eq!(listed, expected);
         assert!(registry.page(u64::MAX, 2).unwrap().sessions.is_empty());
+    }
+
+    /// Every session a change listing from `since` holds, page by page, with its count.
+    fn changed_since(registry: &Registry, since: u64) -> (Vec<(u64, u64)>, u64) {
+        let (mut listed, mut since) = (Vec::new(), since);
+        loop {
+            let page = registry.changed(since, 2).unwrap();
+            assert!(page.sessions.len() <= 2);
+            listed.extend(
+                page.sessions
+                    .into_iter()
+                    .map(|(id, r)| (id, r.unwrap().cumulative_bytes)),
+            );
+            since = page.mark;
+            if page.next.is_none() {
+                return (listed, since);
+            }
+        }
+    }
+
+    #[test]
+    fn a_change_listing_holds_only_the_sessions_that_rose_since_the_mark_once_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let worker = Keypair::from_seed(&[8; 32]).address();
+        let sessions: Vec<u64> = {
+            let registry = Registry::open(dir.path()).unwrap();
+            (0..5).map(|_| registry.new_session().unwrap()).collect()
+        };
+        let registry = Registry::open(dir.path()).unwrap();
+        for (i, session) in sessions.iter().enumerate() {
+            registry.meter(*session, worker, 10 + i as u64).unwrap();
+        }
+        let (all, mark) = changed_since(&registry, 0);
+        assert_eq!(all.len(), 5);
+        assert_eq!(registry.page(0, 10).unwrap().mark, mark);
+        // Nothing rose: nothing listed, the mark stays.
+        assert_eq!(changed_since(&registry, mark), (vec![], mark));
+        // Two rise, one of them twice, one meters nothing: those two, once each, newest count.
+        registry.meter(sessions[3], worker, 1).unwrap();
+        registry.meter(sessions[1], worker, 1).unwrap();
+        registry.meter(sessions[3], worker, 1).unwrap();
+        registry.meter(sessions[0], worker, 0).unwrap();
+        let (rose, later) = changed_since(&registry, mark);
+        assert_eq!(rose, vec![(sessions[1], 12), (sessions[3], 15)]);
+        assert!(later > mark);
+        // Marks stay ordered across a reopen.
+        drop(registry);
+        let registry = Registry::open(dir.path()).unwrap();
+        registry.meter(sessions[4], worker, 1).unwrap();
+        assert_eq!(changed_since(&registry, later).0, vec![(sessions[4], 15)]);
+        assert!(registry.changed(u64::MAX, 2).unwrap().sessions.is_empty());
     }
 
     #[test]
