@@ -18,10 +18,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::routing::get;
 use axum::{Json, Router};
-use kvasir_api::registry::{ReceiptEntry, ReceiptListing};
+use kvasir_api::registry::{ReceiptEntry, ReceiptListing, ReceiptQuery};
 use kvasir_api::Client;
 use kvasir_ledger::{check_stateless, Address, Keypair, Receipt, SignedReceipt, TxKind};
 
@@ -47,7 +47,9 @@ pub struct Args {
 struct Registry {
     hub: Keypair,
     chain_id: String,
-    sessions: Mutex<Vec<ReceiptEntry>>,
+    /// Per session, the number of its latest change (as the hub's change log keeps it) and
+    /// its entry.
+    sessions: Mutex<Vec<(u64, ReceiptEntry)>>,
 }
 
 impl Registry {
@@ -65,22 +67,42 @@ impl Registry {
     fn entry(&self, session_id: u64, worker: Address, cumulative_bytes: u64) -> ReceiptEntry {
         ReceiptEntry::new(&self.receipt(session_id, worker, cumulative_bytes))
     }
+
+    /// Sets session `index` to `entry` as its newest change.
+    fn set(&self, index: usize, entry: ReceiptEntry) -> Result<()> {
+        let mut sessions = self
+            .sessions
+            .lock()
+            .map_err(|_| anyhow::anyhow!("registry lock"))?;
+        let change = sessions.iter().map(|(c, _)| *c).max().unwrap_or(0) + 1;
+        sessions[index] = (change, entry);
+        Ok(())
+    }
 }
 
-async fn receipts(State(registry): State<Arc<Registry>>) -> Json<ReceiptListing> {
-    let receipts = registry
+/// One page, as the hub serves it: every session, or those changed after `since`.
+async fn receipts(
+    State(registry): State<Arc<Registry>>,
+    Query(query): Query<ReceiptQuery>,
+) -> Json<ReceiptListing> {
+    let mut sessions = registry
         .sessions
         .lock()
         .map(|s| s.clone())
         .unwrap_or_default();
+    let mark = sessions.iter().map(|(c, _)| *c).max().unwrap_or(0);
+    if let Some(since) = query.since {
+        sessions.retain(|(change, _)| *change > since);
+        sessions.sort_by_key(|(change, _)| *change);
+    }
     Json(ReceiptListing {
         chain_id: registry.chain_id.clone(),
         hub: registry.hub.address(),
-        receipts,
+        receipts: sessions.into_iter().map(|(_, entry)| entry).collect(),
         // One page: the benchmark's listing is the backlog as a whole.
         next_after: None,
         next_since: None,
-        mark: 0,
+        mark,
     })
 }
 
@@ -156,8 +178,11 @@ pub fn run(args: Args) -> Result<()> {
         sessions: Mutex::new(Vec::new()),
     });
     let workers: Vec<Address> = (0..100).map(|_| Keypair::generate().address()).collect();
-    let backlog: Vec<ReceiptEntry> = (0..args.sessions)
-        .map(|i| registry.entry(i as u64 + 1, workers[i % workers.len()], 1_000 + i as u64))
+    let backlog: Vec<(u64, ReceiptEntry)> = (0..args.sessions)
+        .map(|i| {
+            let entry = registry.entry(i as u64 + 1, workers[i % workers.len()], 1_000 + i as u64);
+            (i as u64 + 1, entry)
+        })
         .collect();
     let runtime = tokio::runtime::Runtime::new()?;
     let registry_addr: SocketAddr = runtime.block_on(async {
@@ -179,12 +204,12 @@ pub fn run(args: Args) -> Result<()> {
     };
     let expected: u64 = (0..args.sessions as u64).map(|i| 1_000 + i).sum();
     let crediting = || -> Result<Crediting> {
-        Ok(Crediting {
-            ledger: Client::new(&format!("http://{ledger_addr}")),
-            registry: Client::new(&format!("http://{registry_addr}")),
-            key: key("gateway")?,
-            stats: Default::default(),
-        })
+        Ok(Crediting::new(
+            Client::new(&format!("http://{ledger_addr}")),
+            Client::new(&format!("http://{registry_addr}")),
+            key("gateway")?,
+            Default::default(),
+        ))
     };
     *registry
         .sessions
@@ -221,10 +246,7 @@ pub fn run(args: Args) -> Result<()> {
             let bytes = 1_000 + index as u64 + sample * 1_000_000;
             let entry = registry.entry(session, workers[index % workers.len()], bytes);
             let metered = Instant::now();
-            registry
-                .sessions
-                .lock()
-                .map_err(|_| anyhow::anyhow!("registry lock"))?[index] = entry;
+            registry.set(index, entry)?;
             loop {
                 if ledger_client.session(&hub, session)?.cumulative_bytes == bytes {
                     break;

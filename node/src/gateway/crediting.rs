@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use kvasir_api::ledger::PAGE_MAX;
+use kvasir_api::registry::ReceiptEntry;
 use kvasir_api::Client;
 use kvasir_ledger::{Address, Keypair, TxKind};
 use rayon::prelude::*;
@@ -21,12 +22,18 @@ use super::stats::Stats;
 const COMMIT_WAIT: Duration = Duration::from_secs(30);
 /// Credits per submission (the ledger API's batch limit).
 const BATCH: usize = 10_000;
+/// Every this many rounds, one walks every session by id instead of the change listing: it
+/// catches a change the hub logged late (it died between counting and logging).
+const FULL_WALK_EVERY: u64 = 60;
 
 pub struct Crediting {
-    pub ledger: Client,
-    pub registry: Client,
-    pub key: Keypair,
-    pub stats: Arc<Stats>,
+    ledger: Client,
+    registry: Client,
+    key: Keypair,
+    stats: Arc<Stats>,
+    /// Where the next round's change listing starts; `None`: walk every session by id.
+    mark: Option<u64>,
+    rounds: u64,
 }
 
 /// What one round did.
@@ -37,25 +44,62 @@ pub struct Round {
     pub uncredited_bytes: u64,
 }
 
+/// Which listing a round walks.
+#[derive(Clone, Copy)]
+enum Cursor {
+    /// Every session, by id, above this one.
+    Ids(u64),
+    /// Only the sessions whose count rose after this mark.
+    Changes(u64),
+}
+
 impl Crediting {
-    /// One pass over the registry, page by page: credits every session that rose. A
-    /// malformed receipt is logged and skipped, not a stall.
-    pub fn round(&self) -> Result<Round> {
+    pub fn new(ledger: Client, registry: Client, key: Keypair, stats: Arc<Stats>) -> Crediting {
+        Crediting {
+            ledger,
+            registry,
+            key,
+            stats,
+            mark: None,
+            rounds: 0,
+        }
+    }
+
+    /// One pass over the registry, page by page: credits every session that rose. The first
+    /// round, and every `FULL_WALK_EVERY`th, walks every session by id; the others list only
+    /// the sessions whose count rose since the last complete round (the hub signs and the
+    /// gateway checks only those). A malformed receipt is logged and skipped, not a stall.
+    pub fn round(&mut self) -> Result<Round> {
+        let mut cursor = match self.mark {
+            Some(mark) if !self.rounds.is_multiple_of(FULL_WALK_EVERY) => Cursor::Changes(mark),
+            _ => Cursor::Ids(0),
+        };
+        self.rounds += 1;
         let chain_id = self.ledger.head()?.chain_id;
         let mut nonce = self.ledger.account(&self.key.address())?.nonce;
         let mut admitted = 0;
         let mut uncredited_bytes = 0u64;
         let mut last = None;
-        let mut after = 0;
+        // Where the next change listing starts: for a walk by id, the mark its first page
+        // was read at (whatever rose during the walk is after it); else the last page's.
+        let mut next_mark = None;
         loop {
-            let listing = self
-                .registry
-                .receipts(after, PAGE_MAX)
-                .context("reading the hub registry")?;
-            let Some(end) = listing.receipts.last().map(|r| r.session_id) else {
-                break;
+            let listing = match cursor {
+                Cursor::Ids(after) => self.registry.receipts(after, PAGE_MAX),
+                Cursor::Changes(since) => self.registry.receipts_since(since, PAGE_MAX),
+            }
+            .context("reading the hub registry")?;
+            next_mark = match cursor {
+                Cursor::Ids(_) => next_mark.or(Some(listing.mark)),
+                Cursor::Changes(_) => Some(listing.mark),
             };
-            let credited = self.credited(&listing.hub, after, end)?;
+            let credited = match cursor {
+                Cursor::Ids(after) => {
+                    let end = listing.receipts.last().map_or(after, |r| r.session_id);
+                    self.credited(&listing.hub, after, end)?
+                }
+                Cursor::Changes(_) => self.marks_of(&listing.hub, &listing.receipts)?,
+            };
             let mut rose = Vec::new();
             for receipt in &listing.receipts {
                 let mark = credited.get(&receipt.session_id).copied().unwrap_or(0);
@@ -98,24 +142,40 @@ impl Crediting {
                     }
                 }
             }
-            match listing.next_after {
-                // A cursor must move forward: a registry that says otherwise ends the round.
-                Some(next) if next > after => after = next,
-                Some(next) => {
-                    tracing::warn!("the registry's next page starts at {next}, not after {after}");
+            // A cursor must move forward: a registry that says otherwise ends the round.
+            cursor = match (cursor, listing.next_after, listing.next_since) {
+                (Cursor::Ids(after), Some(next), _) if next > after => Cursor::Ids(next),
+                (Cursor::Changes(since), _, Some(next)) if next > since => Cursor::Changes(next),
+                (_, None, None) => break,
+                _ => {
+                    tracing::warn!("the registry's next page does not move forward");
                     break;
                 }
-                None => break,
-            }
+            };
         }
         // The gateway's credits commit in nonce order: the last one committed, all did.
         if let Some(hash) = last {
             self.ledger.wait_committed(&hash, COMMIT_WAIT)?;
         }
+        // Only a round that got this far moves the mark: a failed one is listed again.
+        self.mark = next_mark;
         Ok(Round {
             admitted,
             uncredited_bytes,
         })
+    }
+
+    /// The ledger's marks of the sessions a change listing holds, asked one by one (on the
+    /// client's pooled connections, both cores at a time): a change listing is short, and its
+    /// ids need not be near each other.
+    fn marks_of(&self, hub: &Address, receipts: &[ReceiptEntry]) -> Result<HashMap<u64, u64>> {
+        receipts
+            .par_iter()
+            .map(|r| {
+                let mark = self.ledger.session(hub, r.session_id)?;
+                Ok((r.session_id, mark.cumulative_bytes))
+            })
+            .collect()
     }
 
     /// The ledger's marks of `hub`'s sessions with ids in `(after, end]`.
@@ -138,7 +198,7 @@ impl Crediting {
     }
 
     /// Rounds `interval` apart until `stop` is set.
-    pub fn run(self, interval: Duration, stop: &AtomicBool) {
+    pub fn run(mut self, interval: Duration, stop: &AtomicBool) {
         while !stop.load(Ordering::Relaxed) {
             match self.round() {
                 Ok(round) => {

@@ -126,12 +126,12 @@ pub fn run(args: Args) -> Result<()> {
     };
     let stats = Arc::new(Stats::default());
     if let (Some(registry), Some(ledger), Some(key)) = (&args.registry, &args.ledger, &args.key) {
-        let crediting = Crediting {
-            ledger: Client::new(ledger),
-            registry: Client::new(registry),
-            key: kvasir_keyfile::open(key)?,
-            stats: stats.clone(),
-        };
+        let crediting = Crediting::new(
+            Client::new(ledger),
+            Client::new(registry),
+            kvasir_keyfile::open(key)?,
+            stats.clone(),
+        );
         let interval = Duration::from_millis(args.credit_interval_ms);
         std::thread::spawn(move || crediting.run(interval, &AtomicBool::new(false)));
     }
