@@ -60,6 +60,8 @@ pub(super) struct Links {
 #[derive(Default)]
 struct Counts {
     requests: u64,
+    /// Bytes of every frame relayed, either way.
+    relayed_bytes: u64,
     metered_bytes: u64,
     refused_answers: u64,
     late_answers: u64,
@@ -184,6 +186,7 @@ impl Hub {
         match verdict {
             Ok(Metered::Bytes(bytes)) => {
                 links.counts.metered_bytes += bytes;
+                links.counts.relayed_bytes += frame.len() as u64;
                 links.to_backbone(frame);
             }
             Ok(Metered::Late) => {
@@ -226,12 +229,14 @@ impl Hub {
             response_values,
             deadline: Instant::now() + self.answer_deadline,
         };
+        let bytes = frame.len() as u64;
         if worker.tx.send(frame).is_err() {
             links.fail(id, format!("session {session} is leaving"));
             return Ok(());
         }
         worker.unanswered += 1;
         links.counts.requests += 1;
+        links.counts.relayed_bytes += bytes;
         // A repeated id replaces the entry: the count above then over-counts by one until the
         // session answers or leaves, which only makes the cap stricter.
         let waiting = Waiting {
@@ -318,18 +323,23 @@ impl Hub {
                 c.requests,
             )
             .counter(
+                "kvasir_hub_relayed_bytes_total",
+                "Bytes of dispatch frames relayed between the backbone and sessions, either way.",
+                c.relayed_bytes,
+            )
+            .counter(
                 "kvasir_hub_metered_bytes_total",
                 "Bytes of well-formed dispatch traffic metered (requests and their answers).",
                 c.metered_bytes,
             )
             .counter(
                 "kvasir_hub_refused_answers_total",
-                "Answers refused (wrong size, unasked): each dropped its worker.",
+                "Answers refused and dropped (wrong size, unasked): each also dropped its worker.",
                 c.refused_answers,
             )
             .counter(
                 "kvasir_hub_late_answers_total",
-                "Answers after their deadline: dropped, not metered.",
+                "Answers after their deadline: dropped, neither relayed nor metered.",
                 c.late_answers,
             )
             .counter(
@@ -417,6 +427,10 @@ mod tests {
         for line in [
             format!("kvasir_hub_unanswered_requests {MAX_UNANSWERED}\n"),
             format!("kvasir_hub_requests_total {MAX_UNANSWERED}\n"),
+            format!(
+                "kvasir_hub_relayed_bytes_total {}\n",
+                MAX_UNANSWERED * request(1, 0).len()
+            ),
             "kvasir_hub_failed_requests_total 10\n".to_string(),
             "# HELP kvasir_hub_sessions Worker sessions connected.\n".to_string(),
         ] {
