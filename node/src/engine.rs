@@ -50,6 +50,15 @@ impl Backend {
             Backend::Cuda => "cuda",
         }
     }
+
+    /// The backend a hello names, if it is one of these: every one of them gives the CPU
+    /// kernels' bits (the CUDA backend is checked bit for bit against them), so a worker
+    /// on any other could be honest and still answer other bits.
+    pub fn named(name: &str) -> Option<Backend> {
+        [Backend::Cpu, Backend::Cuda]
+            .into_iter()
+            .find(|b| b.name() == name)
+    }
 }
 
 /// The model with every expert held locally.

@@ -174,6 +174,16 @@ fn failed_challenges_replayed_hellos_and_impostor_backbones_are_refused() {
             hello
         };
         assert!(!welcomed(&url, Some(&cert), stolen).await, "wrong signer");
+        // A backend not proven to give the CPU kernels' bits: an honest worker on it would
+        // answer other bits, so it may not serve.
+        let inexact = |c: &kvasir_node::wire::Challenge| {
+            let key = Keypair::generate();
+            Hello::answer(c, &key, Role::Worker, model.clone(), "metal".into(), vec![])
+        };
+        assert!(
+            !welcomed(&url, Some(&cert), inexact).await,
+            "inexact backend"
+        );
         // A backbone key the hub was not configured with, on the hub's own port.
         let impostor = |c: &kvasir_node::wire::Challenge| {
             Hello::answer(

@@ -40,6 +40,7 @@ use tokio::net::TcpStream;
 use utoipa::OpenApi;
 
 use crate::commands::genesis::{dev_genesis_hash, refuse_exposed_dev_chain};
+use crate::engine::Backend;
 use crate::link::{self, next_frame, next_message, Idle, Keepalive};
 use crate::listen::{Acceptor, Limits};
 use crate::wire::{Challenge, DirectoryEntry, Failure, Message, Role, Welcome};
@@ -256,6 +257,14 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
                 let failure = Failure::new(0, why.to_string());
                 let _ = tx.send(Message::Failure(failure).encode().into());
             };
+            if Backend::named(&hello.backend).is_none() {
+                let why = format!(
+                    "backend {:?} is not one that gives the reference bits (cpu, cuda)",
+                    hello.backend
+                );
+                refuse(&why);
+                bail!("refused {}: {why}", hello.key);
+            }
             let experts = match distinct_claims(hello.experts) {
                 Ok(experts) => experts,
                 Err(why) => {
