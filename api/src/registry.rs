@@ -26,9 +26,10 @@ pub struct ReceiptListing {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_since: Option<u64>,
     /// Pass as `since` to list only the sessions whose count rose after this page was read
-    /// (of a change listing: after its last change).
-    #[serde(default)]
-    pub mark: u64,
+    /// (of a change listing: after its last change). Absent from a hub without change
+    /// listings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mark: Option<u64>,
 }
 
 /// `?after=ID&limit=N` (in session-id order) or `?since=MARK&limit=N` (only sessions whose

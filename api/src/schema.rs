@@ -13,9 +13,9 @@ pub const ADDRESS_PATTERN: &str = "^kvr1[02-9ac-hj-np-z]{58}$";
 pub const HASH_PATTERN: &str = "^[0-9a-fA-F]{64}$";
 /// A u64 of base units, in decimal.
 pub const BASE_UNITS_PATTERN: &str = "^[0-9]{1,20}$";
-/// KVR with up to nine decimals (1 KVR = 10^9 base units).
 /// Whole bytes of hex, at most a transaction's 2,048 bytes.
 pub const TX_HEX_PATTERN: &str = "^([0-9a-fA-F]{2}){1,2048}$";
+/// KVR with up to nine decimals (1 KVR = 10^9 base units).
 pub const KVR_PATTERN: &str = "^[0-9]{1,11}(\\.[0-9]{1,9})?$";
 
 fn text(format: &str, pattern: &str, description: &str, example: &str) -> RefOr<Schema> {

@@ -147,14 +147,15 @@ fn the_registry_lists_only_the_sessions_that_rose_since_a_mark() {
     assert_eq!(since_start.receipts, all.receipts);
     assert_eq!(since_start.mark, all.mark);
     // Nothing ran since: nothing is listed, the mark stays.
-    let quiet = registry.receipts_since(all.mark, 1000).unwrap();
+    let mark = all.mark.unwrap();
+    let quiet = registry.receipts_since(mark, 1000).unwrap();
     assert!(
         quiet.receipts.is_empty() && quiet.mark == all.mark,
         "{quiet:?}"
     );
     // Only experts 4-7 go remote now: only their worker's session rose.
     swarm.backbone("*:4-7", PROMPT, 4);
-    let rose = registry.receipts_since(all.mark, 1000).unwrap();
+    let rose = registry.receipts_since(mark, 1000).unwrap();
     assert_eq!(rose.receipts.len(), 1, "{rose:?}");
     let before = all
         .receipts
@@ -162,7 +163,7 @@ fn the_registry_lists_only_the_sessions_that_rose_since_a_mark() {
         .find(|r| r.session_id == rose.receipts[0].session_id);
     assert!(rose.receipts[0].cumulative_bytes > before.unwrap().cumulative_bytes);
     assert!(rose.receipts[0].signed_receipt().is_ok());
-    assert!(rose.mark > all.mark, "{} {}", rose.mark, all.mark);
+    assert!(rose.mark > all.mark, "{:?} {:?}", rose.mark, all.mark);
     // With `since`, `after` filters by id.
     let ids: Vec<u64> = all.receipts.iter().map(|r| r.session_id).collect();
     let (lowest, highest) = (ids[0], ids[1]);

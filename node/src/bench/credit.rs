@@ -102,7 +102,7 @@ async fn receipts(
         // One page: the benchmark's listing is the backlog as a whole.
         next_after: None,
         next_since: None,
-        mark,
+        mark: Some(mark),
     })
 }
 

@@ -25,6 +25,8 @@ const BATCH: usize = 10_000;
 /// Every this many rounds, one walks every session by id instead of the change listing: it
 /// catches a change the hub logged late (it died between counting and logging).
 const FULL_WALK_EVERY: u64 = 60;
+/// A change listing up to this long has its ledger marks asked session by session.
+const ONE_BY_ONE: usize = 256;
 
 pub struct Crediting {
     ledger: Client,
@@ -74,7 +76,8 @@ impl Crediting {
             Some(mark) if !self.rounds.is_multiple_of(FULL_WALK_EVERY) => Cursor::Changes(mark),
             _ => Cursor::Ids(0),
         };
-        self.rounds += 1;
+        // Every credit admitted: only then may the mark move past what this round listed.
+        let mut all_admitted = true;
         let chain_id = self.ledger.head()?.chain_id;
         let mut nonce = self.ledger.account(&self.key.address())?.nonce;
         let mut admitted = 0;
@@ -89,9 +92,18 @@ impl Crediting {
                 Cursor::Changes(since) => self.registry.receipts_since(since, PAGE_MAX),
             }
             .context("reading the hub registry")?;
-            next_mark = match cursor {
-                Cursor::Ids(_) => next_mark.or(Some(listing.mark)),
-                Cursor::Changes(_) => Some(listing.mark),
+            next_mark = match (cursor, listing.mark) {
+                // A registry that serves no marks (an older hub) is walked by id every round.
+                (_, None) => None,
+                (Cursor::Ids(_), Some(mark)) => next_mark.or(Some(mark)),
+                // Marks only move forward; a registry whose changes went back (its data was
+                // lost or restored) is walked by id next round.
+                (Cursor::Changes(since), Some(mark)) if mark < since => {
+                    tracing::warn!("the registry's changes went back from {since} to {mark}");
+                    self.mark = None;
+                    return Err(anyhow::anyhow!("the registry's change marks went back"));
+                }
+                (Cursor::Changes(_), Some(mark)) => Some(mark),
             };
             let credited = match cursor {
                 Cursor::Ids(after) => {
@@ -132,11 +144,14 @@ impl Crediting {
                     match verdict {
                         Ok(hash) => {
                             admitted += 1;
+                            self.stats.admitted(1);
                             last = Some(hash);
                         }
                         // A later nonce now waits on a gap; the ledger drops it in production
-                        // and the next round submits afresh from the recorded counts.
+                        // and the next round submits afresh from the recorded counts, which
+                        // a mark past this session would skip.
                         Err(refused) => {
+                            all_admitted = false;
                             tracing::info!("credit not admitted: {}", refused.message)
                         }
                     }
@@ -157,18 +172,29 @@ impl Crediting {
         if let Some(hash) = last {
             self.ledger.wait_committed(&hash, COMMIT_WAIT)?;
         }
-        // Only a round that got this far moves the mark: a failed one is listed again.
-        self.mark = next_mark;
+        // Only a round that got this far with every credit admitted moves the mark (and
+        // counts towards the next full walk): anything else is listed again.
+        if all_admitted {
+            self.mark = next_mark;
+            self.rounds += 1;
+        }
         Ok(Round {
             admitted,
             uncredited_bytes,
         })
     }
 
-    /// The ledger's marks of the sessions a change listing holds, asked one by one (on the
-    /// client's pooled connections, both cores at a time): a change listing is short, and its
-    /// ids need not be near each other.
+    /// The ledger's marks of the sessions a change listing holds: asked one by one (on the
+    /// client's pooled connections, both cores at a time) when the listing is short, as it
+    /// is between busy rounds; else by pages over the ids it spans.
     fn marks_of(&self, hub: &Address, receipts: &[ReceiptEntry]) -> Result<HashMap<u64, u64>> {
+        let ids = receipts.iter().map(|r| r.session_id);
+        let (Some(lowest), Some(highest)) = (ids.clone().min(), ids.max()) else {
+            return Ok(HashMap::new());
+        };
+        if receipts.len() > ONE_BY_ONE {
+            return self.credited(hub, lowest.saturating_sub(1), highest);
+        }
         receipts
             .par_iter()
             .map(|r| {
@@ -205,7 +231,7 @@ impl Crediting {
                     if round.admitted > 0 {
                         tracing::info!("{} credits committed", round.admitted);
                     }
-                    self.stats.round(round.admitted, round.uncredited_bytes);
+                    self.stats.round(round.uncredited_bytes);
                 }
                 Err(e) => {
                     self.stats.failed_round();

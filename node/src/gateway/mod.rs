@@ -189,16 +189,17 @@ async fn connection(
     };
     let (tls, head) = handshake.await.inspect_err(|_| stats.failed_handshake())?;
     if is_swarm_upgrade(&head) {
-        let _open = stats.swarm_connection();
-        let mut tls = Counted {
-            inner: tls,
-            stats: stats.clone(),
-        };
         let mut upstream = TcpStream::connect(hub)
             .await
             .with_context(|| format!("hub {hub} unreachable"))?;
         upstream.set_nodelay(true)?;
+        let _open = stats.swarm_connection();
         upstream.write_all(&head).await?;
+        stats.spliced_to_hub(head.len());
+        let mut tls = Counted {
+            inner: tls,
+            stats: stats.clone(),
+        };
         tokio::io::copy_bidirectional_with_sizes(
             &mut tls,
             &mut upstream,

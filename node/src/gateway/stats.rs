@@ -54,6 +54,11 @@ impl Stats {
         Open(self.clone())
     }
 
+    /// Bytes passed to the hub outside the `Counted` stream (the upgrade's head).
+    pub(super) fn spliced_to_hub(&self, bytes: usize) {
+        self.spliced_up.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
     pub(super) fn api_connection(&self) {
         self.api_connections.fetch_add(1, Ordering::Relaxed);
     }
@@ -62,11 +67,15 @@ impl Stats {
         self.failed_handshakes.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A complete crediting round: `admitted` credits, and `uncredited` bytes were above the
-    /// ledger's marks when it began.
-    pub(super) fn round(&self, admitted: usize, uncredited: u64) {
+    /// Credits the ledger just admitted.
+    pub(super) fn admitted(&self, credits: usize) {
         self.credits_admitted
-            .fetch_add(admitted as u64, Ordering::Relaxed);
+            .fetch_add(credits as u64, Ordering::Relaxed);
+    }
+
+    /// A complete crediting round, at whose start `uncredited` bytes were above the ledger's
+    /// marks.
+    pub(super) fn round(&self, uncredited: u64) {
         self.uncredited_bytes.store(uncredited, Ordering::Relaxed);
         self.last_round_ms.store(now_ms(), Ordering::Relaxed);
     }
@@ -209,7 +218,8 @@ mod tests {
         assert!(text.contains("kvasir_gateway_spliced_bytes_total{direction=\"to_worker\"} 2\n"));
         // No round yet: no lag is claimed.
         assert!(!text.contains("crediting_lag"));
-        stats.round(3, 1_000);
+        stats.admitted(3);
+        stats.round(1_000);
         let text = stats.text();
         assert!(text.contains("kvasir_gateway_credits_admitted_total 3\n"));
         assert!(text.contains("kvasir_gateway_uncredited_bytes 1000\n"));

@@ -98,6 +98,6 @@ pub(super) async fn receipts(
         receipts,
         next_after: page.next.filter(|_| !by_change),
         next_since: page.next.filter(|_| by_change),
-        mark: page.mark,
+        mark: Some(page.mark),
     }))
 }

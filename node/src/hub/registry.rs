@@ -9,8 +9,8 @@
 //! count the hub has signed receipts for is never silently dropped or reset.
 //!
 //! A change log lets a reader list only the sessions whose count rose since a mark: every
-//! metering takes the next number of sled's persistent counter, and the log keeps each
-//! session's newest number only. A change is logged after its count is written; a hub that
+//! metering takes the next number of sled's persistent counter (above the random base), and
+//! the log keeps each session's newest number only. A change is logged after its count is written; a hub that
 //! dies between the two leaves that session out of "since" listings until it meters again,
 //! so a reader walks the whole listing (by id) now and then.
 
@@ -116,7 +116,14 @@ impl Registry {
     /// before the old one is removed, so a crash between leaves it listed twice, not lost.
     fn log_change(&self, session: u64) -> Result<()> {
         let _log = self.log();
-        let number = self.db.generate_id()?.to_be_bytes();
+        // Above the registry's random base, like session ids: a registry made again after
+        // its data was lost numbers its changes far from the old ones, below (the reader
+        // sees its mark go back) or above (all of them are after the reader's mark).
+        let number = self
+            .id_base
+            .checked_add(self.db.generate_id()?)
+            .context("change numbers are exhausted")?
+            .to_be_bytes();
         let key = session.to_be_bytes();
         self.changes.insert(number, &key)?;
         if let Some(old) = self.change_of.insert(key, &number)? {
@@ -176,7 +183,11 @@ impl Registry {
             Some(value)
         })?;
         if bytes > 0 && outcome.is_ok() {
-            self.log_change(session)?;
+            // The bytes are counted (and will be paid); a change not logged is found by the
+            // reader's next walk by id, so it costs no answer.
+            if let Err(e) = self.log_change(session) {
+                tracing::error!("session {session}: logging its change failed: {e:#}");
+            }
         }
         outcome
     }
@@ -186,7 +197,6 @@ impl Registry {
     /// restarted hub remembers. Sessions that never relayed a useful byte are not listed, so
     /// connecting without working costs the listing nothing.
     pub fn page(&self, after: u64, limit: usize) -> Result<Page> {
-        self.db.flush()?;
         let mark = {
             let _log = self.log();
             self.current_mark()?
@@ -202,6 +212,7 @@ impl Registry {
         for entry in self.db.range(start.to_be_bytes()..) {
             if sessions.len() == limit {
                 let next = sessions.last().map(|(id, _)| *id);
+                self.db.flush()?;
                 return Ok(Page {
                     sessions,
                     next,
@@ -215,6 +226,7 @@ impl Registry {
                 record => sessions.push((session, record)),
             }
         }
+        self.db.flush()?;
         Ok(Page {
             sessions,
             next: None,
@@ -226,12 +238,16 @@ impl Registry {
     /// after making the counts durable; `next` is the `since` of the next page, `mark` this
     /// page's last change (`since` itself when nothing changed).
     pub fn changed(&self, since: u64, limit: usize) -> Result<Page> {
-        self.db.flush()?;
         let mut changed = Vec::new();
         let mut more = false;
-        if let Some(start) = since.checked_add(1) {
+        let current = {
             let _log = self.log();
-            for entry in self.changes.range(start.to_be_bytes()..) {
+            let current = self.current_mark()?;
+            let start = since.checked_add(1).map(u64::to_be_bytes);
+            for entry in start
+                .into_iter()
+                .flat_map(|start| self.changes.range(start..))
+            {
                 if changed.len() == limit {
                     more = true;
                     break;
@@ -239,8 +255,13 @@ impl Registry {
                 let (number, session) = entry?;
                 changed.push((be_u64(&number)?, be_u64(&session)?));
             }
-        }
-        let mark = changed.last().map_or(since, |(number, _)| *number);
+            current
+        };
+        // Nothing after `since`: the mark stays, unless this log never reached it (its data
+        // was lost or restored), which the reader sees as a mark that went back.
+        let mark = changed
+            .last()
+            .map_or(since.min(current), |(number, _)| *number);
         let mut sessions = Vec::with_capacity(changed.len());
         let mut seen = std::collections::HashSet::new();
         for (_, session) in changed {
@@ -252,6 +273,8 @@ impl Registry {
                 sessions.push((session, decode(session, &value)));
             }
         }
+        // Durable before it is served: a receipt never claims more than a restarted hub has.
+        self.db.flush()?;
         Ok(Page {
             sessions,
             next: more.then_some(mark),
@@ -418,6 +441,19 @@ mod tests {
         registry.meter(sessions[4], worker, 1).unwrap();
         assert_eq!(changed_since(&registry, later).0, vec![(sessions[4], 15)]);
         assert!(registry.changed(u64::MAX, 2).unwrap().sessions.is_empty());
+        // A registry made again after its data was lost: its mark for a later `since` goes
+        // back, or everything it logged is after it.
+        let lost = tempfile::tempdir().unwrap();
+        let fresh = Registry::open(lost.path()).unwrap();
+        let session = fresh.new_session().unwrap();
+        fresh.meter(session, worker, 3).unwrap();
+        let page = fresh.changed(later, 2).unwrap();
+        let listed: Vec<u64> = page.sessions.iter().map(|(id, _)| *id).collect();
+        assert!(
+            page.mark < later || listed == vec![session],
+            "{listed:?} {}",
+            page.mark
+        );
     }
 
     #[test]

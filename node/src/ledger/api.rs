@@ -127,15 +127,26 @@ fn bad_body(rejection: JsonRejection) -> ApiError {
 }
 
 /// A body that must be a JSON object of `T`'s shape. serde's derive alone would also take a
-/// struct's array form (`["00"]` for `{"tx": "00"}`), which the document does not allow.
-fn object_body<T: serde::de::DeserializeOwned>(
-    body: Result<Json<serde_json::Map<String, serde_json::Value>>, JsonRejection>,
-) -> Result<T, ApiError> {
-    let Json(object) = body.map_err(bad_body)?;
-    serde_json::from_value(serde_json::Value::Object(object)).map_err(|e| {
-        let message = format!("JSON of another shape: {e}");
-        ApiError(StatusCode::UNPROCESSABLE_ENTITY, "bad_request", message)
-    })
+/// struct's array form (`["00"]` for `{"tx": "00"}`), which the document does not allow;
+/// this reads `T` from the object's entries as they are parsed, building nothing else.
+struct Object<T>(T);
+
+impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for Object<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Entries<T>(std::marker::PhantomData<T>);
+        impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for Entries<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        deserializer
+            .deserialize_map(Entries(std::marker::PhantomData))
+            .map(Object)
+    }
 }
 
 pub fn router(ledger: Arc<Ledger>) -> Router {
@@ -397,9 +408,9 @@ fn refusal(refusal: Refusal) -> ApiError {
 #[utoipa::path(post, path = "/txs", description = "Submit one signed transaction: {\"tx\": hex of its borsh bytes}.", request_body = Submission, responses((status = 202, description = "Admitted to the mempool", body = Submitted), (status = 400, description = "Not JSON, not hex, or not a canonical signed transaction", body = ErrorBody), (status = 409, description = "Already pending, or its nonce is taken", body = ErrorBody), (status = 413, description = "Body over 64 KiB", body = ErrorBody), (status = 415, description = "Not application/json", body = ErrorBody), (status = 422, description = "JSON of another shape, or a transaction failing a check (signature, nonce, funds, authority, ...)", body = ErrorBody), (status = 429, description = "Its sender has as many transactions waiting as it may, or its nonce is further ahead than that", body = ErrorBody), (status = 500, body = ErrorBody), (status = 503, description = "The mempool is full", body = ErrorBody)))]
 async fn submit(
     State(ledger): State<Arc<Ledger>>,
-    body: Result<Json<serde_json::Map<String, serde_json::Value>>, JsonRejection>,
+    body: Result<Json<Object<Submission>>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Submitted>), ApiError> {
-    let submission: Submission = object_body(body)?;
+    let Json(Object(submission)) = body.map_err(bad_body)?;
     let tx = decode_tx(&submission.tx)?;
     let verdict = tokio::task::spawn_blocking(move || ledger.submit(vec![tx]))
         .await
@@ -415,9 +426,9 @@ async fn submit(
 #[utoipa::path(post, path = "/txs/batch", description = "Submit up to 10,000 signed transactions: {\"txs\": [hex, ...]}; one verdict each, in order.", request_body = Batch, responses((status = 202, description = "One verdict per transaction", body = BatchVerdicts), (status = 400, description = "Not JSON, over 10,000 transactions, or one is not a canonical signed transaction", body = ErrorBody), (status = 413, description = "Body over 16 MiB", body = ErrorBody), (status = 415, description = "Not application/json", body = ErrorBody), (status = 422, description = "JSON of another shape", body = ErrorBody), (status = 500, body = ErrorBody)))]
 async fn submit_batch(
     State(ledger): State<Arc<Ledger>>,
-    body: Result<Json<serde_json::Map<String, serde_json::Value>>, JsonRejection>,
+    body: Result<Json<Object<Batch>>, JsonRejection>,
 ) -> Result<(StatusCode, Json<BatchVerdicts>), ApiError> {
-    let batch: Batch = object_body(body)?;
+    let Json(Object(batch)) = body.map_err(bad_body)?;
     if batch.txs.len() > MAX_BATCH {
         return Err(bad_request(format!(
             "a batch holds at most {MAX_BATCH} transactions"
