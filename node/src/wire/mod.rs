@@ -402,15 +402,27 @@ impl Message {
                 r.take(values * 4)?;
                 Relayed::Response { id, values }
             }
-            _ => {
-                return Ok(match Message::decode(frame)? {
-                    Message::Failure(failure) => Relayed::Failure { id: failure.id },
-                    _ => Relayed::Other,
-                })
-            }
+            _ => return Ok(Message::decode(frame)?.relayed()),
         };
         r.finish()?;
         Ok(relayed)
+    }
+
+    /// What `inspect` says of this message's frame.
+    pub fn relayed(&self) -> Relayed {
+        match self {
+            Message::Request(r) => Relayed::Request {
+                session: r.session,
+                id: r.id,
+                response_values: r.response_values(),
+            },
+            Message::Response(r) => Relayed::Response {
+                id: r.id,
+                values: r.partials.len(),
+            },
+            Message::Failure(f) => Relayed::Failure { id: f.id },
+            _ => Relayed::Other,
+        }
     }
 }
 
@@ -759,20 +771,7 @@ mod tests {
     fn inspect_agrees_with_decode() {
         for message in samples() {
             let frame = message.encode();
-            let expected = match &message {
-                Message::Request(r) => Relayed::Request {
-                    session: r.session,
-                    id: r.id,
-                    response_values: r.response_values(),
-                },
-                Message::Response(r) => Relayed::Response {
-                    id: r.id,
-                    values: r.partials.len(),
-                },
-                Message::Failure(f) => Relayed::Failure { id: f.id },
-                _ => Relayed::Other,
-            };
-            assert_eq!(Message::inspect(&frame), Ok(expected));
+            assert_eq!(Message::inspect(&frame), Ok(message.relayed()));
             for cut in 0..frame.len() {
                 assert!(Message::inspect(&frame[..cut]).is_err());
             }
