@@ -12,9 +12,11 @@
 pub mod client;
 pub mod generation;
 pub mod ledger;
+mod object;
 pub mod registry;
 pub mod reports;
 pub mod schema;
 
 pub use client::{Client, ClientError};
 pub use ledger::{AmountView, ErrorBody};
+pub use object::Object;

@@ -199,6 +199,8 @@ fn the_backbone_http_endpoint_generates_remotely_and_refuses_bad_bodies() {
         (r#"{"tokens": 3}"#, 422),
         (r#"{"prompt": "", "tokens": 3}"#, 422),
         (r#"{"prompt": "x", "tokens": 100000}"#, 422),
+        // A struct's array form, which serde's derive alone would take.
+        (r#"["x", 3]"#, 422),
     ] {
         let (status, reply) = http(&addr, "POST", "/generate", bad);
         assert_eq!(status, expected, "{bad}: {reply}");

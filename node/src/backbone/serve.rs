@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use kvasir_api::generation::{GenerateRequest, GenerationReport};
-use kvasir_api::ErrorBody;
+use kvasir_api::{ErrorBody, Object};
 use kvasir_inference::generate::Sampling;
 use utoipa::OpenApi;
 
@@ -88,9 +88,10 @@ async fn metrics(State(served): State<Arc<Served>>) -> String {
 #[utoipa::path(post, path = "/generate", description = "Generate `tokens` tokens (default 32, at most 4096) after `prompt`, one request at a time.", request_body = GenerateRequest, responses((status = 200, body = GenerationReport), (status = 400, description = "Not JSON", body = ErrorBody), (status = 413, description = "Body over 64 KiB", body = ErrorBody), (status = 415, description = "Not application/json", body = ErrorBody), (status = 422, description = "JSON of another shape, an empty prompt, or tokens out of range", body = ErrorBody), (status = 500, description = "Generation failed", body = ErrorBody)))]
 async fn generate_handler(
     State(served): State<Arc<Served>>,
-    body: Result<Json<GenerateRequest>, JsonRejection>,
+    body: Result<Json<Object<GenerateRequest>>, JsonRejection>,
 ) -> Reply {
-    let Json(request) = body.map_err(|e| http_error(e.status(), "bad_request", e.body_text()))?;
+    let Json(Object(request)) =
+        body.map_err(|e| http_error(e.status(), "bad_request", e.body_text()))?;
     if request.prompt.is_empty() || request.tokens == 0 || request.tokens > MAX_HTTP_TOKENS {
         let message = format!("prompt must be non-empty and tokens in 1..={MAX_HTTP_TOKENS}");
         return Err(http_error(

@@ -31,6 +31,7 @@ use kvasir_api::ledger::{
     Submission, Submitted, TxState, TxStatus, Verdict,
 };
 use kvasir_api::schema::{AddressText, HashText};
+use kvasir_api::Object;
 use kvasir_ledger::mempool::MempoolError;
 use kvasir_ledger::state::SessionKey;
 use kvasir_ledger::store::{Storage, TxLocation};
@@ -124,29 +125,6 @@ fn bad_body(rejection: JsonRejection) -> ApiError {
         _ => "bad_request",
     };
     ApiError(status, kind, rejection.body_text())
-}
-
-/// A body that must be a JSON object of `T`'s shape. serde's derive alone would also take a
-/// struct's array form (`["00"]` for `{"tx": "00"}`), which the document does not allow;
-/// this reads `T` from the object's entries as they are parsed, building nothing else.
-struct Object<T>(T);
-
-impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for Object<T> {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Entries<T>(std::marker::PhantomData<T>);
-        impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for Entries<T> {
-            type Value = T;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
-                T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
-            }
-        }
-        deserializer
-            .deserialize_map(Entries(std::marker::PhantomData))
-            .map(Object)
-    }
 }
 
 pub fn router(ledger: Arc<Ledger>) -> Router {
