@@ -303,14 +303,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let worker = Keypair::from_seed(&[5; 32]).address();
         let first = {
-            let registry = Registry::open(dir.path()).unwrap();
+            let registry = reopen(dir.path());
             let session = registry.new_session().unwrap();
             assert_eq!(registry.meter(session, worker, 100).unwrap(), 100);
             assert_eq!(registry.meter(session, worker, 23).unwrap(), 123);
             registry.sessions().unwrap();
             session
         };
-        let registry = Registry::open(dir.path()).unwrap();
+        let registry = reopen(dir.path());
         assert_eq!(
             registry.sessions().unwrap(),
             vec![(
@@ -329,7 +329,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let worker = Keypair::from_seed(&[6; 32]).address();
         let (good, bad) = {
-            let registry = Registry::open(dir.path()).unwrap();
+            let registry = reopen(dir.path());
             let good = registry.new_session().unwrap();
             let bad = registry.new_session().unwrap();
             registry.meter(bad, worker, 10).unwrap();
@@ -337,11 +337,11 @@ mod tests {
             (good, bad)
         };
         {
-            let db = sled::open(dir.path()).unwrap();
+            let db = opened(|| sled::open(dir.path()));
             db.insert(bad.to_be_bytes(), &b"garbage"[..]).unwrap();
             db.flush().unwrap();
         }
-        let registry = Registry::open(dir.path()).unwrap();
+        let registry = reopen(dir.path());
         let named = format!("session {bad} is corrupt");
         let metering = registry.meter(bad, worker, 5).unwrap_err().to_string();
         assert!(metering.contains(&named), "{metering}");
@@ -366,7 +366,7 @@ mod tests {
     #[test]
     fn the_listing_pages_by_cursor_and_leaves_out_sessions_that_did_no_work() {
         let dir = tempfile::tempdir().unwrap();
-        let registry = Registry::open(dir.path()).unwrap();
+        let registry = reopen(dir.path());
         let worker = Keypair::from_seed(&[7; 32]).address();
         let mut working = Vec::new();
         for i in 0..10 {
@@ -392,6 +392,22 @@ mod tests {
         assert!(registry.page(u64::MAX, 2).unwrap().sessions.is_empty());
     }
 
+    /// `open()` once a dropped database's background flusher has let go of sled's file lock
+    /// (it does so shortly after the drop, on its own thread).
+    fn opened<T, E: std::fmt::Debug>(open: impl Fn() -> Result<T, E>) -> T {
+        for _ in 0..200 {
+            if let Ok(opened) = open() {
+                return opened;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+        open().unwrap()
+    }
+
+    fn reopen(dir: &Path) -> Registry {
+        opened(|| Registry::open(dir))
+    }
+
     /// Every session a change listing from `since` holds, page by page, with its count.
     fn changed_since(registry: &Registry, since: u64) -> (Vec<(u64, u64)>, u64) {
         let (mut listed, mut since) = (Vec::new(), since);
@@ -414,11 +430,8 @@ mod tests {
     fn a_change_listing_holds_only_the_sessions_that_rose_since_the_mark_once_each() {
         let dir = tempfile::tempdir().unwrap();
         let worker = Keypair::from_seed(&[8; 32]).address();
-        let sessions: Vec<u64> = {
-            let registry = Registry::open(dir.path()).unwrap();
-            (0..5).map(|_| registry.new_session().unwrap()).collect()
-        };
-        let registry = Registry::open(dir.path()).unwrap();
+        let registry = reopen(dir.path());
+        let sessions: Vec<u64> = (0..5).map(|_| registry.new_session().unwrap()).collect();
         for (i, session) in sessions.iter().enumerate() {
             registry.meter(*session, worker, 10 + i as u64).unwrap();
         }
@@ -437,7 +450,7 @@ mod tests {
         assert!(later > mark);
         // Marks stay ordered across a reopen.
         drop(registry);
-        let registry = Registry::open(dir.path()).unwrap();
+        let registry = reopen(dir.path());
         registry.meter(sessions[4], worker, 1).unwrap();
         assert_eq!(changed_since(&registry, later).0, vec![(sessions[4], 15)]);
         assert!(registry.changed(u64::MAX, 2).unwrap().sessions.is_empty());
@@ -460,10 +473,10 @@ mod tests {
     fn a_registry_made_again_after_its_data_is_lost_does_not_reuse_session_ids() {
         let first = {
             let dir = tempfile::tempdir().unwrap();
-            Registry::open(dir.path()).unwrap().new_session().unwrap()
+            reopen(dir.path()).new_session().unwrap()
         };
         let dir = tempfile::tempdir().unwrap();
-        let again = Registry::open(dir.path()).unwrap().new_session().unwrap();
+        let again = reopen(dir.path()).new_session().unwrap();
         assert_ne!(first, again);
         assert!(
             first > 1 && again > 1,
@@ -477,7 +490,7 @@ mod tests {
         let worker = Keypair::from_seed(&[9; 32]).address();
         {
             // As the old hub wrote it: a record under id 1, no base.
-            let db = sled::open(dir.path()).unwrap();
+            let db = opened(|| sled::open(dir.path()));
             let record = SessionRecord {
                 worker,
                 cumulative_bytes: 5,
@@ -487,7 +500,7 @@ mod tests {
             db.generate_id().unwrap();
             db.flush().unwrap();
         }
-        let registry = Registry::open(dir.path()).unwrap();
+        let registry = reopen(dir.path());
         assert_eq!(registry.sessions().unwrap()[0].0, 1);
         // Base 0: sled's own counter (which jumps ahead on reopen), not a random base.
         assert!(registry.new_session().unwrap() < 1 << 32);
