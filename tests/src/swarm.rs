@@ -592,6 +592,18 @@ impl Swarm {
     }
 }
 
+/// `remote` equals the all-local run `local` bit for bit, and every expert it asked of the
+/// swarm was answered there (none fell back).
+pub fn assert_all_remote_and_identical(remote: &GenerationReport, local: &GenerationReport) {
+    assert_eq!(remote.token_ids, local.token_ids);
+    assert_eq!(remote.logits_blake3, local.logits_blake3);
+    let dispatch = remote.dispatch.expect("dispatch counts");
+    assert!(
+        dispatch.remote_requests > 0 && dispatch.fallbacks == 0,
+        "{dispatch:?}"
+    );
+}
+
 /// A worker session with a fresh key that claims nothing (so no backbone ever dispatches to
 /// it), dialled through `url`: its sending half, its read half and its session id, or None if
 /// the hub refused it.

@@ -11,7 +11,9 @@ use kvasir_node::link::{self, next_frame, next_message};
 use kvasir_node::tls;
 use kvasir_node::wire::{Challenge, Message, Welcome};
 use kvasir_tests::path_str;
-use kvasir_tests::swarm::{claimless_session, http, new_key, synth_model, Proc, Swarm};
+use kvasir_tests::swarm::{
+    assert_all_remote_and_identical, claimless_session, http, new_key, synth_model, Proc, Swarm,
+};
 use tokio::runtime::Runtime;
 
 const PROMPT: &str = "Once upon a time";
@@ -55,14 +57,7 @@ fn a_silent_session_is_dropped_while_an_idle_worker_and_the_backbone_stay() {
     let (status, body) = http(&backbone_addr, "POST", "/generate", &ask);
     assert_eq!(status, 200, "{body}");
     let remote: GenerationReport = serde_json::from_str(&body).unwrap();
-    let local = swarm.local(PROMPT, 4);
-    assert_eq!(remote.token_ids, local.token_ids);
-    assert_eq!(remote.logits_blake3, local.logits_blake3);
-    let dispatch = remote.dispatch.expect("dispatch counts");
-    assert!(
-        dispatch.remote_requests > 0 && dispatch.fallbacks == 0,
-        "{dispatch:?}"
-    );
+    assert_all_remote_and_identical(&remote, &swarm.local(PROMPT, 4));
     let hub = swarm.hub.as_ref().expect("a hub").stderr();
     assert_eq!(hub.matches("worker attached").count(), 2, "{hub}");
     assert_eq!(hub.matches("backbone attached").count(), 1, "{hub}");

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use kvasir_api::Client;
 use kvasir_ledger::Genesis;
 use kvasir_node::tls;
-use kvasir_tests::swarm::{alive, claimless_session, resident_kib, Swarm};
+use kvasir_tests::swarm::{
+    alive, assert_all_remote_and_identical, claimless_session, resident_kib, Swarm,
+};
 
 const PROMPT: &str = "Once upon a time";
 const IDLE_TCP: usize = 2_000;
@@ -78,13 +80,7 @@ fn a_flood_of_idle_stalled_and_silent_connections_changes_nothing_for_honest_wor
 
     // Honest work meanwhile: the generation goes through the workers' spliced links.
     let remote = swarm.backbone("*:*", PROMPT, 16);
-    assert_eq!(remote.token_ids, local.token_ids);
-    assert_eq!(remote.logits_blake3, local.logits_blake3);
-    let dispatch = remote.dispatch.expect("dispatch counts");
-    assert!(
-        dispatch.remote_requests > 0 && dispatch.fallbacks == 0,
-        "{dispatch:?}"
-    );
+    assert_all_remote_and_identical(&remote, &local);
     let during = memory(&swarm);
     assert!(
         alive(swarm.gateway.pid()),
