@@ -18,6 +18,8 @@ pub enum Intent {
     Block = 3,
     /// A worker's or backbone's answer to a hub's challenge.
     SwarmHello = 4,
+    /// A worker's statement of what it answered to one dispatch request (`answer`).
+    Answer = 5,
 }
 
 /// The exact bytes that are signed for `payload` under `intent` on chain `chain_id`.

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod amount;
+pub mod answer;
 pub mod apply;
 pub mod block;
 pub mod genesis;
