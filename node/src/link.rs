@@ -32,7 +32,7 @@ use tokio_tungstenite::WebSocketStream;
 
 use kvasir_ledger::keys::Keypair;
 
-use crate::wire::{ExpertId, Hello, Message, Role, MAX_FRAME};
+use crate::wire::{Challenge, ExpertId, Hello, Message, Role, MAX_FRAME};
 
 /// A byte stream with or without TLS.
 pub trait Transport: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -48,15 +48,30 @@ pub struct Identity<'a> {
     pub experts: Vec<ExpertId>,
 }
 
+/// A link on which the hub welcomed us.
+pub struct Connected {
+    pub tx: mpsc::UnboundedSender<Bytes>,
+    pub source: Dialed,
+    /// The session the hub assigned (0 for the backbone).
+    pub session: u64,
+    /// What the hub opened with: its chain id and key are part of every answer signed on
+    /// this link (`wire::AnswerScope`).
+    pub challenge: Challenge,
+}
+
 /// Dials the hub at `url` (through a gateway or directly) and answers its challenge as
-/// `identity`: the open link and the session id the hub assigned.
+/// `identity`. A hub on another protocol version is reported as such ("the hub's challenge:
+/// protocol version 1, this node speaks 2").
 pub async fn connect(
     url: &str,
     tls: &Arc<ClientConfig>,
     identity: Identity<'_>,
-) -> Result<(mpsc::UnboundedSender<Bytes>, Dialed, u64)> {
+) -> Result<Connected> {
     let (tx, mut source) = dial(url, tls).await?;
-    let Message::Challenge(challenge) = next_message(&mut source).await? else {
+    let opening = next_message(&mut source)
+        .await
+        .context("the hub's challenge")?;
+    let Message::Challenge(challenge) = opening else {
         bail!("the hub did not open with a challenge");
     };
     let role = identity.role;
@@ -69,8 +84,16 @@ pub async fn connect(
         identity.experts,
     );
     let _ = tx.send(Message::Hello(hello).encode().into());
-    match next_message(&mut source).await? {
-        Message::Welcome(welcome) => Ok((tx, source, welcome.session)),
+    let reply = next_message(&mut source)
+        .await
+        .context("the hub's answer to our hello")?;
+    match reply {
+        Message::Welcome(welcome) => Ok(Connected {
+            tx,
+            source,
+            session: welcome.session,
+            challenge,
+        }),
         Message::Failure(failure) => bail!("the hub refused this {role:?}: {}", failure.message),
         _ => bail!("the hub refused this {role:?}"),
     }
@@ -311,6 +334,42 @@ mod tests {
         client_tx.send(Bytes::from_static(b"still here")).unwrap();
         let frame = server.await.unwrap().expect("the link survived");
         assert_eq!(&frame[..], b"still here");
+    }
+
+    #[tokio::test]
+    async fn a_hub_on_the_old_protocol_version_is_reported_as_such() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("ws://{}/", listener.local_addr().unwrap());
+        let hub = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let ws = tokio_tungstenite::accept_async(tcp).await.unwrap();
+            let (tx, source) = split(ws, None);
+            let challenge = Challenge {
+                nonce: [1; 32],
+                hub: Keypair::from_seed(&[1; 32]).address(),
+                chain_id: "kvasir-test".into(),
+            };
+            let mut frame = Message::Challenge(challenge).encode();
+            frame[4] = 1;
+            tx.send(frame.into()).unwrap();
+            (tx, source)
+        });
+        let key = Keypair::from_seed(&[2; 32]);
+        let identity = Identity {
+            key: &key,
+            role: Role::Worker,
+            model_id: "m".into(),
+            backend: "cpu".into(),
+            experts: vec![],
+        };
+        let tls = crate::tls::client(None).unwrap();
+        let refused = connect(&url, &tls, identity).await;
+        let error = format!("{:#}", refused.err().expect("refused"));
+        assert_eq!(
+            error,
+            "the hub's challenge: protocol version 1, this node speaks 2"
+        );
+        drop(hub.await.unwrap());
     }
 
     #[tokio::test]

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use kvasir_api::generation::GenerationReport;
 use kvasir_api::registry::ReceiptListing;
 use kvasir_ledger::Keypair;
-use kvasir_node::link::{connect, Dialed, Identity};
+use kvasir_node::link::{connect, Connected, Dialed, Identity};
 use kvasir_node::wire::Role;
 use tokio_rustls::rustls::ClientConfig;
 
@@ -623,7 +623,13 @@ pub async fn claimless_session(
         backend: "cpu".into(),
         experts: vec![],
     };
-    connect(url, tls, identity).await.ok()
+    let Connected {
+        tx,
+        source,
+        session,
+        ..
+    } = connect(url, tls, identity).await.ok()?;
+    Some((tx, source, session))
 }
 
 /// The `preset` checkpoint, synthesized into `dir/model`.

@@ -1,6 +1,6 @@
 //! Misbehaving peers against the real hub and gateway processes. A peer that sends garbage,
-//! wrong shapes, padding, unsolicited or oversized answers is dropped and earns nothing; the
-//! backbone's output is unchanged. Failed challenges, replayed hellos and impostor backbones
+//! wrong shapes, padding, unsolicited or oversized answers, or answers not signed for exactly
+//! what it was asked, is dropped and earns nothing; the backbone's output is unchanged. Failed challenges, replayed hellos and impostor backbones
 //! are refused. Slow clients are cut off. Nothing panics and the swarm keeps serving.
 
 use std::io::{Read, Write};
@@ -8,11 +8,14 @@ use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use kvasir_ledger::answer::body_hash;
 use kvasir_ledger::keys::Keypair;
 use kvasir_node::engine::model_id;
 use kvasir_node::link::{dial, next_frame, next_message};
 use kvasir_node::tls;
-use kvasir_node::wire::{Hello, Message, Response, Role, MAX_FRAME};
+use kvasir_node::wire::{
+    request_hash, AnswerScope, Hello, Message, Response, Role, MAX_FRAME, SIGNATURE,
+};
 use kvasir_tests::swarm::Swarm;
 use tokio::runtime::Runtime;
 use tokio_tungstenite::tungstenite::Bytes;
@@ -27,10 +30,41 @@ enum Misbehaviour {
     Unsolicited,
     WrongVersion,
     Oversized,
+    /// The right answer, unsigned.
+    Unsigned,
+    /// The right answer, signed by a key other than the one it said hello with.
+    OtherKey,
+    /// Signed, then one partial changed.
+    AlteredAfterSigning,
+    /// Signed as an answer to another request id, session, model, request body or chain.
+    OtherRequestId,
+    OtherSession,
+    OtherModel,
+    OtherRequestBody,
+    OtherChain,
 }
 
+/// Every way of answering badly.
+const ALL: [Misbehaviour; 14] = [
+    Misbehaviour::Garbage,
+    Misbehaviour::TooFewValues,
+    Misbehaviour::Padding,
+    Misbehaviour::Unsolicited,
+    Misbehaviour::WrongVersion,
+    Misbehaviour::Oversized,
+    Misbehaviour::Unsigned,
+    Misbehaviour::OtherKey,
+    Misbehaviour::AlteredAfterSigning,
+    Misbehaviour::OtherRequestId,
+    Misbehaviour::OtherSession,
+    Misbehaviour::OtherModel,
+    Misbehaviour::OtherRequestBody,
+    Misbehaviour::OtherChain,
+];
+
 /// A worker that authenticates properly, holds all of layer 0, and answers its first
-/// request badly. Returns its session id and whether the hub then dropped it.
+/// request badly (signing properly whatever is not meant to be the fault). Returns its session
+/// id and whether the hub then dropped it.
 async fn bad_worker(url: String, cert: &Path, model: String, how: Misbehaviour) -> (u64, bool) {
     let tls = tls::client(Some(cert)).unwrap();
     let (tx, mut source) = dial(&url, &tls).await.unwrap();
@@ -39,37 +73,86 @@ async fn bad_worker(url: String, cert: &Path, model: String, how: Misbehaviour) 
     };
     let key = Keypair::generate();
     let held = (0..8).map(|e| (0, e)).collect();
-    let hello = Hello::answer(&challenge, &key, Role::Worker, model, "cpu".into(), held);
+    let hello = Hello::answer(
+        &challenge,
+        &key,
+        Role::Worker,
+        model.clone(),
+        "cpu".into(),
+        held,
+    );
     tx.send(Message::Hello(hello).encode().into()).unwrap();
     let Ok(Message::Welcome(welcome)) = next_message(&mut source).await else {
         panic!("a correct hello must be welcomed");
     };
-    let request = loop {
-        match next_message(&mut source).await {
-            Ok(Message::Request(request)) => break request,
-            Ok(_) => continue,
-            Err(e) => panic!("link ended before a request: {e}"),
+    let (frame, request) = loop {
+        let frame = next_frame(&mut source)
+            .await
+            .unwrap_or_else(|e| panic!("link ended before a request: {e}"));
+        if let Ok(Message::Request(request)) = Message::decode(&frame) {
+            break (frame, request);
         }
     };
     let values = request.response_values();
-    let response = |id, n| {
-        Message::Response(Response {
-            id,
-            partials: vec![0.5; n],
-        })
-        .encode()
+    let scope = AnswerScope::new(&challenge, welcome.session, &model);
+    let asked = request_hash(&frame);
+    // The response of `n` values to request `id`, signed by `key` as an answer to
+    // `signed_id` in `scope` for the request body hashing to `hash`.
+    let response = |id, n, scope: AnswerScope<'_>, signed_id, hash, key: &Keypair| {
+        let mut frame = Message::Response(Response::unsigned(id, vec![0.5; n])).encode();
+        scope.sign_frame(&mut frame, signed_id, hash, key);
+        frame
     };
+    let id = request.id;
+    let honest = |n| response(id, n, scope, id, asked, &key);
     let answer: Vec<u8> = match how {
         Misbehaviour::Garbage => (0..4096).map(|_| rand::random::<u8>()).collect(),
-        Misbehaviour::TooFewValues => response(request.id, values - 1),
-        Misbehaviour::Padding => response(request.id, values + request.hidden as usize),
-        Misbehaviour::Unsolicited => response(request.id + 1_000, values),
+        Misbehaviour::TooFewValues => honest(values - 1),
+        Misbehaviour::Padding => honest(values + request.hidden as usize),
+        Misbehaviour::Unsolicited => response(id + 1_000, values, scope, id + 1_000, asked, &key),
         Misbehaviour::WrongVersion => {
-            let mut frame = response(request.id, values);
+            let mut frame = honest(values);
             frame[4] = 99;
             frame
         }
         Misbehaviour::Oversized => vec![0; MAX_FRAME + 1],
+        Misbehaviour::Unsigned => {
+            let mut frame = honest(values);
+            let end = frame.len();
+            frame[end - SIGNATURE..].fill(0);
+            frame
+        }
+        Misbehaviour::OtherKey => response(id, values, scope, id, asked, &Keypair::generate()),
+        Misbehaviour::AlteredAfterSigning => {
+            let mut frame = honest(values);
+            frame[22] ^= 1;
+            frame
+        }
+        Misbehaviour::OtherRequestId => response(id, values, scope, id + 1, asked, &key),
+        Misbehaviour::OtherSession => {
+            let other = AnswerScope {
+                session: welcome.session + 1,
+                ..scope
+            };
+            response(id, values, other, id, asked, &key)
+        }
+        Misbehaviour::OtherModel => {
+            let other = AnswerScope {
+                model_id: "another model",
+                ..scope
+            };
+            response(id, values, other, id, asked, &key)
+        }
+        Misbehaviour::OtherRequestBody => {
+            response(id, values, scope, id, body_hash(b"other rows"), &key)
+        }
+        Misbehaviour::OtherChain => {
+            let other = AnswerScope {
+                chain_id: "another chain",
+                ..scope
+            };
+            response(id, values, other, id, asked, &key)
+        }
     };
     let _ = tx.send(Bytes::from(answer));
     let dropped = tokio::time::timeout(Duration::from_secs(20), async {
@@ -86,14 +169,7 @@ fn bad_answers_drop_the_worker_earn_nothing_and_change_nothing() {
     let local = swarm.local(PROMPT, 4);
     let model = model_id(&swarm.model).unwrap();
     let runtime = Runtime::new().unwrap();
-    for how in [
-        Misbehaviour::Garbage,
-        Misbehaviour::TooFewValues,
-        Misbehaviour::Padding,
-        Misbehaviour::Unsolicited,
-        Misbehaviour::WrongVersion,
-        Misbehaviour::Oversized,
-    ] {
+    for how in ALL {
         let (url, cert, model) = (swarm.gateway_url(), swarm.cert(), model.clone());
         let worker = runtime.spawn(async move { bad_worker(url, &cert, model, how).await });
         let remote = swarm.backbone("0:*", PROMPT, 4);
@@ -241,11 +317,11 @@ fn slow_clients_are_cut_off() {
     assert!(hub.join().unwrap(), "hub kept a trickling client");
 }
 
-/// A wrong-sized answer is refused by the hub, which tells the backbone at once: the backbone
-/// computes those experts locally right away instead of waiting out its dispatch timeout (a
-/// minute here), and its output is still the local output.
+/// A wrong-sized or badly signed answer is refused by the hub, which tells the backbone at
+/// once: the backbone computes those experts locally right away instead of waiting out its
+/// dispatch timeout (a minute here), and its output is still the local output.
 #[test]
-fn a_wrong_sized_answer_falls_back_at_once() {
+fn a_wrong_sized_or_badly_signed_answer_falls_back_at_once() {
     const DISPATCH_TIMEOUT: Duration = Duration::from_secs(60);
     let swarm = Swarm::start("tiny");
     let local = swarm.local(PROMPT, 4);
@@ -255,7 +331,11 @@ fn a_wrong_sized_answer_falls_back_at_once() {
     // `Swarm::start` writes the backbone's key file here.
     let key = swarm.dir.path().join("backbone.key");
     let timeout_ms = DISPATCH_TIMEOUT.as_millis().to_string();
-    for how in [Misbehaviour::TooFewValues, Misbehaviour::Padding] {
+    for how in [
+        Misbehaviour::TooFewValues,
+        Misbehaviour::Padding,
+        Misbehaviour::OtherKey,
+    ] {
         let (url, cert, model) = (swarm.gateway_url(), swarm.cert(), model.clone());
         let worker = runtime.spawn(async move { bad_worker(url, &cert, model, how).await });
         let started = Instant::now();

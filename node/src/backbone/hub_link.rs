@@ -1,7 +1,8 @@
 //! The backbone's link to the hub: dialled and authenticated as the backbone, redialled
-//! with backoff when it drops. It keeps the hub's directory of worker sessions and routes each
-//! answer to the layer step waiting for it; a dropped link tells every waiting step to compute
-//! locally.
+//! with backoff when it drops. It keeps the hub's directory of worker sessions and the hub's
+//! challenge (whose chain id and key every answer on this link is signed for), and routes each
+//! answer, as the frame that came, to the layer step waiting for it (which checks its
+//! signature); a dropped link tells every waiting step to compute locally.
 
 use std::collections::HashMap;
 use std::sync::mpsc as std_mpsc;
@@ -15,15 +16,20 @@ use tokio_rustls::rustls::ClientConfig;
 use tokio_tungstenite::tungstenite::Bytes;
 
 use super::lock;
-use crate::link::{self, next_message, Identity};
+use crate::link::{self, next_frame, Connected, Identity};
 use crate::tls;
-use crate::wire::{DirectoryEntry, Message, Role};
+use crate::wire::{Challenge, DirectoryEntry, Message, Relayed, Role};
+
+/// What comes back for a request: the response frame as received, or the failure's message.
+pub(super) type Answer = Result<Bytes, String>;
 
 /// The backbone's end of its hub link, shared by the link task and the executor.
 pub(super) struct LinkState {
     pub tx: Option<mpsc::UnboundedSender<Bytes>>,
+    /// The challenge of the link now up (`None` while it is down).
+    pub challenge: Option<Arc<Challenge>>,
     pub directory: Vec<DirectoryEntry>,
-    pub pending: HashMap<u64, std_mpsc::Sender<Result<Vec<f32>, String>>>,
+    pub pending: HashMap<u64, std_mpsc::Sender<Answer>>,
     pub next_id: u64,
 }
 
@@ -34,6 +40,7 @@ impl LinkState {
     pub fn new() -> LinkState {
         LinkState {
             tx: None,
+            challenge: None,
             directory: Vec::new(),
             pending: HashMap::new(),
             next_id: rand::random::<u64>() >> 1,
@@ -61,6 +68,7 @@ pub(super) async fn maintain_link(
         {
             let mut link = lock(&state);
             link.tx = None;
+            link.challenge = None;
             link.directory.clear();
             // Dropping the senders tells every waiting step to compute locally.
             link.pending.clear();
@@ -84,23 +92,34 @@ async fn hub_session(
         backend: "cpu".into(),
         experts: vec![],
     };
-    let (tx, mut source, _) = link::connect(url, tls, identity).await?;
-
-    lock(state).tx = Some(tx);
+    let Connected {
+        tx,
+        mut source,
+        challenge,
+        ..
+    } = link::connect(url, tls, identity).await?;
+    {
+        let mut link = lock(state);
+        link.tx = Some(tx);
+        link.challenge = Some(Arc::new(challenge));
+    }
     tracing::info!("attached to the hub at {url}");
+    let route = |id: u64, answer: Answer| {
+        if let Some(waiting) = lock(state).pending.remove(&id) {
+            let _ = waiting.send(answer);
+        }
+    };
     loop {
-        match next_message(&mut source).await? {
+        let frame = next_frame(&mut source).await?;
+        // A response is checked here but not copied: the step waiting for it decodes it and
+        // keeps the frame (its signed body) for an audit.
+        if let Relayed::Response { id, .. } = Message::inspect(&frame)? {
+            route(id, Ok(frame));
+            continue;
+        }
+        match Message::decode(&frame)? {
             Message::Directory(directory) => lock(state).directory = directory.sessions,
-            Message::Response(response) => {
-                if let Some(answer) = lock(state).pending.remove(&response.id) {
-                    let _ = answer.send(Ok(response.partials));
-                }
-            }
-            Message::Failure(failure) => {
-                if let Some(answer) = lock(state).pending.remove(&failure.id) {
-                    let _ = answer.send(Err(failure.message));
-                }
-            }
+            Message::Failure(failure) => route(failure.id, Err(failure.message)),
             _ => bail!("unexpected message from the hub"),
         }
     }

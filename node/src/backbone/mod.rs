@@ -23,7 +23,7 @@ use kvasir_inference::tokenizer::Tokenizer;
 use crate::engine::{run_generation, SamplingArgs};
 use crate::listen::Limits;
 use crate::spec::ExpertSpec;
-pub use remote::RemoteExperts;
+pub use remote::{RemoteExperts, SignedAnswer};
 
 #[derive(clap::Args)]
 pub struct Args {

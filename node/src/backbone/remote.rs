@@ -1,8 +1,11 @@
 //! The network executor: per layer step it sends one request per worker first, computes the
 //! local experts while those are in flight, then collects the answers. A worker that fails,
-//! leaves or stalls past the timeout has its experts computed locally instead (every expert
-//! is also held locally), so the output never changes and nothing hangs; a stalled session is
-//! not used again, and a worker that reconnects is a new session and is used again.
+//! leaves or stalls past the timeout, or whose answer is of the wrong size or not signed by
+//! the worker the directory names for exactly the request sent (`wire::AnswerScope`), has its
+//! experts computed locally instead (every expert is also held locally), so the output never
+//! changes and nothing hangs; a stalled session is not used again, and a worker that
+//! reconnects is a new session and is used again. Each answer used comes with what an audit
+//! needs (`SignedAnswer`).
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::mpsc as std_mpsc;
@@ -13,14 +16,19 @@ use anyhow::Result;
 use kvasir_api::generation::DispatchCounts;
 use kvasir_inference::config::Config;
 use kvasir_inference::moe::{ExpertError, ExpertExecutor, ExpertRequest, LocalExperts};
-use kvasir_ledger::keys::Keypair;
+use kvasir_ledger::answer::AnswerClaim;
+use kvasir_ledger::keys::{Address, Keypair, Signature};
+use tokio_tungstenite::tungstenite::Bytes;
 
-use super::hub_link::{maintain_link, LinkState};
+use super::hub_link::{maintain_link, Answer, LinkState};
 use super::lock;
 use crate::engine::model_id;
 use crate::metrics::Histogram;
 use crate::spec::ExpertSpec;
-use crate::wire::{split_partials, DirectoryEntry, Message, Request};
+use crate::wire::{
+    request_body, request_hash, response_body, split_partials, AnswerScope, Challenge,
+    DirectoryEntry, Message, Request, TranslateError, WireError,
+};
 
 /// An expert executor that sends the `remote` experts to workers through the hub.
 pub struct RemoteExperts {
@@ -39,21 +47,127 @@ pub struct RemoteExperts {
 /// One worker's share of a layer step.
 struct Dispatch {
     session: u64,
+    id: u64,
     sent: Instant,
     /// Indices into the step's requests.
     members: Vec<usize>,
-    answer: Option<std_mpsc::Receiver<Result<Vec<f32>, String>>>,
-    id: u64,
+    /// The request that went out, if one did.
+    in_flight: Option<InFlight>,
+}
+
+/// A request sent, and what its answer must be signed for.
+struct InFlight {
+    answer: std_mpsc::Receiver<Answer>,
+    /// The worker the directory names for the session.
+    worker: Address,
+    /// The request frame as sent (shared with the link's writer, not copied): the worker
+    /// signs the hash of its body.
+    request: Bytes,
+    /// The challenge of the link it went out on: the chain and hub the answer is signed for.
+    challenge: Arc<Challenge>,
+}
+
+/// A remote answer that verified and was used, with what an audit needs to recompute it and,
+/// on a mismatch, to quote it in an Evidence transaction: the request and response bodies
+/// (the frames as sent and received, kept without copying) and the worker's signature of
+/// `claim`.
+#[derive(Clone, Debug)]
+pub struct SignedAnswer {
+    pub worker: Address,
+    /// What the signature was verified for: hub, session, request id, model and the blake3
+    /// of both bodies.
+    pub claim: AnswerClaim,
+    pub signature: Signature,
+    challenge: Arc<Challenge>,
+    request: Bytes,
+    response: Bytes,
+}
+
+impl SignedAnswer {
+    pub fn session(&self) -> u64 {
+        self.claim.session
+    }
+
+    pub fn request_id(&self) -> u64 {
+        self.claim.request_id
+    }
+
+    /// The chain the claim is signed on (as the hub's challenge named it).
+    pub fn chain_id(&self) -> &str {
+        &self.challenge.chain_id
+    }
+
+    /// The request body exactly as sent (see `wire::request_body`).
+    pub fn request_body(&self) -> &[u8] {
+        request_body(&self.request)
+    }
+
+    /// The signed response body exactly as received (see `wire::response_body`).
+    pub fn response_body(&self) -> &[u8] {
+        response_body(&self.response)
+    }
+}
+
+/// Why a remote answer was not used.
+#[derive(Debug, thiserror::Error)]
+enum Rejected {
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    #[error("not a response")]
+    NotAResponse,
+    #[error(transparent)]
+    Shape(#[from] TranslateError),
+    #[error("not signed by {0} as its answer to this request")]
+    BadSignature(Address),
+}
+
+impl Dispatch {
+    /// The answer `frame` checked as `collect` uses it: a response, of the size the request
+    /// implies, signed by the directory's worker for exactly the request sent (chain, hub,
+    /// session, id, model `model_id`, both bodies); its partials split per member, and the
+    /// signed answer.
+    fn accept(
+        &self,
+        in_flight: &InFlight,
+        model_id: &str,
+        frame: Bytes,
+        requests: &[ExpertRequest],
+    ) -> Result<(Vec<Vec<f32>>, SignedAnswer), Rejected> {
+        let Message::Response(response) = Message::decode(&frame)? else {
+            return Err(Rejected::NotAResponse);
+        };
+        let split = split_partials(&response.partials, requests, &self.members)?;
+        let scope = AnswerScope::new(&in_flight.challenge, self.session, model_id);
+        let claim = scope
+            .verify(
+                &in_flight.worker,
+                self.id,
+                request_hash(&in_flight.request),
+                response_body(&frame),
+                &response.signature,
+            )
+            .map_err(|_| Rejected::BadSignature(in_flight.worker))?;
+        let signed = SignedAnswer {
+            worker: in_flight.worker,
+            claim,
+            signature: response.signature,
+            challenge: in_flight.challenge.clone(),
+            request: in_flight.request.clone(),
+            response: frame,
+        };
+        Ok((split, signed))
+    }
 }
 
 impl RemoteExperts {
-    /// The live session that serves `(layer, expert)`: the lowest-numbered one holding it.
+    /// The live session that serves `(layer, expert)`, and its worker: the lowest-numbered
+    /// one holding it.
     fn session_for(
         &self,
         directory: &[DirectoryEntry],
         layer: usize,
         expert: usize,
-    ) -> Option<u64> {
+    ) -> Option<(u64, Address)> {
         if !self.remote.contains(layer, expert) {
             return None;
         }
@@ -62,8 +176,29 @@ impl RemoteExperts {
             .iter()
             .filter(|e| e.model_id == self.model_id && !shunned.contains(&e.session))
             .filter(|e| e.experts.contains(&(layer as u16, expert as u16)))
-            .map(|e| e.session)
-            .min()
+            .map(|e| (e.session, e.worker))
+            .min_by_key(|(session, _)| *session)
+    }
+
+    /// The executor before any link: `local` holds every expert, for the fallback.
+    fn new(
+        local: LocalExperts,
+        remote: ExpertSpec,
+        model_id: String,
+        hidden: usize,
+        timeout: Duration,
+    ) -> RemoteExperts {
+        RemoteExperts {
+            local,
+            remote,
+            model_id,
+            hidden,
+            timeout,
+            link: Arc::new(Mutex::new(LinkState::new())),
+            shunned: Mutex::new(HashSet::new()),
+            stats: Mutex::new(DispatchCounts::default()),
+            round_trip: Histogram::default(),
+        }
     }
 
     /// Dials the hub at `hub_url` as the backbone `key` (the link is kept up on `runtime`,
@@ -79,23 +214,13 @@ impl RemoteExperts {
         timeout: Duration,
     ) -> Result<RemoteExperts> {
         let config = Config::load(model_dir)?;
-        let link = Arc::new(Mutex::new(LinkState::new()));
-        let experts = RemoteExperts {
-            local,
-            remote,
-            model_id: model_id(model_dir)?,
-            hidden: config.hidden_size,
-            timeout,
-            link: link.clone(),
-            shunned: Mutex::new(HashSet::new()),
-            stats: Mutex::new(DispatchCounts::default()),
-            round_trip: Histogram::default(),
-        };
+        let id = model_id(model_dir)?;
+        let experts = RemoteExperts::new(local, remote, id, config.hidden_size, timeout);
         runtime.spawn(maintain_link(
             hub_url.to_string(),
             key,
             experts.model_id.clone(),
-            link,
+            experts.link.clone(),
         ));
         Ok(experts)
     }
@@ -124,35 +249,26 @@ impl RemoteExperts {
     /// Sends each worker its share; returns the shares and the requests left to do locally.
     fn send(&self, layer: usize, requests: &[ExpertRequest]) -> (Vec<Dispatch>, Vec<usize>) {
         let mut link = lock(&self.link);
-        let mut groups: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+        let up = link.tx.is_some() && link.challenge.is_some();
+        let mut groups: BTreeMap<u64, (Address, Vec<usize>)> = BTreeMap::new();
         let mut local = Vec::new();
         for (i, request) in requests.iter().enumerate() {
             match self.session_for(&link.directory, layer, request.expert) {
-                Some(session) if link.tx.is_some() => groups.entry(session).or_default().push(i),
+                Some((session, worker)) if up => {
+                    let (_, members) = groups.entry(session).or_insert((worker, Vec::new()));
+                    members.push(i);
+                }
                 _ => local.push(i),
             }
         }
         let mut dispatches = Vec::new();
-        for (session, members) in groups {
+        for (session, (worker, members)) in groups {
             link.next_id += 1;
             let id = link.next_id;
             let request =
                 Request::from_expert_requests(session, id, layer, self.hidden, requests, &members);
-            let answer = match request {
-                Ok(request) => {
-                    let (answer_tx, answer) = std_mpsc::channel();
-                    link.pending.insert(id, answer_tx);
-                    let frame = Message::Request(request).encode();
-                    let sent = link
-                        .tx
-                        .as_ref()
-                        .is_some_and(|tx| tx.send(frame.into()).is_ok());
-                    if !sent {
-                        // Nothing will answer it: its waiting place must not outlive it.
-                        link.pending.remove(&id);
-                    }
-                    sent.then_some(answer)
-                }
+            let in_flight = match request {
+                Ok(request) => send_request(&mut link, worker, id, request),
                 Err(e) => {
                     tracing::warn!("layer {layer}: no request for session {session}: {e}");
                     None
@@ -160,29 +276,31 @@ impl RemoteExperts {
             };
             dispatches.push(Dispatch {
                 session,
+                id,
                 sent: Instant::now(),
                 members,
-                answer,
-                id,
+                in_flight,
             });
         }
         (dispatches, local)
     }
 
-    /// Waits for one worker's answer until `deadline`; its partials, split per member.
+    /// Waits for one worker's answer until `deadline`; its partials, split per member, and
+    /// the signed answer they came in.
     fn collect(
         &self,
         dispatch: &Dispatch,
         requests: &[ExpertRequest],
         deadline: Instant,
-    ) -> Option<Vec<Vec<f32>>> {
-        let answer = dispatch.answer.as_ref()?;
-        let waited = answer.recv_timeout(deadline.saturating_duration_since(Instant::now()));
+    ) -> Option<(Vec<Vec<f32>>, SignedAnswer)> {
+        let in_flight = dispatch.in_flight.as_ref()?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let waited = in_flight.answer.recv_timeout(left);
         lock(&self.link).pending.remove(&dispatch.id);
-        let partials = match waited {
-            Ok(Ok(partials)) => {
+        let frame = match waited {
+            Ok(Ok(frame)) => {
                 self.round_trip.observe(dispatch.sent.elapsed());
-                partials
+                frame
             }
             Ok(Err(message)) => {
                 tracing::warn!("worker failed request {}: {message}", dispatch.id);
@@ -199,10 +317,12 @@ impl RemoteExperts {
             }
             Err(std_mpsc::RecvTimeoutError::Disconnected) => return None,
         };
-        match split_partials(&partials, requests, &dispatch.members) {
-            Ok(split) => Some(split),
+        // A wrong size and a bad signature alike: computed locally, as any failed answer.
+        match dispatch.accept(in_flight, &self.model_id, frame, requests) {
+            Ok(accepted) => Some(accepted),
             Err(e) => {
-                tracing::warn!("answer to request {}: {e}", dispatch.id);
+                let (session, id) = (dispatch.session, dispatch.id);
+                tracing::warn!("session {session}'s answer to request {id} is not used: {e}");
                 None
             }
         }
@@ -211,6 +331,33 @@ impl RemoteExperts {
     pub fn stats(&self) -> DispatchCounts {
         *lock(&self.stats)
     }
+}
+
+/// Sends `request` (to `worker`'s session) on the link, registering where its answer goes;
+/// what it is then waiting for, or `None` if the link is down (nothing will answer it).
+fn send_request(
+    link: &mut LinkState,
+    worker: Address,
+    id: u64,
+    request: Request,
+) -> Option<InFlight> {
+    let (answer_tx, answer) = std_mpsc::channel();
+    link.pending.insert(id, answer_tx);
+    let frame = Bytes::from(Message::Request(request).encode());
+    let in_flight = match (&link.tx, &link.challenge) {
+        (Some(tx), Some(challenge)) if tx.send(frame.clone()).is_ok() => Some(InFlight {
+            answer,
+            worker,
+            request: frame,
+            challenge: challenge.clone(),
+        }),
+        _ => None,
+    };
+    if in_flight.is_none() {
+        // Nothing will answer it: its waiting place must not outlive it.
+        link.pending.remove(&id);
+    }
+    in_flight
 }
 
 impl ExpertExecutor for RemoteExperts {
@@ -240,7 +387,9 @@ impl ExpertExecutor for RemoteExperts {
         for dispatch in &dispatches {
             stats.remote_requests += 1;
             let partials = match self.collect(dispatch, requests, deadline) {
-                Some(partials) => {
+                // The signed answer is what an audit of this answer will take; until there is
+                // one, it is let go here.
+                Some((partials, _signed)) => {
                     stats.remote_evaluations += dispatch.members.len() as u64;
                     partials
                 }
@@ -258,5 +407,290 @@ impl ExpertExecutor for RemoteExperts {
         total.remote_evaluations += stats.remote_evaluations;
         total.fallbacks += stats.fallbacks;
         Ok(results.into_iter().map(Option::unwrap_or_default).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+    use std::sync::OnceLock;
+
+    use kvasir_inference::checkpoint::Checkpoint;
+    use kvasir_inference::synth::{preset, synthesize};
+    use kvasir_ledger::answer::body_hash;
+    use tokio::sync::mpsc;
+
+    use crate::wire::Response;
+
+    const SESSION: u64 = 5;
+    const MODEL: &str = "m";
+
+    /// The tiny checkpoint, synthesized once for this module.
+    fn tiny() -> PathBuf {
+        static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+        let dir = DIR.get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            let tiny = preset("tiny").unwrap();
+            synthesize(&dir.path().join("tiny"), tiny, |_, _| {}).unwrap();
+            dir
+        });
+        dir.path().join("tiny")
+    }
+
+    fn every_expert() -> LocalExperts {
+        let dir = tiny();
+        let config = Config::load(&dir).unwrap();
+        LocalExperts::load(&Checkpoint::open(&dir).unwrap(), &config, |_, _| true).unwrap()
+    }
+
+    fn challenge() -> Challenge {
+        Challenge {
+            nonce: [1; 32],
+            hub: Keypair::from_seed(&[5; 32]).address(),
+            chain_id: "kvasir-test".into(),
+        }
+    }
+
+    /// How the stand-in worker signs.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Signing {
+        Honest,
+        Unsigned,
+        OtherKey,
+        OtherRequestId,
+        OtherSession,
+        OtherModel,
+        OtherRequestBody,
+        OtherChain,
+        OtherHub,
+    }
+
+    /// A worker holding every expert answering the request `frame`, signed as `signing`
+    /// says. A dishonest one also answers wrong partials (one more than the true ones): were
+    /// they used, the output would change.
+    fn answer(local: &LocalExperts, key: &Keypair, frame: &[u8], signing: Signing) -> Bytes {
+        let Ok(Message::Request(request)) = Message::decode(frame) else {
+            panic!("not a request");
+        };
+        let rows = request.to_expert_requests().unwrap();
+        let mut partials = local.evaluate(request.layer as usize, &rows).unwrap();
+        if signing != Signing::Honest {
+            partials.iter_mut().flatten().for_each(|v| *v += 1.0);
+        }
+        let response = Response::from_partials(&request, &partials).unwrap();
+        let mut out = Message::Response(response).encode();
+        let challenge = challenge();
+        let honest = AnswerScope::new(&challenge, SESSION, MODEL);
+        let (id, hash) = (request.id, request_hash(frame));
+        let out_of = |scope: AnswerScope<'_>, out: &mut Vec<u8>| {
+            scope.sign_frame(out, id, hash, key);
+        };
+        match signing {
+            Signing::Honest => out_of(honest, &mut out),
+            Signing::Unsigned => {}
+            Signing::OtherKey => honest.sign_frame(&mut out, id, hash, &Keypair::generate()),
+            Signing::OtherRequestId => honest.sign_frame(&mut out, id + 1, hash, key),
+            Signing::OtherSession => out_of(
+                AnswerScope {
+                    session: SESSION + 1,
+                    ..honest
+                },
+                &mut out,
+            ),
+            Signing::OtherModel => out_of(
+                AnswerScope {
+                    model_id: "n",
+                    ..honest
+                },
+                &mut out,
+            ),
+            Signing::OtherRequestBody => {
+                honest.sign_frame(&mut out, id, body_hash(b"other rows"), key)
+            }
+            Signing::OtherChain => out_of(
+                AnswerScope {
+                    chain_id: "other",
+                    ..honest
+                },
+                &mut out,
+            ),
+            Signing::OtherHub => out_of(
+                AnswerScope {
+                    hub: key.address(),
+                    ..honest
+                },
+                &mut out,
+            ),
+        }
+        out.into()
+    }
+
+    /// A network executor for layer 0 whose link is up, with one worker session of `key`
+    /// holding all of layer 0, served by a thread that answers as `signing` says; the thread
+    /// and every request frame it was sent.
+    fn swarm(
+        key: &Keypair,
+        signing: Signing,
+    ) -> (RemoteExperts, std::thread::JoinHandle<Vec<Bytes>>) {
+        let remote = RemoteExperts::new(
+            every_expert(),
+            "0:*".parse().unwrap(),
+            MODEL.into(),
+            Config::load(&tiny()).unwrap().hidden_size,
+            Duration::from_secs(30),
+        );
+        let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
+        {
+            let mut link = lock(&remote.link);
+            link.tx = Some(tx);
+            link.challenge = Some(Arc::new(challenge()));
+            link.directory = vec![DirectoryEntry {
+                session: SESSION,
+                worker: key.address(),
+                model_id: MODEL.into(),
+                experts: (0..8).map(|e| (0, e)).collect(),
+            }];
+        }
+        let (link, key) = (remote.link.clone(), key.clone());
+        let worker = std::thread::spawn(move || {
+            let local = every_expert();
+            let mut seen = Vec::new();
+            while let Some(frame) = rx.blocking_recv() {
+                let Ok(crate::wire::Relayed::Request { id, .. }) = Message::inspect(&frame) else {
+                    panic!("the backbone sent something other than a request");
+                };
+                let answer = answer(&local, &key, &frame, signing);
+                if let Some(waiting) = lock(&link).pending.remove(&id) {
+                    let _ = waiting.send(Ok(answer));
+                }
+                seen.push(frame);
+            }
+            seen
+        });
+        (remote, worker)
+    }
+
+    /// One layer step: three experts, sharing tokens.
+    fn step(hidden: usize) -> Vec<ExpertRequest> {
+        let row = |t: usize| (0..hidden).map(move |c| ((t * hidden + c) % 17) as f32 * 0.125 - 1.0);
+        [(1, vec![0, 1]), (3, vec![1, 2]), (6, vec![0])]
+            .into_iter()
+            .map(|(expert, tokens): (usize, Vec<usize>)| ExpertRequest {
+                expert,
+                rows: tokens.iter().flat_map(|&t| row(t)).collect(),
+                tokens,
+            })
+            .collect()
+    }
+
+    fn bits(partials: &[Vec<f32>]) -> Vec<Vec<u32>> {
+        let row = |p: &Vec<f32>| p.iter().map(|v| v.to_bits()).collect();
+        partials.iter().map(row).collect()
+    }
+
+    /// Ends the stand-in worker (its channel closes with the link); the frames it was sent.
+    fn stop(remote: &RemoteExperts, worker: std::thread::JoinHandle<Vec<Bytes>>) -> Vec<Bytes> {
+        lock(&remote.link).tx = None;
+        worker.join().unwrap()
+    }
+
+    #[test]
+    fn a_well_signed_answer_is_used_and_kept_with_what_an_audit_needs() {
+        let key = Keypair::from_seed(&[8; 32]);
+        let (remote, worker) = swarm(&key, Signing::Honest);
+        let requests = step(remote.hidden);
+        let local = remote.local.evaluate(0, &requests).unwrap();
+
+        let (dispatches, here) = remote.send(0, &requests);
+        assert!(here.is_empty());
+        assert_eq!(dispatches.len(), 1);
+        let deadline = Instant::now() + remote.timeout;
+        let (partials, signed) = remote.collect(&dispatches[0], &requests, deadline).unwrap();
+        assert_eq!(bits(&partials), bits(&local));
+        let sent = stop(&remote, worker);
+        assert_eq!(sent.len(), 1);
+
+        // What was sent and what came back, byte for byte, and the claim that binds them.
+        assert_eq!(signed.worker, key.address());
+        assert_eq!(
+            (signed.session(), signed.request_id()),
+            (SESSION, dispatches[0].id)
+        );
+        assert_eq!(signed.chain_id(), "kvasir-test");
+        assert_eq!(signed.request_body(), request_body(&sent[0]));
+        let challenge = challenge();
+        let honest = AnswerScope::new(&challenge, SESSION, MODEL);
+        let expected = honest.claim(
+            dispatches[0].id,
+            body_hash(signed.request_body()),
+            signed.response_body(),
+        );
+        assert_eq!(signed.claim, expected);
+        assert!(signed
+            .claim
+            .verify(signed.chain_id(), &signed.worker, &signed.signature)
+            .is_ok());
+        let Ok(Message::Response(response)) =
+            Message::decode(&answer(&remote.local, &key, &sent[0], Signing::Honest))
+        else {
+            panic!("a response");
+        };
+        assert_eq!(response.signature, signed.signature);
+
+        // Through `evaluate` too: all remote, nothing computed locally.
+        let (remote, worker) = swarm(&key, Signing::Honest);
+        assert_eq!(bits(&remote.evaluate(0, &requests).unwrap()), bits(&local));
+        stop(&remote, worker);
+        let stats = remote.stats();
+        assert_eq!((stats.remote_evaluations, stats.fallbacks), (3, 0));
+    }
+
+    #[test]
+    fn a_badly_signed_answer_is_not_used_and_the_output_is_unchanged() {
+        let key = Keypair::from_seed(&[8; 32]);
+        for signing in [
+            Signing::Unsigned,
+            Signing::OtherKey,
+            Signing::OtherRequestId,
+            Signing::OtherSession,
+            Signing::OtherModel,
+            Signing::OtherRequestBody,
+            Signing::OtherChain,
+            Signing::OtherHub,
+        ] {
+            let (remote, worker) = swarm(&key, signing);
+            let requests = step(remote.hidden);
+            let local = remote.local.evaluate(0, &requests).unwrap();
+            let (dispatches, _) = remote.send(0, &requests);
+            let deadline = Instant::now() + remote.timeout;
+            let collected = remote.collect(&dispatches[0], &requests, deadline);
+            assert!(collected.is_none(), "{signing:?}: used");
+            let output = remote.evaluate(0, &requests).unwrap();
+            stop(&remote, worker);
+            assert_eq!(bits(&output), bits(&local), "{signing:?}");
+            let stats = remote.stats();
+            assert_eq!(
+                (
+                    stats.remote_requests,
+                    stats.remote_evaluations,
+                    stats.fallbacks
+                ),
+                (1, 0, 1),
+                "{signing:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_answer_is_checked_against_the_worker_the_directory_named() {
+        // Signed honestly, but by a key other than the session's in the directory.
+        let (remote, worker) = swarm(&Keypair::from_seed(&[8; 32]), Signing::Honest);
+        lock(&remote.link).directory[0].worker = Keypair::from_seed(&[9; 32]).address();
+        let requests = step(remote.hidden);
+        let local = remote.local.evaluate(0, &requests).unwrap();
+        assert_eq!(bits(&remote.evaluate(0, &requests).unwrap()), bits(&local));
+        stop(&remote, worker);
+        assert_eq!(remote.stats().fallbacks, 1);
     }
 }

@@ -1,6 +1,7 @@
 //! `kvasir-node bench relay`: dispatch frames through the real gateway (TLS, raw splice) and
 //! hub processes, between an in-process backbone client and an in-process worker that
-//! answers each request with a response of the size it implies, next to the same frames over
+//! answers each request with a response of the size it implies, signed as every answer is
+//! (so the hub's hash and signature check are in the figures), next to the same frames over
 //! one direct loopback TCP connection, in the same run.
 
 use std::time::{Duration, Instant};
@@ -11,9 +12,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::dev::launch::Loopback;
-use crate::link::{connect, next_frame, next_message, Dialed, Identity};
+use crate::link::{connect, next_frame, next_message, Connected, Dialed, Identity};
 use crate::tls;
-use crate::wire::{Message, Relayed, Request, Response, Role};
+use crate::wire::{request_hash, AnswerScope, Message, Relayed, Request, Response, Role};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -109,7 +110,7 @@ async fn echo_server(listener: TcpListener) {
     }
 }
 
-/// A worker that answers every request with zeros of the implied size.
+/// A worker that answers every request with zeros of the implied size, signed.
 async fn answering_worker(url: String, cert: std::path::PathBuf) -> Result<()> {
     let tls = tls::client(Some(&cert))?;
     let key = Keypair::generate();
@@ -120,9 +121,15 @@ async fn answering_worker(url: String, cert: std::path::PathBuf) -> Result<()> {
         backend: "cpu".into(),
         experts: vec![(0, 0)],
     };
-    let (tx, mut source, _) = connect(&url, &tls, identity).await?;
-    // Like the echo server on the direct path, it does no more than answer: the request is
-    // inspected, not copied out.
+    let Connected {
+        tx,
+        mut source,
+        session,
+        challenge,
+    } = connect(&url, &tls, identity).await?;
+    let scope = AnswerScope::new(&challenge, session, "bench");
+    // Like the echo server on the direct path, it does no more than answer (and sign, which
+    // every worker must): the request is inspected, not copied out.
     loop {
         let frame = next_frame(&mut source).await?;
         if let Relayed::Request {
@@ -131,8 +138,9 @@ async fn answering_worker(url: String, cert: std::path::PathBuf) -> Result<()> {
             ..
         } = Message::inspect(&frame)?
         {
-            let partials = vec![0f32; response_values];
-            tx.send(Message::Response(Response { id, partials }).encode().into())?;
+            let response = Response::unsigned(id, vec![0f32; response_values]);
+            let frame = response.signed_frame(&scope, request_hash(&frame), &key);
+            tx.send(frame.into())?;
         }
     }
 }
@@ -203,7 +211,7 @@ pub fn run(args: Args) -> Result<()> {
             experts: vec![],
         };
         let hub = format!("ws://{}", swarm.hub_addr);
-        let (tx, mut source, _) = connect(&hub, &tls, identity).await?;
+        let Connected { tx, mut source, .. } = connect(&hub, &tls, identity).await?;
         let session = loop {
             if let Message::Directory(d) = next_message(&mut source).await? {
                 if let Some(entry) = d.sessions.first() {

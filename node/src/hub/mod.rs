@@ -9,9 +9,12 @@
 //! `--idle-timeout-ms`, or that does not take a frame within that time.
 //!
 //! Metering: a request's bytes and its response's bytes count when, and only when, the
-//! response decodes, answers a request this hub relayed to that session, and carries exactly
-//! the values the request implies. Anything else drops the worker and counts nothing; a
-//! wrong-sized answer is also reported to the backbone as a failure at once.
+//! response decodes, answers a request this hub relayed to that session, carries exactly
+//! the values the request implies, and carries the worker's answer signature over exactly
+//! that request and response (`wire::AnswerScope`: this hub's chain id and key, the session,
+//! the model of its hello). Anything else drops the worker and counts nothing; a wrong-sized
+//! or badly signed answer is also reported to the backbone as a failure at once, so it
+//! computes those experts locally.
 //!
 //! The room: `relay` (frames between backbone and sessions, what is unanswered), `metering`
 //! (what an answer earns, a pure function), `registry` (the counts in sled), `receipts`
@@ -43,7 +46,7 @@ use crate::commands::genesis::{dev_genesis_hash, refuse_exposed_dev_chain};
 use crate::engine::Backend;
 use crate::link::{self, next_frame, next_message, Idle, Keepalive};
 use crate::listen::{Acceptor, Limits};
-use crate::wire::{Challenge, DirectoryEntry, Failure, Message, Role, Welcome};
+use crate::wire::{Challenge, DirectoryEntry, Failure, Message, Role, Welcome, WireError};
 use receipts::{receipts, RegistryDoc};
 use registry::Registry;
 use relay::{distinct_claims, Links, DIRECTORY_INTERVAL};
@@ -218,12 +221,24 @@ async fn serve(
         let (stream, peer, slot) = listener.next().await;
         let hub = hub.clone();
         tokio::spawn(async move {
-            if let Err(e) = connection(hub, stream).await {
-                tracing::info!(%peer, "connection ended: {e:#}");
+            match connection(hub, stream).await {
+                // An operator must see this one: that peer will never work until upgraded.
+                Err(e) if of_another_version(&e) => {
+                    tracing::warn!(%peer, "peer speaks another protocol version: {e:#}")
+                }
+                Err(e) => tracing::info!(%peer, "connection ended: {e:#}"),
+                Ok(()) => {}
             }
             drop(slot);
         });
     }
+}
+
+/// Whether `error` is a frame of another protocol version.
+fn of_another_version(error: &anyhow::Error) -> bool {
+    error
+        .chain()
+        .any(|cause| matches!(cause.downcast_ref(), Some(WireError::Version(_))))
 }
 
 async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
@@ -238,7 +253,7 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
             chain_id: hub.chain_id.clone(),
         };
         let _ = tx.send(Message::Challenge(challenge.clone()).encode().into());
-        let hello = match next_message(&mut source).await? {
+        let hello = match next_message(&mut source).await.context("the hello")? {
             Message::Hello(hello) => hello,
             _ => bail!("expected a hello"),
         };
@@ -327,5 +342,25 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
             result
         }
         Role::Backbone => bail!("{} is not this hub's backbone", hello.key),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frame_of_another_version_is_told_apart_from_other_failures() {
+        let mut frame = Message::Welcome(Welcome { session: 1 }).encode();
+        frame[4] = 1;
+        let old = anyhow::Error::from(Message::decode(&frame).unwrap_err()).context("the hello");
+        assert!(of_another_version(&old));
+        assert_eq!(
+            format!("{old:#}"),
+            "the hello: protocol version 1, this node speaks 2"
+        );
+        frame[0] = b'X';
+        let garbage = anyhow::Error::from(Message::decode(&frame).unwrap_err());
+        assert!(!of_another_version(&garbage));
     }
 }

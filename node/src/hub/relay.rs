@@ -18,7 +18,10 @@ use tokio_tungstenite::tungstenite::Bytes;
 use super::metering::{self, Answer, Asked, Metered};
 use super::Hub;
 use crate::metrics::Exposition;
-use crate::wire::{Directory, DirectoryEntry, ExpertId, Failure, Message, Relayed};
+use crate::wire::{
+    request_hash, response_body, AnswerScope, Directory, DirectoryEntry, ExpertId, Failure,
+    Message, Relayed,
+};
 
 #[cfg(fuzzing)]
 pub mod fuzzing;
@@ -154,32 +157,56 @@ impl Hub {
     /// A frame from worker `session`: a response or failure answering a relayed request,
     /// metered as `metering` decides. An answer refused (or not metered) for a request the
     /// backbone is waiting for becomes a failure at once, so the backbone computes it locally
-    /// without waiting out its deadline; then the worker is dropped. A late answer is
-    /// dropped quietly: the worker is slow, not lying.
+    /// without waiting out its deadline; then the worker is dropped. That includes a response
+    /// whose answer signature does not verify for this hub, session, request and the model of
+    /// the worker's hello: it is neither paid nor relayed, exactly as a wrong-sized one. A
+    /// late answer is dropped quietly: the worker is slow, not lying.
     pub(super) fn relay_answer(&self, session: u64, frame: Bytes) -> Result<()> {
-        let (id, answer) = match Message::inspect(&frame)? {
-            Relayed::Response { id, values } => (
+        let (id, answer, signature) = match Message::inspect(&frame)? {
+            Relayed::Response {
                 id,
-                Answer::Response {
-                    values,
-                    bytes: frame.len() as u64,
-                },
-            ),
-            Relayed::Failure { id } => (id, Answer::Failure),
+                values,
+                signature,
+            } => {
+                let bytes = frame.len() as u64;
+                (id, Answer::Response { values, bytes }, Some(signature))
+            }
+            Relayed::Failure { id } => (id, Answer::Failure, None),
             _ => bail!("a worker may only send responses and failures"),
         };
         let (asked, worker) = {
             let mut links = self.links();
-            let worker = links.workers.get(&session).map(|w| w.entry.worker);
+            // Who signs this session's answers, and for which model (its hello's).
+            let worker = links
+                .workers
+                .get(&session)
+                .map(|w| (w.entry.worker, w.entry.model_id.clone()));
             (links.take(session, id), worker)
         };
-        let verdict = metering::metered(id, asked, answer, Instant::now())
+        // Outside the lock: one blake3 of the response body and one signature check.
+        let signed = |asked: &Asked| {
+            let (Some((key, model_id)), Some(signature)) = (&worker, &signature) else {
+                return false;
+            };
+            let scope = AnswerScope {
+                chain_id: &self.chain_id,
+                hub: self.key.address(),
+                session,
+                model_id,
+            };
+            let body = response_body(&frame);
+            scope
+                .verify(key, id, asked.request_hash, body, signature)
+                .is_ok()
+        };
+        let verdict = metering::metered(id, asked, answer, Instant::now(), signed)
             .map_err(anyhow::Error::from)
-            .and_then(|metered| match (metered, worker) {
+            .and_then(|metered| match (metered, &worker) {
                 (Metered::Bytes(0) | Metered::Late, _) => Ok(metered),
-                (Metered::Bytes(bytes), Some(worker)) => {
-                    self.registry.meter(session, worker, bytes).map(|_| metered)
-                }
+                (Metered::Bytes(bytes), Some((worker, _))) => self
+                    .registry
+                    .meter(session, *worker, bytes)
+                    .map(|_| metered),
                 (Metered::Bytes(_), None) => bail!("session {session} has left"),
             });
         let mut links = self.links();
@@ -214,6 +241,8 @@ impl Hub {
         else {
             bail!("a backbone may only send requests");
         };
+        // Before taking the lock: the hash is the one cost here that grows with the rows.
+        let request_hash = request_hash(&frame);
         let mut links = self.links();
         let Some(worker) = links.workers.get_mut(&session) else {
             links.fail(id, format!("session {session} is not connected"));
@@ -227,6 +256,7 @@ impl Hub {
         let asked = Asked {
             request_bytes: frame.len() as u64,
             response_values,
+            request_hash,
             deadline: Instant::now() + self.answer_deadline,
         };
         let bytes = frame.len() as u64;
@@ -334,7 +364,7 @@ impl Hub {
             )
             .counter(
                 "kvasir_hub_refused_answers_total",
-                "Answers refused and dropped (wrong size, unasked): each also dropped its worker.",
+                "Answers refused and dropped (wrong size, unasked, badly signed): each also dropped its worker.",
                 c.refused_answers,
             )
             .counter(
@@ -354,7 +384,8 @@ impl Hub {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::Request;
+    use crate::wire::{Request, Response};
+    use kvasir_ledger::hash::Hash;
     use kvasir_ledger::Keypair;
 
     fn hub(dir: &std::path::Path, deadline: Duration) -> Hub {
@@ -382,18 +413,50 @@ mod tests {
         mpsc::UnboundedReceiver<Bytes>,
         mpsc::UnboundedReceiver<Bytes>,
     ) {
+        attach_as(hub, session, &Keypair::generate())
+    }
+
+    /// `attach`, for a worker of key `key` whose hello declared model "m".
+    fn attach_as(
+        hub: &Hub,
+        session: u64,
+        key: &Keypair,
+    ) -> (
+        mpsc::UnboundedReceiver<Bytes>,
+        mpsc::UnboundedReceiver<Bytes>,
+    ) {
         let (backbone_tx, backbone_rx) = mpsc::unbounded_channel();
         let (worker_tx, worker_rx) = mpsc::unbounded_channel();
         let mut links = hub.links();
         links.backbone = Some((1, backbone_tx));
         let entry = DirectoryEntry {
             session,
-            worker: Keypair::generate().address(),
+            worker: key.address(),
             model_id: "m".into(),
             experts: vec![(0, 0)],
         };
         links.add_worker(entry, worker_tx).unwrap();
         (worker_rx, backbone_rx)
+    }
+
+    /// What `hub` expects session `session` to sign its answers in.
+    fn scope(hub: &Hub, session: u64) -> AnswerScope<'_> {
+        AnswerScope {
+            chain_id: &hub.chain_id,
+            hub: hub.key.address(),
+            session,
+            model_id: "m",
+        }
+    }
+
+    /// The response to `request` (one value per listed row of width 2), signed by `key`.
+    fn signed_answer(hub: &Hub, session: u64, key: &Keypair, request: &[u8]) -> Bytes {
+        let Ok(Relayed::Request { id, .. }) = Message::inspect(request) else {
+            panic!("not a request");
+        };
+        let response = Response::unsigned(id, vec![0.5; 2]);
+        let frame = response.signed_frame(&scope(hub, session), request_hash(request), key);
+        frame.into()
     }
 
     fn failures(rx: &mut mpsc::UnboundedReceiver<Bytes>) -> Vec<u64> {
@@ -442,14 +505,10 @@ mod tests {
     fn requests_past_their_deadline_are_failed_once_and_late_answers_earn_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let hub = hub(dir.path(), Duration::from_millis(10));
-        let (_worker, mut backbone) = attach(&hub, 1);
+        let key = Keypair::generate();
+        let (_worker, mut backbone) = attach_as(&hub, 1, &key);
         hub.relay_request(request(1, 7)).unwrap();
-        let values = 2;
-        let late = Message::Response(crate::wire::Response {
-            id: 7,
-            partials: vec![0.5; values],
-        })
-        .encode();
+        let late = signed_answer(&hub, 1, &key, &request(1, 7));
         hub.tick(Instant::now() + Duration::from_millis(20));
         assert_eq!(failures(&mut backbone), vec![7]);
         // Failed once, not again.
@@ -457,7 +516,7 @@ mod tests {
         assert!(backbone.try_recv().is_err());
         // The answer that comes after: not relayed, not metered, and the worker stays.
         std::thread::sleep(Duration::from_millis(20));
-        hub.relay_answer(1, late.into()).unwrap();
+        hub.relay_answer(1, late).unwrap();
         assert!(backbone.try_recv().is_err());
         assert!(hub.registry.sessions().unwrap().is_empty());
         assert_eq!(hub.unanswered(), 0);
@@ -465,6 +524,104 @@ mod tests {
         hub.relay_request(request(1, 8)).unwrap();
         hub.tick(Instant::now() + LATE_GRACE + Duration::from_secs(1));
         assert_eq!(hub.unanswered(), 0);
+    }
+
+    #[test]
+    fn only_an_answer_signed_for_exactly_what_was_asked_is_paid_and_relayed() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = hub(dir.path(), Duration::from_secs(60));
+        let key = Keypair::generate();
+        let asked = request(1, 7);
+        let honest = signed_answer(&hub, 1, &key, &asked);
+        let resigned = |scope: AnswerScope<'_>, id: u64, hash: Hash, key: &Keypair| {
+            let mut frame = honest.to_vec();
+            scope.sign_frame(&mut frame, id, hash, key);
+            Bytes::from(frame)
+        };
+        let here = scope(&hub, 1);
+        let hash = request_hash(&asked);
+        let other_rows = request_hash(&request(2, 7));
+        let mut zeroed = honest.to_vec();
+        let end = zeroed.len();
+        zeroed[end - 64..].fill(0);
+        let mut flipped = honest.to_vec();
+        flipped[end - 1] ^= 1;
+        let mut changed_partials = honest.to_vec();
+        changed_partials[crate::wire::HEADER + 12] ^= 1;
+        let forged: Vec<(&str, Bytes)> = vec![
+            ("no signature", zeroed.into()),
+            ("a corrupted signature", flipped.into()),
+            ("partials changed after signing", changed_partials.into()),
+            ("another key", resigned(here, 7, hash, &Keypair::generate())),
+            ("another request id", resigned(here, 8, hash, &key)),
+            ("another request body", resigned(here, 7, other_rows, &key)),
+            (
+                "another session",
+                resigned(AnswerScope { session: 2, ..here }, 7, hash, &key),
+            ),
+            (
+                "another model",
+                resigned(
+                    AnswerScope {
+                        model_id: "n",
+                        ..here
+                    },
+                    7,
+                    hash,
+                    &key,
+                ),
+            ),
+            (
+                "another chain",
+                resigned(
+                    AnswerScope {
+                        chain_id: "other",
+                        ..here
+                    },
+                    7,
+                    hash,
+                    &key,
+                ),
+            ),
+            (
+                "another hub",
+                resigned(
+                    AnswerScope {
+                        hub: key.address(),
+                        ..here
+                    },
+                    7,
+                    hash,
+                    &key,
+                ),
+            ),
+        ];
+        for (what, frame) in forged {
+            let (_worker, mut backbone) = attach_as(&hub, 1, &key);
+            hub.relay_request(asked.clone()).unwrap();
+            let refused = hub.relay_answer(1, frame).expect_err(what);
+            let why = format!("{refused:#}");
+            assert!(why.contains("is not signed by the worker"), "{what}: {why}");
+            // The backbone hears at once that request 7 failed, and gets no answer.
+            assert_eq!(failures(&mut backbone), vec![7], "{what}");
+            assert!(hub.registry.sessions().unwrap().is_empty(), "{what}: paid");
+            // As the connection loop does with a worker that lied.
+            hub.remove_worker(1);
+        }
+        assert!(hub
+            .metrics_text()
+            .contains("kvasir_hub_refused_answers_total 10\n"));
+        // The honest answer is paid, request and response bytes, and relayed as it came.
+        let (_worker, mut backbone) = attach_as(&hub, 1, &key);
+        hub.relay_request(asked.clone()).unwrap();
+        hub.relay_answer(1, honest.clone()).unwrap();
+        assert_eq!(backbone.try_recv().ok(), Some(honest.clone()));
+        let paid = hub.registry.sessions().unwrap();
+        assert_eq!(paid.len(), 1);
+        assert_eq!(paid[0].0, 1);
+        assert_eq!(paid[0].1.worker, key.address());
+        let owed = (asked.len() + honest.len()) as u64;
+        assert_eq!(paid[0].1.cumulative_bytes, owed);
     }
 
     #[test]

@@ -1,11 +1,27 @@
 //! The expert-dispatch protocol, shared by worker, hub and backbone: one binary WebSocket
 //! message per frame, little-endian. Every frame is `"KVSR"`, version, kind, body length
 //! (u32), body. Decoding checks each length against the bytes present and against a limit
-//! before allocating anything, and reports a typed error; it never panics.
+//! before allocating anything, and reports a typed error; it never panics. A frame of another
+//! version is refused as `WireError::Version` ("protocol version 1, this node speaks 2"),
+//! which is what a peer left on an older release sees in its log at the handshake.
 //!
 //! A request carries a layer step's rows once and, per expert, the indices of the rows routed
 //! to it; the response carries, per expert in request order, one partial per listed row. Its
 //! size is therefore fixed by the request, which is how the hub refuses padding.
+//!
+//! Signed answers (version 2). Every response ends with the worker's answer signature
+//! (`kvasir_ledger::answer::AnswerClaim`, intent Answer) over:
+//! - the **request body**: the request frame's bytes after the 10-byte header, exactly as the
+//!   worker received them (the hub relays the backbone's frame unchanged, so the backbone's
+//!   bytes as sent are the same bytes; see `request_body`);
+//! - the **response body**: the response frame's bytes after the 10-byte header and before the
+//!   trailing 64-byte signature, i.e. request id, value count and partials (`response_body`);
+//! - the chain id and hub key of the challenge, the session of the welcome, the request id
+//!   and the model id of the worker's hello (`AnswerScope`).
+//!
+//! Each body enters the claim as its plain blake3 (`answer::body_hash`). Worker (signing),
+//! hub (paying only what verifies) and backbone (using only what verifies, keeping the
+//! bytes for an audit) all build the claim with `AnswerScope::claim`, so they cannot drift.
 //!
 //! `translate` turns the engine's expert requests into a request frame and back, and
 //! partials into a response and back: the backbone and the worker both go through it.
@@ -14,12 +30,18 @@ mod translate;
 
 pub use translate::{split_partials, TranslateError};
 
+use kvasir_ledger::answer::{body_hash, AnswerClaim};
+use kvasir_ledger::hash::Hash;
 use kvasir_ledger::intent::{self, Intent};
-use kvasir_ledger::keys::{Address, Keypair, Signature};
+use kvasir_ledger::keys::{Address, BadSignature, Keypair, Signature};
 
 pub const MAGIC: [u8; 4] = *b"KVSR";
-pub const VERSION: u8 = 1;
-const HEADER: usize = 10;
+/// 2: responses carry the worker's answer signature.
+pub const VERSION: u8 = 2;
+/// Magic, version, kind, body length.
+pub const HEADER: usize = 10;
+/// The answer signature that ends every response frame.
+pub const SIGNATURE: usize = 64;
 
 /// Largest frame accepted (a batch of 512 tokens through 8 experts of a 4096-wide model is
 /// 64 MiB of partials).
@@ -176,17 +198,139 @@ impl Request {
     }
 }
 
-/// Worker to backbone: per expert in request order, one `hidden` partial per listed row.
+/// Worker to backbone: per expert in request order, one `hidden` partial per listed row, and
+/// the worker's signature of its answer (see the module's "Signed answers").
 #[derive(Clone, Debug, PartialEq)]
 pub struct Response {
     pub id: u64,
     pub partials: Vec<f32>,
+    pub signature: Signature,
 }
 
 impl Response {
     /// Bytes of a response frame carrying `values` partial values.
     pub fn frame_len(values: usize) -> usize {
-        HEADER + 12 + 4 * values
+        HEADER + 12 + 4 * values + SIGNATURE
+    }
+
+    /// A response whose signature is still a placeholder (zeros): `signed_frame` signs it.
+    pub fn unsigned(id: u64, partials: Vec<f32>) -> Response {
+        Response {
+            id,
+            partials,
+            signature: Signature([0; SIGNATURE]),
+        }
+    }
+
+    /// This response as a frame, signed by `worker` as its answer, in `scope`, to the request
+    /// whose body hashes to `request_hash` (`request_hash(frame)` of the request as
+    /// received). `self.signature` is not used: the frame carries the new one.
+    pub fn signed_frame(
+        &self,
+        scope: &AnswerScope<'_>,
+        request_hash: Hash,
+        worker: &Keypair,
+    ) -> Vec<u8> {
+        let mut frame = framed(KIND_RESPONSE, |w| self.write(w));
+        scope.sign_frame(&mut frame, self.id, request_hash, worker);
+        frame
+    }
+}
+
+/// The request body of a request `frame`: its bytes after the header, exactly as they came.
+/// This is what an answer signature binds (by its blake3) and what an audit recomputes.
+/// Empty for a frame shorter than a header (which no decoder accepts).
+pub fn request_body(frame: &[u8]) -> &[u8] {
+    frame.get(HEADER..).unwrap_or_default()
+}
+
+/// The response body of a response `frame`: its bytes after the header and before the
+/// trailing signature (request id, value count, partials). This is what the signature covers.
+/// Empty for a frame too short to carry a signature (which no decoder accepts).
+pub fn response_body(frame: &[u8]) -> &[u8] {
+    frame
+        .get(HEADER..frame.len().saturating_sub(SIGNATURE))
+        .unwrap_or_default()
+}
+
+/// The hash of `frame`'s request body, as an answer claim names it.
+pub fn request_hash(frame: &[u8]) -> Hash {
+    body_hash(request_body(frame))
+}
+
+/// What binds a worker's answers to its link: the chain and hub named by the hub's challenge,
+/// the session the welcome assigned and the model the worker's hello declared. Each of
+/// worker, hub and backbone knows all four, and all three compute the claim here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AnswerScope<'a> {
+    pub chain_id: &'a str,
+    pub hub: Address,
+    pub session: u64,
+    pub model_id: &'a str,
+}
+
+impl<'a> AnswerScope<'a> {
+    /// The scope of session `session` on the link `challenge` opened, for `model_id`.
+    pub fn new(challenge: &'a Challenge, session: u64, model_id: &'a str) -> AnswerScope<'a> {
+        AnswerScope {
+            chain_id: &challenge.chain_id,
+            hub: challenge.hub,
+            session,
+            model_id,
+        }
+    }
+
+    /// The claim of answering request `request_id` (whose request body hashes to
+    /// `request_hash`) with `response_body`: the one definition of what an answer signs.
+    pub fn claim(&self, request_id: u64, request_hash: Hash, response_body: &[u8]) -> AnswerClaim {
+        AnswerClaim {
+            hub: self.hub,
+            session: self.session,
+            request_id,
+            model_id: self.model_id.to_string(),
+            request_hash,
+            response_hash: body_hash(response_body),
+        }
+    }
+
+    /// Whether `signature` is `worker`'s over exactly that claim on this scope's chain; the
+    /// claim it checked (what an audit or an Evidence transaction quotes) if so.
+    pub fn verify(
+        &self,
+        worker: &Address,
+        request_id: u64,
+        request_hash: Hash,
+        response_body: &[u8],
+        signature: &Signature,
+    ) -> Result<AnswerClaim, BadSignature> {
+        let claim = self.claim(request_id, request_hash, response_body);
+        claim.verify(self.chain_id, worker, signature)?;
+        Ok(claim)
+    }
+
+    /// Signs the response `frame` in place: `worker`'s signature of the claim of answering
+    /// `request_id` with this frame's response body overwrites its trailing signature field.
+    /// `Response::signed_frame` is the honest use; a test playing a dishonest worker signs
+    /// with another request id or hash, or from another scope. A frame too short to carry a
+    /// signature is left as it is.
+    pub fn sign_frame(
+        &self,
+        frame: &mut [u8],
+        request_id: u64,
+        request_hash: Hash,
+        worker: &Keypair,
+    ) {
+        let Some(at) = frame
+            .len()
+            .checked_sub(SIGNATURE)
+            .filter(|at| *at >= HEADER)
+        else {
+            return;
+        };
+        let signature = self
+            .claim(request_id, request_hash, &frame[HEADER..at])
+            .sign(self.chain_id, worker);
+        frame[at..].copy_from_slice(&signature.0);
     }
 }
 
@@ -255,15 +399,48 @@ const KIND_REQUEST: u8 = 5;
 const KIND_RESPONSE: u8 = 6;
 const KIND_FAILURE: u8 = 7;
 
+impl Response {
+    /// Its body, as `Message::encode` and `signed_frame` write it.
+    fn write(&self, w: &mut Writer) {
+        w.0.reserve(self.partials.len() * 4 + 12 + SIGNATURE);
+        w.u64(self.id);
+        w.u32(self.partials.len() as u32);
+        w.f32s(&self.partials);
+        w.bytes(&self.signature.0);
+    }
+}
+
+/// A frame of `kind` whose body `write` writes: written after a placeholder header that is
+/// filled in at the end, so a large body is never copied a second time.
+fn framed(kind: u8, write: impl FnOnce(&mut Writer)) -> Vec<u8> {
+    let mut w = Writer(Vec::with_capacity(64));
+    w.bytes(&MAGIC);
+    w.u8(VERSION);
+    w.u8(kind);
+    w.u32(0);
+    write(&mut w);
+    let mut frame = w.0;
+    let body = (frame.len() - HEADER) as u32;
+    frame[HEADER - 4..HEADER].copy_from_slice(&body.to_le_bytes());
+    frame
+}
+
 impl Message {
     pub fn encode(&self) -> Vec<u8> {
-        let mut w = Writer(Vec::with_capacity(64));
         let kind = match self {
+            Message::Challenge(_) => KIND_CHALLENGE,
+            Message::Hello(_) => KIND_HELLO,
+            Message::Welcome(_) => KIND_WELCOME,
+            Message::Directory(_) => KIND_DIRECTORY,
+            Message::Request(_) => KIND_REQUEST,
+            Message::Response(_) => KIND_RESPONSE,
+            Message::Failure(_) => KIND_FAILURE,
+        };
+        framed(kind, |w| match self {
             Message::Challenge(c) => {
                 w.bytes(&c.nonce);
                 w.bytes(c.hub.as_bytes());
                 w.text(&c.chain_id);
-                KIND_CHALLENGE
             }
             Message::Hello(h) => {
                 w.u8(h.role as u8);
@@ -272,12 +449,8 @@ impl Message {
                 w.text(&h.backend);
                 w.holdings(&h.experts);
                 w.bytes(&h.signature.0);
-                KIND_HELLO
             }
-            Message::Welcome(m) => {
-                w.u64(m.session);
-                KIND_WELCOME
-            }
+            Message::Welcome(m) => w.u64(m.session),
             Message::Directory(d) => {
                 w.u32(d.sessions.len() as u32);
                 for e in &d.sessions {
@@ -286,7 +459,6 @@ impl Message {
                     w.text(&e.model_id);
                     w.holdings(&e.experts);
                 }
-                KIND_DIRECTORY
             }
             Message::Request(r) => {
                 w.0.reserve(r.rows.len() * 4 + 64);
@@ -305,29 +477,13 @@ impl Message {
                         w.u32(*row);
                     }
                 }
-                KIND_REQUEST
             }
-            Message::Response(r) => {
-                w.0.reserve(r.partials.len() * 4 + 16);
-                w.u64(r.id);
-                w.u32(r.partials.len() as u32);
-                w.f32s(&r.partials);
-                KIND_RESPONSE
-            }
+            Message::Response(r) => r.write(w),
             Message::Failure(f) => {
                 w.u64(f.id);
                 w.text(&f.message);
-                KIND_FAILURE
             }
-        };
-        let body = w.0;
-        let mut frame = Vec::with_capacity(HEADER + body.len());
-        frame.extend_from_slice(&MAGIC);
-        frame.push(VERSION);
-        frame.push(kind);
-        frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
-        frame.extend_from_slice(&body);
-        frame
+        })
     }
 
     pub fn decode(frame: &[u8]) -> Result<Message, WireError> {
@@ -371,6 +527,7 @@ impl Message {
                 Message::Response(Response {
                     id,
                     partials: r.f32s(count)?,
+                    signature: Signature(r.array()?),
                 })
             }
             KIND_FAILURE => Message::Failure(Failure {
@@ -384,7 +541,8 @@ impl Message {
     }
 
     /// What a relay needs to know of `frame`, checked exactly as `decode` checks it but
-    /// without copying rows or partials.
+    /// without copying rows or partials (for a response, what verifying its signature takes
+    /// besides `response_body(frame)`).
     pub fn inspect(frame: &[u8]) -> Result<Relayed, WireError> {
         let (kind, mut r) = Reader::open(frame)?;
         let relayed = match kind {
@@ -400,7 +558,11 @@ impl Message {
                 let id = r.u64()?;
                 let values = r.count("response values", MAX_FRAME / 4, 4)?;
                 r.take(values * 4)?;
-                Relayed::Response { id, values }
+                Relayed::Response {
+                    id,
+                    values,
+                    signature: Signature(r.array()?),
+                }
             }
             _ => return Ok(Message::decode(frame)?.relayed()),
         };
@@ -419,6 +581,7 @@ impl Message {
             Message::Response(r) => Relayed::Response {
                 id: r.id,
                 values: r.partials.len(),
+                signature: r.signature,
             },
             Message::Failure(f) => Relayed::Failure { id: f.id },
             _ => Relayed::Other,
@@ -434,9 +597,11 @@ pub enum Relayed {
         id: u64,
         response_values: usize,
     },
+    /// The signed part is `response_body(frame)`; checking it is the reader's business.
     Response {
         id: u64,
         values: usize,
+        signature: Signature,
     },
     Failure {
         id: u64,
@@ -752,6 +917,7 @@ mod tests {
             Message::Response(Response {
                 id: 9,
                 partials: vec![1.5, -0.0, f32::MIN_POSITIVE],
+                signature: Signature([5; 64]),
             }),
             Message::Failure(Failure {
                 id: 9,
@@ -851,6 +1017,154 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_frame_of_the_old_version_is_refused_saying_so() {
+        for message in samples() {
+            let mut frame = message.encode();
+            assert_eq!(frame[4], VERSION);
+            frame[4] = 1;
+            for error in [
+                Message::decode(&frame).map(drop).unwrap_err(),
+                Message::inspect(&frame).map(drop).unwrap_err(),
+            ] {
+                assert_eq!(error, WireError::Version(1));
+                assert_eq!(error.to_string(), "protocol version 1, this node speaks 2");
+            }
+        }
+    }
+
+    fn scope(challenge: &Challenge) -> AnswerScope<'_> {
+        AnswerScope::new(challenge, 3, "m")
+    }
+
+    #[test]
+    fn the_bodies_are_the_bytes_after_the_header_and_before_the_signature() {
+        let request = Message::Request(request(3, 4, vec![(1, vec![0, 2])])).encode();
+        assert_eq!(request_body(&request), &request[HEADER..]);
+        assert_eq!(request_hash(&request), body_hash(&request[HEADER..]));
+        let response = Response {
+            id: 9,
+            partials: vec![1.0, 2.0],
+            signature: Signature([7; 64]),
+        };
+        let frame = Message::Response(response).encode();
+        assert_eq!(response_body(&frame), &frame[HEADER..frame.len() - 64]);
+        assert_eq!(&frame[frame.len() - 64..], &[7; 64]);
+        // id, count, then the partials.
+        assert_eq!(
+            &response_body(&frame)[..12],
+            &[9, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0]
+        );
+        assert_eq!(response_body(&frame).len(), 12 + 2 * 4);
+        assert_eq!(frame.len(), Response::frame_len(2));
+        // Frames no decoder accepts have empty bodies, never a panic.
+        assert!(request_body(&frame[..HEADER - 1]).is_empty());
+        for short in [&[][..], &frame[..HEADER], &frame[..HEADER + 63]] {
+            assert!(response_body(short).is_empty());
+        }
+    }
+
+    #[test]
+    fn a_signed_response_verifies_only_for_its_exact_claim() {
+        let challenge = challenge();
+        let worker = Keypair::from_seed(&[2; 32]);
+        let request = Message::Request(request(3, 4, vec![(1, vec![0, 2])])).encode();
+        let asked = request_hash(&request);
+        let frame =
+            Response::unsigned(9, vec![0.5; 8]).signed_frame(&scope(&challenge), asked, &worker);
+        let Ok(Message::Response(response)) = Message::decode(&frame) else {
+            panic!("a signed response decodes");
+        };
+        let Ok(Relayed::Response { signature, .. }) = Message::inspect(&frame) else {
+            panic!("a signed response inspects");
+        };
+        assert_eq!(signature, response.signature);
+        let check = |scope: AnswerScope<'_>, key: &Address, id: u64, hash: Hash, body: &[u8]| {
+            scope
+                .verify(key, id, hash, body, &response.signature)
+                .is_ok()
+        };
+        let me = worker.address();
+        let body = response_body(&frame);
+        let claim = scope(&challenge).verify(&me, 9, asked, body, &signature);
+        assert_eq!(
+            claim,
+            Ok(AnswerClaim {
+                hub: challenge.hub,
+                session: 3,
+                request_id: 9,
+                model_id: "m".into(),
+                request_hash: asked,
+                response_hash: body_hash(body),
+            })
+        );
+        let other_chain = Challenge {
+            chain_id: "other".into(),
+            ..challenge.clone()
+        };
+        let other_hub = Challenge {
+            hub: me,
+            ..challenge.clone()
+        };
+        let stranger = Keypair::from_seed(&[3; 32]).address();
+        let mut changed = frame.clone();
+        changed[HEADER + 12] ^= 1;
+        for (what, good) in [
+            (
+                "another key",
+                check(scope(&challenge), &stranger, 9, asked, body),
+            ),
+            ("another id", check(scope(&challenge), &me, 10, asked, body)),
+            (
+                "another request",
+                check(scope(&challenge), &me, 9, body_hash(b"x"), body),
+            ),
+            (
+                "other partials",
+                check(scope(&challenge), &me, 9, asked, response_body(&changed)),
+            ),
+            (
+                "another chain",
+                check(scope(&other_chain), &me, 9, asked, body),
+            ),
+            ("another hub", check(scope(&other_hub), &me, 9, asked, body)),
+            (
+                "another session",
+                check(
+                    AnswerScope {
+                        session: 4,
+                        ..scope(&challenge)
+                    },
+                    &me,
+                    9,
+                    asked,
+                    body,
+                ),
+            ),
+            (
+                "another model",
+                check(
+                    AnswerScope {
+                        model_id: "n",
+                        ..scope(&challenge)
+                    },
+                    &me,
+                    9,
+                    asked,
+                    body,
+                ),
+            ),
+        ] {
+            assert!(!good, "verified for {what}");
+        }
+        // An unsigned response verifies for nothing.
+        let unsigned = Message::Response(Response::unsigned(9, vec![0.5; 8])).encode();
+        let zeros = Signature([0; 64]);
+        assert!(scope(&challenge)
+            .verify(&me, 9, asked, response_body(&unsigned), &zeros)
+            .is_err());
+    }
+
     proptest! {
         #[test]
         fn requests_round_trip(
@@ -875,7 +1189,8 @@ mod tests {
         #[test]
         fn responses_round_trip_bit_for_bit(id: u64, bits in proptest::collection::vec(any::<u32>(), 0..64)) {
             let partials: Vec<f32> = bits.iter().map(|b| f32::from_bits(*b)).collect();
-            let frame = Message::Response(Response { id, partials }).encode();
+            let frame = Message::Response(Response::unsigned(id, partials)).encode();
+            prop_assert_eq!(frame.len(), Response::frame_len(bits.len()));
             match Message::decode(&frame) {
                 Ok(Message::Response(r)) => {
                     prop_assert_eq!(r.partials.iter().map(|f| f.to_bits()).collect::<Vec<_>>(), bits)

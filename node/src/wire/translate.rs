@@ -2,9 +2,9 @@
 //! backbone turns the `ExpertRequest`s of one layer step that go to one worker into a
 //! `Request` (each token's row once, per expert the indices of its rows) and splits the
 //! answering `Response` back per expert (`split_partials`); the worker turns the `Request`
-//! back into `ExpertRequest`s and its partials into the `Response`. Both ends call these
-//! functions, so the two halves of the protocol cannot drift apart, and a third-party worker
-//! has one place to read what a frame means.
+//! back into `ExpertRequest`s and its partials into the `Response` (which it then signs).
+//! Both ends call these functions, so the two halves of the protocol cannot drift apart, and
+//! a third-party worker has one place to read what a frame means.
 //!
 //! Input that does not add up (an index out of range, rows or partials of the wrong size,
 //! experts out of order, one token given two different rows, a frame over the size limit) is
@@ -219,7 +219,8 @@ impl Request {
 
 impl Response {
     /// The response answering `request` with `partials`: one per expert of the request, in
-    /// its order, each `hidden` values per listed row.
+    /// its order, each `hidden` values per listed row. Unsigned: the worker sends it through
+    /// `Response::signed_frame`.
     pub fn from_partials(
         request: &Request,
         partials: &[Vec<f32>],
@@ -240,10 +241,7 @@ impl Response {
                 });
             }
         }
-        Ok(Response {
-            id: request.id,
-            partials: partials.concat(),
-        })
+        Ok(Response::unsigned(request.id, partials.concat()))
     }
 }
 

@@ -1,9 +1,11 @@
 //! `kvasir-node worker`: holds a slice of experts and evaluates them for the rows it is sent.
 //! It opens one outbound `wss://` connection to the gateway and listens on no socket; it
 //! answers the hub's challenge with its wallet key, announces what it holds, then serves
-//! requests until the link drops, and reconnects with backoff. It answers the hub's pings,
-//! and takes a hub from which nothing (not even a ping) arrived for `--idle-timeout-ms` for
-//! dead: it drops that link and redials.
+//! requests until the link drops, and reconnects with backoff. Every response carries its
+//! answer signature (`wire::AnswerScope`): over the request body exactly as received and the
+//! response body it sends, for this link's chain, hub and session and its own model; the hub
+//! pays nothing unsigned. It answers the hub's pings, and takes a hub from which nothing (not
+//! even a ping) arrived for `--idle-timeout-ms` for dead: it drops that link and redials.
 //!
 //! The room: it may touch the engine's expert executors, the wire protocol and its link;
 //! it never sees the router, the prompt, other layers or the ledger.
@@ -19,10 +21,12 @@ use kvasir_ledger::keys::Keypair;
 use tokio_rustls::rustls::ClientConfig;
 
 use crate::engine::{load_experts, model_id, Backend};
-use crate::link::{self, next_message, Identity, Idle};
+use crate::link::{self, next_frame, Connected, Identity, Idle};
 use crate::spec::ExpertSpec;
 use crate::tls;
-use crate::wire::{ExpertId, Failure, Message, Request, Response, Role};
+use crate::wire::{
+    request_hash, AnswerScope, Challenge, ExpertId, Failure, Message, Request, Response, Role,
+};
 
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
@@ -127,19 +131,31 @@ async fn session(
         backend: worker.backend.clone(),
         experts: worker.held.clone(),
     };
-    let (tx, source, session) = tokio::time::timeout(idle, link::connect(url, tls, identity))
+    let connected = tokio::time::timeout(idle, link::connect(url, tls, identity))
         .await
         .with_context(|| format!("no welcome from the hub within {idle:?}"))??;
+    let Connected {
+        tx,
+        source,
+        session,
+        challenge,
+    } = connected;
     let mut source = Idle::new(source, idle);
+    let challenge = Arc::new(challenge);
     println!("worker session {session} open");
     let mut served = 0;
     loop {
-        let Message::Request(request) = next_message(&mut source).await? else {
+        // The frame itself is kept: the answer signs the hash of its body exactly as it came.
+        let frame = next_frame(&mut source).await?;
+        let Message::Request(request) = Message::decode(&frame)? else {
             bail!("the hub sent something other than a request");
         };
-        let worker = worker.clone();
-        let answer = tokio::task::spawn_blocking(move || worker.answer(request)).await?;
-        if tx.send(answer.encode().into()).is_err() {
+        let (worker, challenge) = (worker.clone(), challenge.clone());
+        let answer = tokio::task::spawn_blocking(move || {
+            worker.answer(&challenge, session, &request, &frame)
+        })
+        .await?;
+        if tx.send(answer.into()).is_err() {
             return Ok(served);
         }
         served += 1;
@@ -147,11 +163,21 @@ async fn session(
 }
 
 impl Worker {
-    /// The response to `request`, or a failure saying why there is none.
-    fn answer(&self, request: Request) -> Message {
-        match self.evaluate(&request) {
-            Ok(response) => Message::Response(response),
-            Err(e) => Message::Failure(Failure::new(request.id, format!("{e:#}"))),
+    /// The frame answering `request` (which arrived as `frame` on session `session` of the
+    /// link `challenge` opened): the signed response, or a failure saying why there is none.
+    fn answer(
+        &self,
+        challenge: &Challenge,
+        session: u64,
+        request: &Request,
+        frame: &[u8],
+    ) -> Vec<u8> {
+        match self.evaluate(request) {
+            Ok(response) => {
+                let scope = AnswerScope::new(challenge, session, &self.model_id);
+                response.signed_frame(&scope, request_hash(frame), &self.key)
+            }
+            Err(e) => Message::Failure(Failure::new(request.id, format!("{e:#}"))).encode(),
         }
     }
 
@@ -163,5 +189,80 @@ impl Worker {
         let requests = request.to_expert_requests()?;
         let partials = self.experts.evaluate(request.layer as usize, &requests)?;
         Ok(Response::from_partials(request, &partials)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{response_body, Relayed};
+    use kvasir_inference::moe::{ExpertError, ExpertRequest};
+
+    /// Doubles every row value: a stand-in for the expert kernels.
+    struct Doubling;
+
+    impl ExpertExecutor for Doubling {
+        fn holds(&self, _: usize, _: usize) -> bool {
+            true
+        }
+        fn evaluate(
+            &self,
+            _: usize,
+            requests: &[ExpertRequest],
+        ) -> Result<Vec<Vec<f32>>, ExpertError> {
+            let double = |r: &ExpertRequest| r.rows.iter().map(|v| v * 2.0).collect();
+            Ok(requests.iter().map(double).collect())
+        }
+    }
+
+    #[test]
+    fn every_response_is_signed_for_the_request_exactly_as_it_came() {
+        let worker = Worker {
+            key: Keypair::from_seed(&[4; 32]),
+            model_id: "m".into(),
+            backend: "cpu".into(),
+            hidden: 2,
+            held: vec![(0, 1)],
+            experts: Box::new(Doubling),
+        };
+        let challenge = Challenge {
+            nonce: [1; 32],
+            hub: Keypair::from_seed(&[5; 32]).address(),
+            chain_id: "kvasir-test".into(),
+        };
+        let request = Request {
+            session: 6,
+            id: 9,
+            layer: 0,
+            hidden: 2,
+            rows: vec![1.0, 2.0, 3.0, 4.0],
+            experts: vec![(1, vec![1])],
+        };
+        let frame = Message::Request(request.clone()).encode();
+        let answer = worker.answer(&challenge, 6, &request, &frame);
+        let Ok(Relayed::Response { id, signature, .. }) = Message::inspect(&answer) else {
+            panic!("not a response: {:?}", Message::decode(&answer));
+        };
+        assert_eq!(id, 9);
+        let Ok(Message::Response(response)) = Message::decode(&answer) else {
+            panic!("a response decodes");
+        };
+        assert_eq!(response.partials, vec![6.0, 8.0]);
+        let scope = AnswerScope::new(&challenge, 6, "m");
+        let me = worker.key.address();
+        let body = response_body(&answer);
+        let asked = request_hash(&frame);
+        assert!(scope.verify(&me, 9, asked, body, &signature).is_ok());
+
+        let wide = Request {
+            hidden: 4,
+            ..request
+        };
+        let frame = Message::Request(wide.clone()).encode();
+        let refused = worker.answer(&challenge, 6, &wide, &frame);
+        assert!(matches!(
+            Message::decode(&refused),
+            Ok(Message::Failure(Failure { id: 9, .. }))
+        ));
     }
 }

@@ -2,19 +2,24 @@
 //! fuzzed bytes are read as a script of backbone requests, worker answers, raw frames and
 //! departures, played against a real hub with its sled registry, beside a model of what each
 //! session is owed. At the end the registry must hold exactly what the model says: an
-//! answer of the right size to a request relayed to that session pays its request's bytes and
-//! its own, once; anything else pays nothing.
+//! answer of the right size to a request relayed to that session, signed by that session's
+//! worker for exactly that request, pays its request's bytes and its own, once; anything else
+//! (among it answers signed by another key, for another request id, request body, session,
+//! model, chain or hub, or not signed at all) pays nothing.
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use kvasir_ledger::keys::{Address, Keypair};
+use kvasir_ledger::answer::body_hash;
+use kvasir_ledger::keys::Keypair;
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Bytes;
 
 use super::{Hub, Links, MAX_UNANSWERED};
-use crate::wire::{DirectoryEntry, Failure, Message, Relayed, Request, Response};
+use crate::wire::{
+    request_hash, AnswerScope, DirectoryEntry, Failure, Message, Relayed, Request, Response,
+};
 
 const SESSIONS: usize = 3;
 const MAX_STEPS: usize = 256;
@@ -39,11 +44,79 @@ impl Script<'_> {
 
 struct Session {
     id: u64,
-    worker: Address,
+    worker: Keypair,
     frames: mpsc::UnboundedReceiver<Bytes>,
-    /// Request id → (request bytes, values the answer must carry), as the model expects.
-    asked: HashMap<u64, (u64, usize)>,
+    /// Request id → (the request frame relayed, values the answer must carry), as the model
+    /// expects.
+    asked: HashMap<u64, (Bytes, usize)>,
     owed: u64,
+}
+
+/// Signs the response `frame` to request `id` (relayed as `request`) as the script says:
+/// mostly honestly, so that payments happen, otherwise in one of the ways a worker might try
+/// to be paid for an answer it did not give. Whether it signed honestly.
+fn sign(
+    script: &mut Script,
+    hub: &Hub,
+    s: &Session,
+    id: u64,
+    request: &[u8],
+    frame: &mut [u8],
+) -> bool {
+    let honest = AnswerScope {
+        chain_id: &hub.chain_id,
+        hub: hub.key.address(),
+        session: s.id,
+        model_id: "m",
+    };
+    let hash = request_hash(request);
+    let Some(forgery) = script.byte().checked_sub(160).map(|f| f / 8) else {
+        honest.sign_frame(frame, id, hash, &s.worker);
+        return true;
+    };
+    let stranger = Keypair::from_seed(&[9; 32]);
+    let worker = &s.worker;
+    match forgery {
+        0 => honest.sign_frame(frame, id, hash, &stranger),
+        // Ids are below 8, so this is always another one.
+        1 => honest.sign_frame(frame, id ^ 8, hash, worker),
+        2 => honest.sign_frame(frame, id, body_hash(b"other rows"), worker),
+        3 => AnswerScope {
+            session: s.id ^ 1,
+            ..honest
+        }
+        .sign_frame(frame, id, hash, worker),
+        4 => AnswerScope {
+            model_id: "n",
+            ..honest
+        }
+        .sign_frame(frame, id, hash, worker),
+        5 => AnswerScope {
+            chain_id: "other",
+            ..honest
+        }
+        .sign_frame(frame, id, hash, worker),
+        6 => AnswerScope {
+            hub: stranger.address(),
+            ..honest
+        }
+        .sign_frame(frame, id, hash, worker),
+        // Left unsigned (zeros).
+        7 => {}
+        // Signed, then its partials or signature altered.
+        _ => {
+            honest.sign_frame(frame, id, hash, worker);
+            let at = if forgery % 2 == 0 {
+                frame.len() - 1
+            } else {
+                frame.len() / 2
+            };
+            if let Some(byte) = frame.get_mut(at) {
+                *byte ^= 1;
+            }
+        }
+    }
+    false
 }
 
 fn hub() -> &'static Hub {
@@ -90,10 +163,10 @@ pub fn relay_script(data: &[u8]) {
         .map(|_| {
             let (tx, frames) = mpsc::unbounded_channel();
             let id = hub.registry.new_session().expect("a session id");
-            let worker = Keypair::generate().address();
+            let worker = Keypair::generate();
             let entry = DirectoryEntry {
                 session: id,
-                worker,
+                worker: worker.address(),
                 model_id: "m".into(),
                 experts: vec![(0, 0)],
             };
@@ -139,24 +212,29 @@ pub fn relay_script(data: &[u8]) {
                             else {
                                 panic!("relayed a frame that is not a request");
                             };
-                            s.asked.insert(id, (frame.len() as u64, response_values));
+                            s.asked.insert(id, (frame.clone(), response_values));
                         }
                     }
                 }
             }
-            // An answer from the worker: a response of some size, a failure, or raw bytes.
+            // An answer from the worker: a response of some size, signed well or badly, a
+            // failure, or raw bytes (which a fuzzer cannot sign for a key made in this run).
             kind @ (2..=4) => {
                 let s = &mut sessions[at];
                 let id = u64::from(script.byte() % 8);
                 let asked = s.asked.remove(&id);
+                let mut signed = false;
                 let frame: Bytes = match kind {
                     2 => {
-                        let values = match (asked, script.byte()) {
-                            (Some((_, values)), 0..=191) => values,
+                        let values = match (&asked, script.byte()) {
+                            (Some((_, values)), 0..=191) => *values,
                             (_, n) => usize::from(n % 16),
                         };
-                        let partials = vec![0.25; values];
-                        Message::Response(Response { id, partials }).encode().into()
+                        let response = Response::unsigned(id, vec![0.25; values]);
+                        let mut frame = Message::Response(response).encode();
+                        let request = asked.as_ref().map_or(&[][..], |(request, _)| request);
+                        signed = sign(&mut script, hub, s, id, request, &mut frame);
+                        frame.into()
                     }
                     3 => Message::Failure(Failure::new(id, "no")).encode().into(),
                     _ => {
@@ -164,11 +242,11 @@ pub fn relay_script(data: &[u8]) {
                         Bytes::from(script.bytes(len))
                     }
                 };
-                let paid = match (asked, Message::inspect(&frame)) {
-                    (Some((request_bytes, values)), Ok(Relayed::Response { values: got, .. }))
-                        if got == values =>
+                let paid = match (&asked, Message::inspect(&frame)) {
+                    (Some((request, values)), Ok(Relayed::Response { values: got, .. }))
+                        if got == *values && signed =>
                     {
-                        Some(request_bytes + frame.len() as u64)
+                        Some((request.len() + frame.len()) as u64)
                     }
                     (Some(_), Ok(Relayed::Failure { .. })) => Some(0),
                     _ => None,
@@ -199,7 +277,8 @@ pub fn relay_script(data: &[u8]) {
     }
     // Counts only grow, so a wrong payment at any step still shows at the end.
     for s in &sessions {
-        let metered = hub.registry.meter(s.id, s.worker, 0).expect("a count");
+        let metered = hub.registry.meter(s.id, s.worker.address(), 0);
+        let metered = metered.expect("a count");
         assert_eq!(metered, s.owed, "session {} paid other than owed", s.id);
     }
 }
