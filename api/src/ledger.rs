@@ -185,6 +185,21 @@ pub enum HistoryEvent {
         session_id: u64,
         cumulative_bytes: u64,
     },
+    /// The account moved `amount` of its balance into its bond.
+    Bond { amount: AmountView },
+    /// The account started unbonding `amount`.
+    Unbond { amount: AmountView },
+    /// Evidence that `worker` answered request `request_id` of a session wrongly.
+    Evidence {
+        #[schema(value_type = AddressText)]
+        reporter: Address,
+        #[schema(value_type = AddressText)]
+        worker: Address,
+        #[schema(value_type = AddressText)]
+        hub: Address,
+        session_id: u64,
+        request_id: u64,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

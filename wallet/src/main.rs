@@ -186,6 +186,17 @@ fn history_line(entry: &HistoryEntry) -> String {
         } => format!(
             "{head} credit to {worker}: session {session_id} of hub {hub} at {cumulative_bytes} bytes"
         ),
+        HistoryEvent::Bond { amount } => format!("{head} bond {}", amount.kvr),
+        HistoryEvent::Unbond { amount } => format!("{head} unbond {}", amount.kvr),
+        HistoryEvent::Evidence {
+            reporter,
+            worker,
+            hub,
+            session_id,
+            request_id,
+        } => format!(
+            "{head} evidence by {reporter} against {worker}: request {request_id} of session {session_id} of hub {hub}"
+        ),
     }
 }
 

@@ -148,6 +148,7 @@ pub fn init_sealed(out: &Path, template: &Template, passphrase: Option<&str>) ->
             gateways: vec![gateway],
             hubs: vec![hub],
         },
+        models: Vec::new(),
     };
     genesis.validate()?;
     std::fs::write(&genesis_file, genesis.to_json())

@@ -303,6 +303,19 @@ fn history_entry(tx: &SignedTx, address: &Address, location: TxLocation) -> Hist
             session_id: signed.receipt.session_id,
             cumulative_bytes: signed.receipt.cumulative_bytes,
         },
+        TxKind::Bond { amount } => HistoryEvent::Bond {
+            amount: (*amount).into(),
+        },
+        TxKind::Unbond { amount } => HistoryEvent::Unbond {
+            amount: (*amount).into(),
+        },
+        TxKind::Evidence(evidence) => HistoryEvent::Evidence {
+            reporter: t.sender,
+            worker: evidence.worker,
+            hub: evidence.hub,
+            session_id: evidence.session,
+            request_id: evidence.request_id,
+        },
     };
     HistoryEntry {
         height: location.height,
