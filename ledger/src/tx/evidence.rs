@@ -94,6 +94,14 @@ pub(super) fn check_stateful(state: &State, evidence: &Evidence) -> Result<(), T
             return Err(TxError::AlreadyConvicted);
         }
     }
+    // Evidence costs validators a recomputation and a block room: it is taken only when it
+    // can take something (pending rewards of the session, or a bond), so a key with nothing
+    // at stake cannot flood the chain with proofs against itself.
+    let worker = state.account(&evidence.worker);
+    let session_pending = worker.pending.iter().any(|p| p.session == key);
+    if !session_pending && worker.bonded.is_zero() && worker.unbonding.is_empty() {
+        return Err(TxError::NothingAtStake(evidence.worker));
+    }
     let check = state.answer_check().ok_or(TxError::CannotCheckEvidence)?;
     let model = state
         .genesis()
@@ -267,7 +275,13 @@ pub(crate) mod tests {
     /// A worker that bonded 20 KVR and was credited in sessions 1 and 2 of the hub.
     fn bonded_and_credited() -> (State, TestKeys) {
         let (genesis, keys) = bonded_genesis();
-        let state = State::from_genesis(genesis).with_answer_check(Arc::new(HashCheck));
+        bonded_and_credited_on(
+            State::from_genesis(genesis).with_answer_check(Arc::new(HashCheck)),
+            keys,
+        )
+    }
+
+    fn bonded_and_credited_on(state: State, keys: TestKeys) -> (State, TestKeys) {
         let bond = signed(&state, &keys.worker, TxKind::Bond { amount: kvr("20") });
         let state = block_of(&state, &keys, vec![bond]);
         let w = keys.worker.address();
@@ -343,8 +357,9 @@ pub(crate) mod tests {
         let mut moved = evidence(&keys, &keys.worker, 2, 7, vec![0; 32], "kvasir-test");
         moved.request_body = request_body(1, 7, b"rows");
         moved.signature = moved.claim().sign("kvasir-test", &keys.worker);
-        // Session 1 is the worker's, not bob's.
+        // Session 1 is the worker's, not bob's; and bob has nothing at stake anywhere.
         let not_theirs = evidence(&keys, &keys.bob, 1, 7, vec![0; 32], "kvasir-test");
+        let nothing = evidence(&keys, &keys.bob, 9, 7, vec![0; 32], "kvasir-test");
         let cases = [
             (honest, TxError::AnswerWasCorrect),
             (tampered_request, TxError::BadAnswerSignature),
@@ -352,6 +367,7 @@ pub(crate) mod tests {
             (other_signer, TxError::BadAnswerSignature),
             (other_chain, TxError::BadAnswerSignature),
             (unpinned, TxError::UnpinnedModel("n".into())),
+            (nothing, TxError::NothingAtStake(keys.bob.address())),
             (moved, TxError::EvidenceRequest(String::new())),
             (
                 not_theirs,
@@ -377,7 +393,7 @@ pub(crate) mod tests {
         }
         // A node that cannot recompute refuses evidence rather than guessing.
         let (genesis, keys) = bonded_genesis();
-        let blind = State::from_genesis(genesis);
+        let (blind, keys) = bonded_and_credited_on(State::from_genesis(genesis), keys);
         let tx = reported(&keys, &blind, wrong(&keys, 1));
         assert_eq!(rejection(&blind, &keys, tx), TxError::CannotCheckEvidence);
     }

@@ -205,6 +205,10 @@ pub enum TxError {
     AnswerWasCorrect,
     #[error("this session was already convicted")]
     AlreadyConvicted,
+    #[error(
+        "{0} has neither a bond nor pending rewards in this session: there is nothing to slash"
+    )]
+    NothingAtStake(Address),
 }
 
 /// A transaction that passed `check_stateless` on this chain: well formed, correctly signed.
