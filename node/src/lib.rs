@@ -14,6 +14,7 @@
 #![cfg_attr(not(feature = "bench-reference"), forbid(unsafe_code))]
 #![cfg_attr(feature = "bench-reference", deny(unsafe_code))]
 
+pub mod answers;
 pub mod backbone;
 pub mod bench;
 pub mod commands;
