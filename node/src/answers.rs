@@ -105,9 +105,7 @@ impl AnswerCheck for ModelAnswers {
             ));
         }
         let request = wire::decode_request_body(request_body).map_err(|e| e.to_string())?;
-        let response_body = self
-            .response_body(&request)
-            .map_err(|e| format!("{e:#}"))?;
+        let response_body = self.response_body(&request).map_err(|e| format!("{e:#}"))?;
         Ok(CorrectAnswer {
             session: request.session,
             request_id: request.id,
