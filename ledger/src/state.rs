@@ -129,7 +129,28 @@ pub struct ReceiptMark {
     pub cumulative_bytes: u64,
     /// Accepted evidence showed a wrong answer in this session: it is paid nothing more, and
     /// no further evidence about it is taken (one conviction per session).
-    pub convicted: bool,
+    pub conviction: Option<Conviction>,
+}
+
+impl ReceiptMark {
+    pub fn is_convicted(&self) -> bool {
+        self.conviction.is_some()
+    }
+}
+
+/// What accepted evidence against a session did, kept with the session for anyone to read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, BorshSerialize, BorshDeserialize)]
+pub struct Conviction {
+    pub height: u64,
+    pub request_id: u64,
+    pub reporter: Address,
+    /// The session's pending rewards, returned to the rewards pool.
+    pub cancelled: Amount,
+    /// Taken from the worker's bond and unbonding amounts.
+    pub slashed: Amount,
+    /// The part of `slashed` paid to the reporter; the rest was burned.
+    pub reporter_paid: Amount,
+    pub jailed_until: u64,
 }
 
 /// The state entries a block changed, for storage to persist with the block.

@@ -109,7 +109,7 @@ pub(super) fn check_stateful(
 fn may_be_paid(state: &State, receipt: &Receipt) -> bool {
     let convicted = state
         .receipt_mark(&SessionKey::of(receipt))
-        .is_some_and(|mark| mark.convicted);
+        .is_some_and(ReceiptMark::is_convicted);
     let worker = state.account(&receipt.worker);
     let genesis = state.genesis();
     let bonded = !genesis.bonds_required() || worker.bonded >= genesis.params.min_bond;
@@ -124,7 +124,7 @@ pub(super) fn execute(staged: &mut Staged, receipt: &Receipt) -> Result<(), TxEr
     let key = SessionKey::of(receipt);
     let state = staged.state();
     let old = state.receipt_mark(&key);
-    let convicted = old.is_some_and(|mark| mark.convicted);
+    let conviction = old.and_then(|mark| mark.conviction.clone());
     let old = old.map_or(0, |mark| mark.cumulative_bytes);
     let earned = |bytes| state.genesis().earned(bytes).ok_or(TxError::Overflow);
     let mut delta = earned(receipt.cumulative_bytes)?
@@ -143,7 +143,7 @@ pub(super) fn execute(staged: &mut Staged, receipt: &Receipt) -> Result<(), TxEr
     let mark = ReceiptMark {
         worker: receipt.worker,
         cumulative_bytes: receipt.cumulative_bytes,
-        convicted,
+        conviction,
     };
     staged.set_receipt_mark(key, mark);
     Ok(())

@@ -17,7 +17,7 @@ use crate::answer::{body_hash, AnswerClaim};
 use crate::genesis::Genesis;
 use crate::intent::{self, Intent};
 use crate::keys::{Address, Signature, SignatureCheck};
-use crate::state::{ReceiptMark, SessionKey, Staged, State};
+use crate::state::{Conviction, ReceiptMark, SessionKey, Staged, State};
 
 use super::{TxError, TxSignature};
 
@@ -90,7 +90,7 @@ pub(super) fn check_stateful(state: &State, evidence: &Evidence) -> Result<(), T
                 got: evidence.worker,
             });
         }
-        if mark.convicted {
+        if mark.is_convicted() {
             return Err(TxError::AlreadyConvicted);
         }
     }
@@ -161,6 +161,7 @@ pub(super) fn execute(
     worker.unbonding.retain(|u| !u.amount.is_zero());
     let jail_end = staged.height_after(genesis.params.jail_blocks)?;
     worker.jailed_until = worker.jailed_until.max(jail_end);
+    let jailed_until = worker.jailed_until;
     staged.set_account(evidence.worker, worker);
 
     let pool_address = state.rewards_pool();
@@ -182,12 +183,21 @@ pub(super) fn execute(
     staged.set_account(burn_address, burned);
 
     let cumulative_bytes = state.receipt_mark(&key).map_or(0, |m| m.cumulative_bytes);
+    let conviction = Conviction {
+        height: staged.height_after(0)?,
+        request_id: evidence.request_id,
+        reporter: *reporter,
+        cancelled: returned,
+        slashed,
+        reporter_paid: reward,
+        jailed_until,
+    };
     staged.set_receipt_mark(
         key,
         ReceiptMark {
             worker: evidence.worker,
             cumulative_bytes,
-            convicted: true,
+            conviction: Some(conviction),
         },
     );
     Ok(())
@@ -321,6 +331,25 @@ pub(crate) mod tests {
         assert_eq!(burned, kvr("9"));
         assert_eq!(state.total_money(), supply);
         assert_eq!(after.jailed_until, state.height() + 4);
+        let key = SessionKey {
+            hub: keys.hub.address(),
+            session_id: 1,
+        };
+        let conviction = state
+            .receipt_mark(&key)
+            .unwrap()
+            .conviction
+            .clone()
+            .unwrap();
+        assert_eq!(
+            (
+                conviction.cancelled,
+                conviction.slashed,
+                conviction.reporter_paid
+            ),
+            (kvr("0.07"), kvr("10"), kvr("1"))
+        );
+        assert_eq!(conviction.reporter, keys.alice.address());
         assert!(after.is_jailed(state.height() + 1));
         assert!(!after.is_jailed(state.height() + 4));
         // The same session cannot be convicted twice, even with another wrong answer.
