@@ -167,5 +167,6 @@ pub fn run_generation(
         load_s: None,
         backend: None,
         dispatch: None,
+        audit: None,
     })
 }

@@ -17,6 +17,7 @@
 pub mod answers;
 pub mod backbone;
 pub mod bench;
+pub mod bonds;
 pub mod commands;
 pub mod dev;
 pub mod engine;
