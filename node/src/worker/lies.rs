@@ -4,10 +4,7 @@
 //! (`--dishonest-fraction`, `--dishonest-kind`) that `--help` does not list and that print
 //! a warning at start, so no operator turns it on by accident.
 
-use std::sync::Mutex;
-
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// How a lie is told.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -20,30 +17,34 @@ pub enum Lie {
     Swap,
 }
 
+/// Lies on exactly `fraction` of its answers, evenly spread (at 0.01, the 100th, the 200th,
+/// …): the audits are what is random, so a test knows how many answers a catch takes.
 pub struct Liar {
     fraction: f64,
     lie: Lie,
-    rng: Mutex<StdRng>,
+    answers: AtomicU64,
 }
 
 impl Liar {
-    /// Lies on `fraction` (0..=1) of answers, drawn at random.
     pub fn new(fraction: f64, lie: Lie) -> Liar {
         Liar {
             fraction: fraction.clamp(0.0, 1.0),
             lie,
-            rng: Mutex::new(StdRng::from_entropy()),
+            answers: AtomicU64::new(0),
         }
+    }
+
+    /// Whether answer number `n` (from 1) is a lie: when `n * fraction` reaches a new whole.
+    fn lies_on(&self, n: u64) -> bool {
+        let whole = |n: u64| (n as f64 * self.fraction).floor() as u64;
+        whole(n) > whole(n - 1)
     }
 
     /// Maybe corrupts `partials` (one vector per expert of a request, `hidden` values per
     /// listed row); whether it did.
     pub fn corrupt(&self, partials: &mut [Vec<f32>], hidden: usize) -> bool {
-        let lies = {
-            let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
-            rng.gen_bool(self.fraction)
-        };
-        if !lies || partials.iter().all(Vec::is_empty) {
+        let n = self.answers.fetch_add(1, Ordering::Relaxed) + 1;
+        if !self.lies_on(n) || partials.iter().all(Vec::is_empty) {
             return false;
         }
         match self.lie {
@@ -97,5 +98,14 @@ mod tests {
         let mut told = answer.clone();
         assert!(!Liar::new(0.0, Lie::Zeros).corrupt(&mut told, 2));
         assert_eq!(told, answer);
+    }
+
+    #[test]
+    fn a_liar_lies_on_exactly_its_fraction() {
+        for (fraction, first, count) in [(0.01, 100, 10), (0.1, 10, 100), (1.0, 1, 1000)] {
+            let liar = Liar::new(fraction, Lie::Flip);
+            let lies: Vec<u64> = (1..=1000).filter(|n| liar.lies_on(*n)).collect();
+            assert_eq!((lies[0], lies.len()), (first, count), "{fraction}");
+        }
     }
 }
