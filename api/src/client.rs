@@ -12,7 +12,8 @@ use serde::Serialize;
 
 use crate::ledger::{
     AccountView, Batch, BatchVerdicts, BlockView, CreditedSession, ErrorBody, Head, History,
-    HubSessions, SessionMark, Submission, Submitted, TxState, TxStatus, Verdict, PAGE_MAX,
+    HubSessions, ParamsView, SessionMark, Submission, Submitted, TxState, TxStatus, Verdict,
+    PAGE_MAX,
 };
 use crate::registry::ReceiptListing;
 
@@ -181,6 +182,11 @@ impl Client {
 
     pub fn head(&self) -> Result<Head, ClientError> {
         self.get("/head")
+    }
+
+    /// `GET /params`: the chain's genesis parameters.
+    pub fn params(&self) -> Result<ParamsView, ClientError> {
+        self.get("/params")
     }
 
     pub fn account(&self, address: &Address) -> Result<AccountView, ClientError> {

@@ -35,6 +35,39 @@ pub struct GenerationReport {
     /// How the experts were dispatched (the backbone).
     #[serde(default, skip_serializing_if = "Option::is_none", flatten)]
     pub dispatch: Option<DispatchCounts>,
+    /// What the backbone's audits found (the backbone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit: Option<AuditReport>,
+}
+
+/// The backbone's audits since it started: remote answers recomputed, how many differed,
+/// and the workers caught with what became of the evidence against each.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct AuditReport {
+    pub audits: u64,
+    pub mismatches: u64,
+    pub caught: Vec<CaughtWorker>,
+}
+
+/// A worker whose answer differed from the recomputation, and its Evidence transaction.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct CaughtWorker {
+    #[schema(value_type = String)]
+    pub worker: kvasir_ledger::Address,
+    #[schema(value_type = String)]
+    pub hub: kvasir_ledger::Address,
+    pub session_id: u64,
+    pub request_id: u64,
+    /// The Evidence transaction's hash, once submitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub evidence: Option<kvasir_ledger::Hash>,
+    /// The height it was committed at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub committed_height: Option<u64>,
+    /// Why it was not submitted or not committed (no ledger given, refused, timed out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// The backbone's dispatch counts since it started.

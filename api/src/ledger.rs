@@ -1,10 +1,11 @@
 //! The bodies of the ledger's REST API (`kvasir-node ledger`, relayed by the gateway).
 
+use kvasir_ledger::fraction::Fraction;
 use kvasir_ledger::{Address, Amount, Hash};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::schema::{AddressText, BaseUnitsText, HashText, KvrText, TxHexText};
+use crate::schema::{AddressText, BaseUnitsText, FractionText, HashText, KvrText, TxHexText};
 
 /// An amount: base units (10^-9 KVR) as a decimal string, exact in every JSON reader, and the
 /// same amount in KVR as exact decimal text. Read back, the two must agree: a reply that says
@@ -90,6 +91,41 @@ pub struct Head {
     pub timestamp_ms: u64,
 }
 
+/// `GET /params`: the rules the chain's genesis set, so that a client can read what a bond
+/// must be, how long unbonding takes and what evidence costs without the genesis file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ParamsView {
+    pub chain_id: String,
+    #[schema(value_type = HashText)]
+    pub genesis_hash: Hash,
+    /// Bytes of metered dispatch traffic in one reward unit.
+    pub unit_bytes: u64,
+    /// Paid per unit of metered traffic.
+    pub reward_per_unit: AmountView,
+    /// Blocks a credit stays pending before it settles.
+    pub challenge_window: u64,
+    pub block_interval_ms: u64,
+    pub max_block_txs: u32,
+    pub max_block_bytes: u64,
+    /// The smallest transfer that may create an account (zero: none).
+    pub min_new_account: AmountView,
+    /// What a worker must have bonded to be admitted and dispatched to. Zero: this chain has
+    /// no bonds, and refuses Bond and Unbond.
+    pub min_bond: AmountView,
+    /// Blocks an unbonded amount stays slashable before it returns to the balance: an
+    /// unbonding started in block H is released at height H + unbonding_blocks.
+    pub unbonding_blocks: u64,
+    /// The share of a convicted worker's bond (bonded and unbonding) that accepted evidence
+    /// takes.
+    #[schema(value_type = FractionText)]
+    pub slash_fraction: Fraction,
+    /// The share of a slashed amount paid to the reporter; the rest is burned.
+    #[schema(value_type = FractionText)]
+    pub reporter_share: Fraction,
+    /// Blocks a convicted key is barred from serving and from being paid.
+    pub jail_blocks: u64,
+}
+
 /// `GET /accounts/{address}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct AccountView {
@@ -104,32 +140,88 @@ pub struct AccountView {
     pub owed: AmountView,
     /// The nonce the account's next transaction must carry.
     pub nonce: u64,
+    /// Staked as a worker's guarantee: what accepted evidence slashes.
+    pub bonded: AmountView,
+    /// Unbonded amounts on their way back to the balance, still slashable, in release order.
+    pub unbonding: Vec<UnbondingView>,
+    pub unbonding_total: AmountView,
+    /// The key is barred from serving and from being paid below this height (0: never
+    /// convicted).
+    pub jailed_until: u64,
+    /// Whether the key is barred in the next block (head height + 1 < `jailed_until`): the
+    /// height a credit submitted now would be judged at.
+    pub jailed: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct PendingView {
     pub amount: AmountView,
     pub settle_height: u64,
+    /// The metering session it was credited for, which evidence against that session
+    /// cancels; absent for an owed claim paid when the pool refilled, which belongs to none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<SessionRef>,
+}
+
+/// One hub's metering session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SessionRef {
+    #[schema(value_type = AddressText)]
+    pub hub: Address,
+    pub session_id: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct UnbondingView {
+    pub amount: AmountView,
+    /// The height from which it is spendable again.
+    pub release_height: u64,
 }
 
 impl AccountView {
     /// `kvr1...: settled 1 KVR, pending 0.008945664 KVR (0.008945664 KVR settling at height
-    /// 12)`: what `kvasir-wallet balance` prints.
+    /// 12), bonded 10 KVR, unbonding 5 KVR (5 KVR released at height 32), jailed until height
+    /// 140`: what `kvasir-wallet balance` prints. The bond part appears only on an account that
+    /// has bonded something, and the jail only while it holds, so a plain account (and every
+    /// account of a chain without bonds) reads as it always did.
     pub fn summary(&self) -> String {
-        let pending: Vec<String> = self
-            .pending
-            .iter()
-            .map(|p| format!("{} settling at height {}", p.amount.kvr, p.settle_height))
-            .collect();
-        let detail = if pending.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", pending.join(", "))
-        };
-        format!(
-            "{}: settled {}, pending {}{detail}",
-            self.address, self.balance.kvr, self.pending_total.kvr
-        )
+        let mut line = format!(
+            "{}: settled {}, pending {}{}",
+            self.address,
+            self.balance.kvr,
+            self.pending_total.kvr,
+            details(
+                self.pending
+                    .iter()
+                    .map(|p| format!("{} settling at height {}", p.amount.kvr, p.settle_height))
+            )
+        );
+        if !self.bonded.base_units.is_zero() || !self.unbonding.is_empty() {
+            line +=
+                &format!(
+                    ", bonded {}, unbonding {}{}",
+                    self.bonded.kvr,
+                    self.unbonding_total.kvr,
+                    details(self.unbonding.iter().map(|u| format!(
+                        "{} released at height {}",
+                        u.amount.kvr, u.release_height
+                    )))
+                );
+        }
+        if self.jailed {
+            line += &format!(", jailed until height {}", self.jailed_until);
+        }
+        line
+    }
+}
+
+/// ` (a, b)`, or nothing when there is nothing to list.
+fn details(items: impl Iterator<Item = String>) -> String {
+    let items: Vec<String> = items.collect();
+    if items.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", items.join(", "))
     }
 }
 
@@ -184,6 +276,21 @@ pub enum HistoryEvent {
         hub: Address,
         session_id: u64,
         cumulative_bytes: u64,
+    },
+    /// The account moved `amount` of its balance into its bond.
+    Bond { amount: AmountView },
+    /// The account started unbonding `amount`.
+    Unbond { amount: AmountView },
+    /// Evidence that `worker` answered request `request_id` of a session wrongly.
+    Evidence {
+        #[schema(value_type = AddressText)]
+        reporter: Address,
+        #[schema(value_type = AddressText)]
+        worker: Address,
+        #[schema(value_type = AddressText)]
+        hub: Address,
+        session_id: u64,
+        request_id: u64,
     },
 }
 

@@ -72,3 +72,20 @@ pub struct TransferReport {
     pub to: Address,
     pub amount: Amount,
 }
+
+/// `kvasir-wallet bond --json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BondReport {
+    pub hash: Hash,
+    pub height: u64,
+    pub amount: Amount,
+}
+
+/// `kvasir-wallet unbond --json`: `amount` returns to the balance at `release_height`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnbondReport {
+    pub hash: Hash,
+    pub height: u64,
+    pub amount: Amount,
+    pub release_height: u64,
+}

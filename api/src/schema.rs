@@ -17,6 +17,8 @@ pub const BASE_UNITS_PATTERN: &str = "^[0-9]{1,20}$";
 pub const TX_HEX_PATTERN: &str = "^([0-9a-fA-F]{2}){1,2048}$";
 /// KVR with up to nine decimals (1 KVR = 10^9 base units).
 pub const KVR_PATTERN: &str = "^[0-9]{1,11}(\\.[0-9]{1,9})?$";
+/// A share from 0 to 1 with up to nine decimals, as `Fraction` writes it (`0.5`, `1`).
+pub const FRACTION_PATTERN: &str = "^(0(\\.[0-9]{1,9})?|1(\\.0{1,9})?)$";
 
 fn text(format: &str, pattern: &str, description: &str, example: &str) -> RefOr<Schema> {
     ObjectBuilder::new()
@@ -78,6 +80,14 @@ text_schema!(
     KVR_PATTERN,
     "An amount in KVR, exact, with up to nine decimals.",
     "0.008945664"
+);
+text_schema!(
+    FractionText,
+    "Fraction",
+    "kvr-fraction",
+    FRACTION_PATTERN,
+    "A share between 0 and 1, exact, with up to nine decimals.",
+    "0.5"
 );
 text_schema!(
     TxHexText,

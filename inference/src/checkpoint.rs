@@ -131,6 +131,15 @@ impl Checkpoint {
             .collect()
     }
 
+    /// The stored bytes of tensor `name`, as the file holds them: what a weight hash covers.
+    pub fn tensor_bytes(&self, name: &str) -> Result<&[u8], LoadError> {
+        let entry = self
+            .entries
+            .get(name)
+            .ok_or_else(|| LoadError::Missing(name.to_string()))?;
+        Ok(&self.maps[entry.file][entry.start..entry.end])
+    }
+
     /// The tensor `name`, which must have exactly `shape`; viewed as `rows x cols` with the
     /// last dimension as columns.
     pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Weight, LoadError> {

@@ -230,7 +230,7 @@ pub fn produce_block(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::amount::Amount;
     use crate::genesis::tests::{test_genesis, TestKeys};
@@ -250,7 +250,7 @@ mod tests {
         credit_from(&keys.gateway, 0, hub, session_id, worker, bytes)
     }
 
-    fn credit_from(
+    pub(crate) fn credit_from(
         sender: &Keypair,
         nonce: u64,
         hub: &Keypair,
@@ -277,7 +277,7 @@ mod tests {
         tx.tx.clone().sign(signer)
     }
 
-    fn verified(state: &State, txs: Vec<SignedTx>) -> Vec<VerifiedTx> {
+    pub(crate) fn verified(state: &State, txs: Vec<SignedTx>) -> Vec<VerifiedTx> {
         check_stateless(state.genesis(), txs)
             .into_iter()
             .map(Result::unwrap)
@@ -285,7 +285,7 @@ mod tests {
     }
 
     /// Produces a block holding exactly `txs`, asserting none was rejected.
-    fn block_of(state: &State, keys: &TestKeys, txs: Vec<SignedTx>) -> State {
+    pub(crate) fn block_of(state: &State, keys: &TestKeys, txs: Vec<SignedTx>) -> State {
         let count = txs.len();
         let txs = verified(state, txs);
         let produced =
@@ -295,7 +295,7 @@ mod tests {
         produced.state
     }
 
-    fn rejection(state: &State, keys: &TestKeys, tx: SignedTx) -> TxError {
+    pub(crate) fn rejection(state: &State, keys: &TestKeys, tx: SignedTx) -> TxError {
         let produced = produce_block(
             state,
             &verified(state, vec![tx]),
@@ -605,6 +605,17 @@ mod tests {
             worker: usize,
             bytes: u64,
         },
+        Bond {
+            who: usize,
+            units: u64,
+            unbond: bool,
+        },
+        Evidence {
+            reporter: usize,
+            worker: usize,
+            session: u64,
+            wrong: bool,
+        },
         EndBlock,
     }
 
@@ -614,6 +625,10 @@ mod tests {
                 .prop_map(|(from, to, units, nonce_skew)| Op::Transfer { from, to, units, nonce_skew }),
             3 => (prop::bool::weighted(0.9), prop::bool::weighted(0.9), 0..3u64, 0..4usize, 0..400_000_000u64)
                 .prop_map(|(by_gateway, real_hub, session, worker, bytes)| Op::Credit { by_gateway, real_hub, session, worker, bytes }),
+            2 => (0..4usize, 0..30_000_000_000u64, any::<bool>())
+                .prop_map(|(who, units, unbond)| Op::Bond { who, units, unbond }),
+            1 => (0..4usize, 0..4usize, 0..3u64, prop::bool::weighted(0.8))
+                .prop_map(|(reporter, worker, session, wrong)| Op::Evidence { reporter, worker, session, wrong }),
             1 => Just(Op::EndBlock),
         ]
     }
@@ -622,14 +637,15 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(64))]
         #[test]
         fn money_is_conserved_and_invalid_txs_change_nothing(ops in proptest::collection::vec(op(), 1..60)) {
-            let (mut genesis, keys) = test_genesis();
+            let (mut genesis, keys) = crate::genesis::tests::bonded_genesis();
             // A small pool, so that owed claims and refills happen too.
             genesis.params.rewards_pool = Amount::from_base_units(2_000_000);
             let supply = u128::from(genesis.total_supply().base_units());
             let users = [&keys.alice, &keys.bob, &keys.worker, &keys.gateway];
             let pool = genesis.rewards_pool_address();
             let g: Genesis = genesis.clone();
-            let mut state = State::from_genesis(genesis);
+            let mut state = State::from_genesis(genesis)
+                .with_answer_check(std::sync::Arc::new(crate::tx::evidence::tests::HashCheck));
             let mut height = 0;
             for op in ops {
                 let tx = match op {
@@ -652,6 +668,17 @@ mod tests {
                         let hub = if real_hub { &keys.hub } else { &keys.bob };
                         let nonce = state.account(&sender.address()).nonce;
                         credit_from(sender, nonce, hub, session, users[worker].address(), bytes)
+                    }
+                    Op::Bond { who, units, unbond } => {
+                        let amount = Amount::from_base_units(units);
+                        let kind = if unbond { TxKind::Unbond { amount } } else { TxKind::Bond { amount } };
+                        kind.signed(&g.params.chain_id, users[who], state.account(&users[who].address()).nonce)
+                    }
+                    Op::Evidence { reporter, worker, session, wrong } => {
+                        let answer = if wrong { vec![0; 32] } else { blake3::hash(b"rows").as_bytes().to_vec() };
+                        let evidence = crate::tx::evidence::tests::evidence(&keys, users[worker], session, 7, answer, &g.params.chain_id);
+                        let reporter = users[reporter];
+                        TxKind::Evidence(Box::new(evidence)).signed(&g.params.chain_id, reporter, state.account(&reporter.address()).nonce)
                     }
                 };
                 let before_root = { let mut s = state.clone(); s.commit_dirty(); s.root() };

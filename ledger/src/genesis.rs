@@ -2,7 +2,8 @@
 //! blake3 over the canonical borsh encoding, so the same file gives the same hash anywhere,
 //! whatever its JSON whitespace or key order.
 //!
-//! Parameters added after the first chains were published (`min_new_account`) are optional:
+//! Parameters added after the first chains were published (`min_new_account`, the bond and
+//! slashing parameters, `models`) are optional:
 //! absent from a genesis file they take a default that changes nothing, and only a value set
 //! away from that default enters the hash (appended after everything else), so every genesis
 //! written before them keeps its hash.
@@ -15,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::amount::Amount;
 use crate::block::MAX_TIMESTAMP_MS;
+use crate::fraction::Fraction;
 use crate::hash::Hash;
 use crate::keys::Address;
 
@@ -29,6 +31,23 @@ pub struct Genesis {
     pub params: ChainParams,
     pub allocations: Vec<Allocation>,
     pub authorities: Authorities,
+    /// The models whose answers evidence can be checked against: a validator recomputes a
+    /// disputed answer with one of these, and evidence naming any other is refused. Empty
+    /// (the default): this chain accepts no evidence.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[borsh(skip)]
+    pub models: Vec<ModelPin>,
+}
+
+/// A model pinned by its identity: the id the swarm uses, the blake3 of its config.json,
+/// and a root over the hashes of every expert's weights (layer-major, ascending expert),
+/// so a validator can check that the checkpoint it recomputes with is this one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, BorshSerialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelPin {
+    pub id: String,
+    pub config_hash: Hash,
+    pub experts_root: Hash,
 }
 
 /// The rules of a chain, as a template for new chains also carries them.
@@ -53,11 +72,33 @@ pub struct ChainParams {
     #[serde(default, skip_serializing_if = "is_zero")]
     #[borsh(skip)]
     pub min_new_account: Amount,
+    /// What a worker's key must have bonded for the hub to admit it and the backbone to
+    /// dispatch to it. Zero (the default): no bond is asked, and Bond is refused.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[borsh(skip)]
+    pub min_bond: Amount,
+    /// Blocks an unbonded amount stays slashable before it is spendable again; longer than
+    /// the challenge window, so a worker cannot unbond before its last answers can be judged.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[borsh(skip)]
+    pub unbonding_blocks: u64,
+    /// The share of a worker's bond (bonded and unbonding) that accepted evidence takes.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[borsh(skip)]
+    pub slash_fraction: Fraction,
+    /// The share of a slashed amount paid to whoever reported the evidence; the rest is burned.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[borsh(skip)]
+    pub reporter_share: Fraction,
+    /// Blocks a convicted key is barred from serving and from being paid.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[borsh(skip)]
+    pub jail_blocks: u64,
 }
 
 /// A later parameter left at zero is left out of the file, as it is of the hash.
-fn is_zero(amount: &Amount) -> bool {
-    amount.is_zero()
+fn is_zero<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, BorshSerialize)]
@@ -91,7 +132,9 @@ pub enum GenesisError {
     Zero(&'static str),
     #[error("genesis allocates to {0} twice")]
     DuplicateAllocation(Address),
-    #[error("genesis allocation to the rewards pool address is not allowed; use rewards_pool")]
+    #[error(
+        "genesis allocation to the rewards pool or burn address is not allowed; use rewards_pool"
+    )]
     AllocationToPool,
     #[error("genesis total supply overflows")]
     SupplyOverflow,
@@ -101,6 +144,12 @@ pub enum GenesisError {
     BadAuthorityKey(Address),
     #[error("genesis_time_ms {0} is past the latest block time, {MAX_TIMESTAMP_MS}")]
     TimeOutOfRange(u64),
+    #[error("genesis unbonding_blocks ({unbonding}) must be longer than challenge_window ({window}) when min_bond is set, or a worker could unbond before its answers are judged")]
+    UnbondingTooShort { unbonding: u64, window: u64 },
+    #[error("genesis pins model {0:?} twice")]
+    DuplicateModel(String),
+    #[error("genesis model id {0:?} must be 1..=64 characters")]
+    BadModelId(String),
 }
 
 impl Genesis {
@@ -150,7 +199,7 @@ impl Genesis {
         let mut seen = BTreeSet::new();
         let mut supply = self.params.rewards_pool;
         for allocation in &self.allocations {
-            if allocation.address == pool {
+            if allocation.address == pool || allocation.address == self.burn_address() {
                 return Err(GenesisError::AllocationToPool);
             }
             if !seen.insert(allocation.address) {
@@ -167,6 +216,22 @@ impl Genesis {
         for key in a.validators.iter().chain(&a.gateways).chain(&a.hubs) {
             key.check_key()
                 .map_err(|_| GenesisError::BadAuthorityKey(*key))?;
+        }
+        let p = &self.params;
+        if !p.min_bond.is_zero() && p.unbonding_blocks <= p.challenge_window {
+            return Err(GenesisError::UnbondingTooShort {
+                unbonding: p.unbonding_blocks,
+                window: p.challenge_window,
+            });
+        }
+        let mut ids = BTreeSet::new();
+        for model in &self.models {
+            if model.id.is_empty() || model.id.len() > 64 {
+                return Err(GenesisError::BadModelId(model.id.clone()));
+            }
+            if !ids.insert(&model.id) {
+                return Err(GenesisError::DuplicateModel(model.id.clone()));
+            }
         }
         Ok(())
     }
@@ -186,18 +251,73 @@ impl Genesis {
     /// The parameters added after the first chains, as (name, canonical value) for each one
     /// set away from its default, in a fixed order.
     fn later_params(&self) -> Vec<(&'static str, Vec<u8>)> {
-        let mut set = Vec::new();
-        let min = self.params.min_new_account;
-        if !min.is_zero() {
-            set.push(("min_new_account", min.base_units().to_le_bytes().to_vec()));
-        }
-        set
+        let p = &self.params;
+        let fraction = |f: Fraction| borsh::to_vec(&f).unwrap_or_default();
+        let candidates = [
+            (
+                "min_new_account",
+                !p.min_new_account.is_zero(),
+                p.min_new_account.base_units().to_le_bytes().to_vec(),
+            ),
+            (
+                "min_bond",
+                !p.min_bond.is_zero(),
+                p.min_bond.base_units().to_le_bytes().to_vec(),
+            ),
+            (
+                "unbonding_blocks",
+                p.unbonding_blocks != 0,
+                p.unbonding_blocks.to_le_bytes().to_vec(),
+            ),
+            (
+                "slash_fraction",
+                !p.slash_fraction.is_zero(),
+                fraction(p.slash_fraction),
+            ),
+            (
+                "reporter_share",
+                !p.reporter_share.is_zero(),
+                fraction(p.reporter_share),
+            ),
+            (
+                "jail_blocks",
+                p.jail_blocks != 0,
+                p.jail_blocks.to_le_bytes().to_vec(),
+            ),
+            (
+                "models",
+                !self.models.is_empty(),
+                borsh::to_vec(&self.models).unwrap_or_default(),
+            ),
+        ];
+        candidates
+            .into_iter()
+            .filter(|(_, set, _)| *set)
+            .map(|(name, _, value)| (name, value))
+            .collect()
+    }
+
+    /// Whether this chain asks workers for a bond (and so accepts Bond and Unbond).
+    pub fn bonds_required(&self) -> bool {
+        !self.params.min_bond.is_zero()
+    }
+
+    pub fn model(&self, id: &str) -> Option<&ModelPin> {
+        self.models.iter().find(|m| m.id == id)
     }
 
     /// The rewards pool account. Its address is a hash, not a public key anyone holds, so
     /// no transaction can spend from it: only credits draw on it.
     pub fn rewards_pool_address(&self) -> Address {
         let mut hasher = blake3::Hasher::new_derive_key("kvasir rewards pool v1");
+        hasher.update(self.params.chain_id.as_bytes());
+        Address::from_bytes(*hasher.finalize().as_bytes())
+    }
+
+    /// Where the burned part of a slashed bond goes: like the pool, a hash that no one holds
+    /// a key for, so burned money stays counted in the supply and can never be spent.
+    pub fn burn_address(&self) -> Address {
+        let mut hasher = blake3::Hasher::new_derive_key("kvasir burned v1");
         hasher.update(self.params.chain_id.as_bytes());
         Address::from_bytes(*hasher.finalize().as_bytes())
     }
@@ -252,6 +372,11 @@ pub(crate) mod tests {
                 max_block_bytes: 8 << 20,
                 rewards_pool: Amount::parse("1000").unwrap(),
                 min_new_account: Amount::ZERO,
+                min_bond: Amount::ZERO,
+                unbonding_blocks: 0,
+                slash_fraction: Fraction::ZERO,
+                reporter_share: Fraction::ZERO,
+                jail_blocks: 0,
             },
             allocations: vec![
                 Allocation {
@@ -268,7 +393,29 @@ pub(crate) mod tests {
                 gateways: vec![keys.gateway.address()],
                 hubs: vec![keys.hub.address()],
             },
+            models: Vec::new(),
         };
+        (genesis, keys)
+    }
+
+    /// `test_genesis` with bonds, slashing and a pinned model "m" (see `tx::evidence`).
+    pub fn bonded_genesis() -> (Genesis, TestKeys) {
+        let (mut genesis, keys) = test_genesis();
+        let p = &mut genesis.params;
+        p.min_bond = Amount::parse("10").unwrap();
+        p.unbonding_blocks = 5;
+        p.slash_fraction = Fraction::parse("0.5").unwrap();
+        p.reporter_share = Fraction::parse("0.1").unwrap();
+        p.jail_blocks = 4;
+        genesis.models.push(ModelPin {
+            id: "m".into(),
+            config_hash: Hash([1; 32]),
+            experts_root: Hash([2; 32]),
+        });
+        genesis.allocations.push(Allocation {
+            address: keys.worker.address(),
+            amount: Amount::parse("50").unwrap(),
+        });
         (genesis, keys)
     }
 

@@ -12,6 +12,7 @@ pub mod amount;
 pub mod answer;
 pub mod apply;
 pub mod block;
+pub mod fraction;
 pub mod genesis;
 pub mod hash;
 pub mod intent;

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::amount::Amount;
 use crate::block::genesis_block_with_root;
-use crate::genesis::Genesis;
+use crate::genesis::{Genesis, ModelPin};
 use crate::hash::Hash;
 use crate::keys::Address;
 use crate::tree::StateTree;
@@ -26,26 +26,87 @@ pub struct Account {
     pub pending: Vec<PendingReward>,
     /// Rewards earned while the pool was empty: a claim, not money, paid when the pool refills.
     pub owed: Amount,
+    /// Staked as a worker's guarantee: what accepted evidence slashes.
+    pub bonded: Amount,
+    /// Unbonded amounts on their way back to the balance, still slashable, in release order.
+    pub unbonding: Vec<Unbonding>,
+    /// The key is barred from serving and from being paid below this height.
+    pub jailed_until: u64,
 }
 
+/// Credited rewards of one metering session, inside their challenge window: accepted
+/// evidence against that session cancels them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, BorshSerialize, BorshDeserialize)]
 pub struct PendingReward {
     pub settle_height: u64,
+    pub amount: Amount,
+    pub session: SessionKey,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, BorshSerialize, BorshDeserialize)]
+pub struct Unbonding {
+    pub release_height: u64,
     pub amount: Amount,
 }
 
 impl Account {
     pub fn pending_total(&self) -> Amount {
-        self.pending
-            .iter()
-            .try_fold(Amount::ZERO, |sum, p| sum.checked_add(p.amount))
-            .unwrap_or(Amount::MAX)
+        sum(self.pending.iter().map(|p| p.amount))
     }
+
+    pub fn unbonding_total(&self) -> Amount {
+        sum(self.unbonding.iter().map(|u| u.amount))
+    }
+
+    /// Whether the key is barred at `height` (from serving and from being paid).
+    pub fn is_jailed(&self, height: u64) -> bool {
+        height < self.jailed_until
+    }
+
+    /// Heights at which something of this account matures: pending rewards and unbondings.
+    fn maturity_heights(&self) -> impl Iterator<Item = u64> + '_ {
+        let settles = self.pending.iter().map(|p| p.settle_height);
+        settles.chain(self.unbonding.iter().map(|u| u.release_height))
+    }
+}
+
+/// The sum of amounts an account holds; saturating, as the supply bounds every real sum.
+fn sum(amounts: impl Iterator<Item = Amount>) -> Amount {
+    amounts
+        .fold(Some(Amount::ZERO), |total, a| total?.checked_add(a))
+        .unwrap_or(Amount::MAX)
+}
+
+/// Recomputes a disputed answer: what a validator needs beyond the chain to check evidence.
+/// The node implements it over a checkpoint whose identity matches a genesis `models` entry;
+/// it must be a pure function of its inputs, as every validator must reach the same verdict.
+pub trait AnswerCheck: Send + Sync {
+    /// The correct answer to `request_body` (a dispatch request as the worker received it)
+    /// under `model`, or why the request cannot be answered (malformed, not for this model).
+    fn answer(&self, model: &ModelPin, request_body: &[u8]) -> Result<CorrectAnswer, String>;
+}
+
+/// What the request said it was, and the exact response body a correct worker sends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CorrectAnswer {
+    pub session: u64,
+    pub request_id: u64,
+    pub response_body: Vec<u8>,
 }
 
 /// A metering session: receipts of one hub about one session id.
 #[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, BorshSerialize, BorshDeserialize,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    BorshSerialize,
+    BorshDeserialize,
 )]
 pub struct SessionKey {
     pub hub: Address,
@@ -66,6 +127,30 @@ impl SessionKey {
 pub struct ReceiptMark {
     pub worker: Address,
     pub cumulative_bytes: u64,
+    /// Accepted evidence showed a wrong answer in this session: it is paid nothing more, and
+    /// no further evidence about it is taken (one conviction per session).
+    pub conviction: Option<Conviction>,
+}
+
+impl ReceiptMark {
+    pub fn is_convicted(&self) -> bool {
+        self.conviction.is_some()
+    }
+}
+
+/// What accepted evidence against a session did, kept with the session for anyone to read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, BorshSerialize, BorshDeserialize)]
+pub struct Conviction {
+    pub height: u64,
+    pub request_id: u64,
+    pub reporter: Address,
+    /// The session's pending rewards, returned to the rewards pool.
+    pub cancelled: Amount,
+    /// Taken from the worker's bond and unbonding amounts.
+    pub slashed: Amount,
+    /// The part of `slashed` paid to the reporter; the rest was burned.
+    pub reporter_paid: Amount,
+    pub jailed_until: u64,
 }
 
 /// The state entries a block changed, for storage to persist with the block.
@@ -85,6 +170,8 @@ pub struct State {
     accounts: OrdMap<Address, Account>,
     receipts: OrdMap<SessionKey, ReceiptMark>,
     tree: StateTree,
+    /// How evidence is recomputed; a state without one refuses evidence (`TxError::CannotCheckEvidence`).
+    answer_check: Option<Arc<dyn AnswerCheck>>,
     // Indexes derivable from the accounts; not committed, rebuilt on load.
     maturing: OrdMap<u64, OrdSet<Address>>,
     owed: OrdSet<Address>,
@@ -153,6 +240,7 @@ impl State {
             accounts: OrdMap::new(),
             receipts: OrdMap::new(),
             tree: StateTree::default(),
+            answer_check: None,
             maturing: OrdMap::new(),
             owed: OrdSet::new(),
             dirty_accounts: BTreeSet::new(),
@@ -173,6 +261,17 @@ impl State {
 
     pub fn genesis(&self) -> &Genesis {
         &self.genesis
+    }
+
+    /// This state, able to check evidence with `check`. Not part of the state (it commits to
+    /// nothing): a capability of the node holding it, kept by every state derived from it.
+    pub fn with_answer_check(mut self, check: Arc<dyn AnswerCheck>) -> State {
+        self.answer_check = Some(check);
+        self
+    }
+
+    pub fn answer_check(&self) -> Option<&dyn AnswerCheck> {
+        self.answer_check.as_deref()
     }
 
     pub(crate) fn genesis_arc(&self) -> &Arc<Genesis> {
@@ -223,13 +322,17 @@ impl State {
         self.receipts.iter()
     }
 
-    /// Every base unit held: balances plus pending rewards (the pool is an account). Owed
-    /// claims are not money and are not counted. Constant from genesis on.
+    /// Every base unit held: balances, pending rewards, bonds and unbondings (the pool and
+    /// the burned amount are accounts). Owed claims are not money and are not counted.
+    /// Constant from genesis on.
     pub fn total_money(&self) -> u128 {
         self.accounts
             .values()
             .map(|a| {
-                u128::from(a.balance.base_units()) + u128::from(a.pending_total().base_units())
+                [a.balance, a.pending_total(), a.bonded, a.unbonding_total()]
+                    .iter()
+                    .map(|x| u128::from(x.base_units()))
+                    .sum::<u128>()
             })
             .sum()
     }
@@ -242,11 +345,8 @@ impl State {
     }
 
     fn set_account(&mut self, address: Address, account: Account) {
-        for p in &account.pending {
-            self.maturing
-                .entry(p.settle_height)
-                .or_default()
-                .insert(address);
+        for height in account.maturity_heights() {
+            self.maturing.entry(height).or_default().insert(address);
         }
         if account.owed.is_zero() {
             self.owed.remove(&address);
@@ -270,7 +370,7 @@ impl State {
 
     /// The block-boundary step after a block's transactions at `height`: owed claims are
     /// paid from whatever the pool now holds (address order), then pending rewards whose
-    /// settle height has come move into balances.
+    /// settle height has come, and unbondings whose release height has, move into balances.
     pub(crate) fn end_block(&mut self, height: u64) -> Result<(), TxError> {
         for address in self.owed.clone() {
             if self.account(&self.pool).balance.is_zero() {
@@ -278,7 +378,7 @@ impl State {
             }
             let mut staged = Staged::new(self);
             let owed = staged.account(&address).owed;
-            let paid = staged.pay_from_pool(address, owed)?;
+            let paid = staged.pay_from_pool(address, owed, None)?;
             let mut worker = staged.account(&address);
             worker.owed = worker.owed.checked_sub(paid).ok_or(TxError::Overflow)?;
             staged.set_account(address, worker);
@@ -297,10 +397,16 @@ impl State {
                     .into_iter()
                     .partition(|p| p.settle_height <= height);
                 account.pending = later;
-                for reward in ripe {
+                let (released, held): (Vec<_>, Vec<_>) = account
+                    .unbonding
+                    .into_iter()
+                    .partition(|u| u.release_height <= height);
+                account.unbonding = held;
+                let matured = ripe.iter().map(|r| r.amount);
+                for amount in matured.chain(released.iter().map(|u| u.amount)) {
                     account.balance = account
                         .balance
-                        .checked_add(reward.amount)
+                        .checked_add(amount)
                         .ok_or(TxError::Overflow)?;
                 }
                 self.set_account(address, account);
@@ -389,42 +495,66 @@ impl<'a> Staged<'a> {
         self.writes.receipt = Some((key, mark));
     }
 
-    fn add_pending(&mut self, address: Address, amount: Amount) -> Result<(), TxError> {
+    /// The height `blocks` after the block being built (the one after the state's head).
+    pub(crate) fn height_after(&self, blocks: u64) -> Result<u64, TxError> {
+        self.state
+            .height
+            .checked_add(1)
+            .and_then(|h| h.checked_add(blocks))
+            .ok_or(TxError::Overflow)
+    }
+
+    fn add_pending(
+        &mut self,
+        address: Address,
+        amount: Amount,
+        session: Option<SessionKey>,
+    ) -> Result<(), TxError> {
         if amount.is_zero() {
             return Ok(());
         }
-        let settle_height = self
-            .state
-            .height
-            .checked_add(1)
-            .and_then(|h| h.checked_add(self.state.genesis.params.challenge_window))
-            .ok_or(TxError::Overflow)?;
+        let settle_height = self.height_after(self.state.genesis.params.challenge_window)?;
         let mut account = self.account(&address);
-        match account.pending.last_mut() {
-            Some(last) if last.settle_height == settle_height => {
-                last.amount = last.amount.checked_add(amount).ok_or(TxError::Overflow)?;
+        // Owed claims paid at a block boundary belong to no session any more: they are
+        // kept under the pool's own key, which no evidence names.
+        let session = session.unwrap_or(SessionKey {
+            hub: self.state.pool,
+            session_id: 0,
+        });
+        match account
+            .pending
+            .iter_mut()
+            .rev()
+            .take_while(|p| p.settle_height == settle_height)
+            .find(|p| p.session == session)
+        {
+            Some(same) => {
+                same.amount = same.amount.checked_add(amount).ok_or(TxError::Overflow)?;
             }
-            _ => account.pending.push(PendingReward {
+            None => account.pending.push(PendingReward {
                 settle_height,
                 amount,
+                session,
             }),
         }
         self.set_account(address, account);
         Ok(())
     }
 
-    /// Pays `delta` from the pool into pending rewards; returns what the pool could cover.
+    /// Pays `delta` from the pool into pending rewards of `session` (none for an owed claim
+    /// paid at a block boundary); returns what the pool could cover.
     pub(crate) fn pay_from_pool(
         &mut self,
         worker: Address,
         delta: Amount,
+        session: Option<SessionKey>,
     ) -> Result<Amount, TxError> {
         let pool_address = self.state.pool;
         let mut pool = self.account(&pool_address);
         let paid = delta.min(pool.balance);
         pool.balance = pool.balance.checked_sub(paid).ok_or(TxError::Overflow)?;
         self.set_account(pool_address, pool);
-        self.add_pending(worker, paid)?;
+        self.add_pending(worker, paid, session)?;
         Ok(paid)
     }
 }

@@ -8,7 +8,9 @@ use crate::apply::apply_block;
 use crate::block::{genesis_block, Block};
 use crate::genesis::Genesis;
 use crate::hash::Hash;
-use crate::state::State;
+use std::sync::Arc;
+
+use crate::state::{AnswerCheck, State};
 use crate::store::{Storage, StoreError};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,11 +35,13 @@ pub enum VerifyError {
 }
 
 /// Replays the whole chain in `store`, first checking that it is the chain of `trusted`
-/// when given (without, the store's own genesis is taken on trust). `progress(done, total)`
-/// is called after each block.
+/// when given (without, the store's own genesis is taken on trust). Evidence in it is
+/// recomputed with `answers` (without, a chain holding evidence does not verify).
+/// `progress(done, total)` is called after each block.
 pub fn verify_chain(
     store: &dyn Storage,
     trusted: Option<&Genesis>,
+    answers: Option<Arc<dyn AnswerCheck>>,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<VerifyReport, VerifyError> {
     let genesis = store.genesis()?;
@@ -57,6 +61,9 @@ pub fn verify_chain(
     }
     let max_bytes = genesis.params.max_block_bytes;
     let mut state = State::from_genesis(genesis);
+    if let Some(answers) = answers {
+        state = state.with_answer_check(answers);
+    }
     let mut transactions = 0u64;
     for height in 1..=head {
         let bytes = store
@@ -101,15 +108,15 @@ mod tests {
         let (genesis, _) = test_genesis();
         let store = MemoryStore::new(&genesis).unwrap();
         assert_eq!(
-            verify_chain(&store, Some(&genesis), |_, _| {})
+            verify_chain(&store, Some(&genesis), None, |_, _| {})
                 .unwrap()
                 .blocks,
             0
         );
-        assert!(verify_chain(&store, None, |_, _| {}).is_ok());
+        assert!(verify_chain(&store, None, None, |_, _| {}).is_ok());
         let mut other = genesis.clone();
         other.genesis_time_ms += 1;
-        match verify_chain(&store, Some(&other), |_, _| {}) {
+        match verify_chain(&store, Some(&other), None, |_, _| {}) {
             Err(VerifyError::GenesisMismatch { stored, given }) => {
                 assert_eq!((stored, given), (genesis.hash(), other.hash()));
             }

@@ -218,7 +218,7 @@ fn sigkill_at_random_instants_loses_no_committed_block() {
         assert_eq!(state.height(), head);
         if iteration % 50 == 49 || iteration + 1 == iterations {
             // Balances equal a replay of every committed block from genesis.
-            let report = verify_chain(&store, Some(&dev_genesis()), |_, _| {})
+            let report = verify_chain(&store, Some(&dev_genesis()), None, |_, _| {})
                 .unwrap_or_else(|e| panic!("iteration {iteration}: {e}"));
             assert_eq!(report.state_root, state.root());
         }

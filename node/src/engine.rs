@@ -13,6 +13,8 @@ use kvasir_inference::generate::{generate, Sampling};
 use kvasir_inference::model::qwen_moe::Model;
 use kvasir_inference::moe::{ExpertExecutor, LocalExperts};
 use kvasir_inference::tokenizer::Tokenizer;
+use kvasir_ledger::genesis::ModelPin;
+use kvasir_ledger::hash::{merkle_root, Hash};
 
 /// How many tokens, and how they are picked: shared by `generate` and `backbone`.
 #[derive(clap::Args, Clone, Copy)]
@@ -105,6 +107,34 @@ pub fn model_id(dir: &Path) -> Result<String> {
     Ok(hasher.finalize().to_hex()[..32].to_string())
 }
 
+/// The identity a genesis `models` entry pins for the checkpoint in `dir`: its model id,
+/// the blake3 of its config.json, and the merkle root over one hash per expert (layer-major,
+/// ascending expert) of its gate, up and down weights as stored. Reads every expert's bytes
+/// once: on a frontier-size checkpoint this takes minutes, which a ledger node pays at start.
+pub fn model_pin(dir: &Path) -> Result<ModelPin> {
+    let config_path = dir.join("config.json");
+    let config_bytes = std::fs::read(&config_path)
+        .with_context(|| format!("reading {}", config_path.display()))?;
+    let config = Config::load(dir)?;
+    let checkpoint = Checkpoint::open(dir)?;
+    let mut leaves = Vec::new();
+    for layer in config.moe_layers() {
+        for expert in 0..config.num_experts {
+            let mut hasher = blake3::Hasher::new();
+            for part in ["gate_proj", "up_proj", "down_proj"] {
+                let name = format!("model.layers.{layer}.mlp.experts.{expert}.{part}.weight");
+                hasher.update(checkpoint.tensor_bytes(&name)?);
+            }
+            leaves.push(Hash(*hasher.finalize().as_bytes()));
+        }
+    }
+    Ok(ModelPin {
+        id: model_id(dir)?,
+        config_hash: Hash(*blake3::hash(&config_bytes).as_bytes()),
+        experts_root: merkle_root(&leaves),
+    })
+}
+
 /// One generation from `prompt`: its report, as `generate` and `backbone` print it.
 pub fn run_generation(
     model: &Model,
@@ -137,5 +167,6 @@ pub fn run_generation(
         load_s: None,
         backend: None,
         dispatch: None,
+        audit: None,
     })
 }

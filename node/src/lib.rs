@@ -14,8 +14,10 @@
 #![cfg_attr(not(feature = "bench-reference"), forbid(unsafe_code))]
 #![cfg_attr(feature = "bench-reference", deny(unsafe_code))]
 
+pub mod answers;
 pub mod backbone;
 pub mod bench;
+pub mod bonds;
 pub mod commands;
 pub mod dev;
 pub mod engine;

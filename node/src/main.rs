@@ -89,7 +89,7 @@ fn main() -> ExitCode {
             encrypt,
             json,
         }) => genesis::init_command(&out, template.as_deref(), encrypt, json),
-        Command::Model(command) => model::synth(command),
+        Command::Model(command) => model::run(command),
         Command::Generate(args) => model::generate_command(args),
         Command::VerifyChain(args) => verify::run(args),
         Command::Bench(bench) => bench::run(bench),

@@ -1,18 +1,25 @@
 //! `kvasir-wallet`: your KVR account from the command line. Keys live in a key file
-//! (mode 0600, optionally sealed under a passphrase); `balance`, `transfer` and `history`
-//! talk to the ledger REST API at `--url`: a ledger node, or a gateway over HTTPS.
+//! (mode 0600, optionally sealed under a passphrase); `balance`, `transfer`, `bond`, `unbond`
+//! and `history` talk to the ledger REST API at `--url`: a ledger node, or a gateway over
+//! HTTPS.
 
 #![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use kvasir_api::ledger::{Direction, HistoryEntry, HistoryEvent};
-use kvasir_api::reports::{AddressReport, TransferReport};
+use kvasir_api::reports::{AddressReport, BondReport, TransferReport, UnbondReport};
 use kvasir_api::Client;
-use kvasir_ledger::{Address, Amount, Keypair, TxKind};
+use kvasir_ledger::{Address, Amount, Hash, Keypair, TxKind};
+use serde::Serialize;
+
+/// How long a signed transaction may take to be committed before the wallet gives up on it
+/// (it may still commit later: `history` shows it then).
+const COMMIT_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Parser)]
 #[command(
@@ -54,13 +61,22 @@ enum Command {
     },
     /// Print the address of the key file.
     Address,
-    /// Settled balance and pending rewards (with the heights they settle at).
+    /// Settled balance, pending rewards (with the heights they settle at), the bond and what
+    /// is unbonding (with the heights it is released at), and a jail while it lasts.
     Balance {
         /// Whose (default: the key file's address).
         address: Option<Address>,
     },
     /// Send KVR: `transfer kvr1... 1.5`; waits until the transfer is committed.
     Transfer { to: Address, amount: Amount },
+    /// Move KVR from your balance into your bond: `bond 10`. A worker's key must hold at
+    /// least the chain's `min_bond` (see `GET /params`) to be admitted and paid; accepted
+    /// evidence of a wrong answer slashes it. Waits until the bond is committed.
+    Bond { amount: Amount },
+    /// Start returning bonded KVR to your balance: `unbond 10`. It stays slashable for the
+    /// chain's `unbonding_blocks`, then is spendable again at the release height printed.
+    /// Waits until the unbonding is committed.
+    Unbond { amount: Amount },
     /// Transfers in and out and credits, newest first, 100 at a time.
     History {
         /// Whose (default: the key file's address).
@@ -125,33 +141,79 @@ fn run(cli: Cli) -> Result<()> {
         Command::Balance { address } => {
             let address = address_or_own(address, &keyfile)?;
             let account = client.account(&address)?;
-            if cli.json {
-                println!("{}", serde_json::to_string(&account)?);
-            } else {
-                println!("{}", account.summary());
-            }
+            print_report(cli.json, &account, || account.summary())?;
         }
         Command::Transfer { to, amount } => {
-            let key = kvasir_keyfile::open(&keyfile)?;
-            let chain_id = client.head()?.chain_id;
-            let nonce = client.account(&key.address())?.nonce;
-            let tx = TxKind::Transfer { to, amount }.signed(&chain_id, &key, nonce);
-            let hash = client.submit(&tx)?;
-            let height = client.wait_committed(&hash, std::time::Duration::from_secs(60))?;
-            if cli.json {
-                let report = TransferReport {
-                    hash,
-                    height,
-                    to,
-                    amount,
-                };
-                println!("{}", serde_json::to_string(&report)?);
-            } else {
-                println!(
-                    "sent {amount} to {to} in transaction {hash}, committed at height {height}"
-                );
-            }
+            let Committed { hash, height } =
+                commit(&client, &keyfile, TxKind::Transfer { to, amount })?;
+            let report = TransferReport {
+                hash,
+                height,
+                to,
+                amount,
+            };
+            print_report(cli.json, &report, || {
+                format!("sent {amount} to {to} in transaction {hash}, committed at height {height}")
+            })?;
         }
+        Command::Bond { amount } => {
+            let Committed { hash, height } = commit(&client, &keyfile, TxKind::Bond { amount })?;
+            let report = BondReport {
+                hash,
+                height,
+                amount,
+            };
+            print_report(cli.json, &report, || {
+                format!("bonded {amount} in transaction {hash}, committed at height {height}")
+            })?;
+        }
+        Command::Unbond { amount } => {
+            let Committed { hash, height } = commit(&client, &keyfile, TxKind::Unbond { amount })?;
+            // The ledger releases an unbonding started in block H at H + unbonding_blocks.
+            let release_height = height
+                .checked_add(client.params()?.unbonding_blocks)
+                .context("the release height overflows")?;
+            let report = UnbondReport {
+                hash,
+                height,
+                amount,
+                release_height,
+            };
+            print_report(cli.json, &report, || {
+                format!(
+                    "unbonding {amount} in transaction {hash}, committed at height {height}; \
+                     spendable again at height {release_height}"
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// A transaction as the chain took it: its hash and the height of its block.
+struct Committed {
+    hash: Hash,
+    height: u64,
+}
+
+/// Signs `kind` with the key file for the chain at `client` (its chain id from the head, the
+/// next nonce from the account), submits it and waits until it is committed: what every
+/// command that moves money does. A refusal is the ledger's own reason, in one line.
+fn commit(client: &Client, keyfile: &Path, kind: TxKind) -> Result<Committed> {
+    let key = kvasir_keyfile::open(keyfile)?;
+    let chain_id = client.head()?.chain_id;
+    let nonce = client.account(&key.address())?.nonce;
+    let hash = client.submit(&kind.signed(&chain_id, &key, nonce))?;
+    let height = client.wait_committed(&hash, COMMIT_TIMEOUT)?;
+    Ok(Committed { hash, height })
+}
+
+/// `report` as one JSON object with `--json`, else the line `text` makes.
+fn print_report<R: Serialize>(json: bool, report: &R, text: impl FnOnce() -> String) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(report)?);
+    } else {
+        println!("{}", text());
     }
     Ok(())
 }
@@ -186,20 +248,26 @@ fn history_line(entry: &HistoryEntry) -> String {
         } => format!(
             "{head} credit to {worker}: session {session_id} of hub {hub} at {cumulative_bytes} bytes"
         ),
+        HistoryEvent::Bond { amount } => format!("{head} bond {}", amount.kvr),
+        HistoryEvent::Unbond { amount } => format!("{head} unbond {}", amount.kvr),
+        HistoryEvent::Evidence {
+            reporter,
+            worker,
+            hub,
+            session_id,
+            request_id,
+        } => format!(
+            "{head} evidence by {reporter} against {worker}: request {request_id} of session {session_id} of hub {hub}"
+        ),
     }
 }
 
 fn print_address(address: Address, keyfile: &Path, json: bool) -> Result<()> {
-    if json {
-        let report = AddressReport {
-            address,
-            keyfile: keyfile.to_path_buf(),
-        };
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
-        println!("{address}");
-    }
-    Ok(())
+    let report = AddressReport {
+        address,
+        keyfile: keyfile.to_path_buf(),
+    };
+    print_report(json, &report, || address.to_string())
 }
 
 fn main() -> ExitCode {

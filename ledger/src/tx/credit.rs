@@ -1,10 +1,14 @@
 //! The credit action: a genesis gateway submits a hub's signed receipt, and the worker it
 //! names is paid for the bytes relayed since the session's last credited receipt. Receipts
-//! are cumulative, so a replay or a duplicate pays nothing. Its three stages, as `tx`
+//! are cumulative, so a replay or a duplicate pays nothing. A receipt for a convicted
+//! session, a jailed worker, or (on a chain with bonds) a worker bonded below `min_bond`
+//! is taken, raising the session's mark, but pays nothing: such a key cannot be paid, and
+//! the gateway's crediting need not treat it as an error. Its three stages, as `tx`
 //! dispatches them, and the receipt itself.
 
 use borsh::{BorshDeserialize, BorshSerialize};
 
+use crate::amount::Amount;
 use crate::genesis::Genesis;
 use crate::intent::{self, Intent};
 use crate::keys::{Address, Keypair, Signature, SignatureCheck};
@@ -100,19 +104,36 @@ pub(super) fn check_stateful(
     Ok(())
 }
 
-/// Pays `earned(new) - earned(old)` from the pool into the worker's pending rewards, records
-/// what the pool could not cover as owed, and raises the session's mark.
+/// Whether the worker of a session may be paid now: not convicted in it, not jailed, and
+/// bonded as the chain asks.
+fn may_be_paid(state: &State, receipt: &Receipt) -> bool {
+    let convicted = state
+        .receipt_mark(&SessionKey::of(receipt))
+        .is_some_and(ReceiptMark::is_convicted);
+    let worker = state.account(&receipt.worker);
+    let genesis = state.genesis();
+    let bonded = !genesis.bonds_required() || worker.bonded >= genesis.params.min_bond;
+    // The block being built is the one after the head.
+    !convicted && !worker.is_jailed(state.height() + 1) && bonded
+}
+
+/// Pays `earned(new) - earned(old)` from the pool into the worker's pending rewards of this
+/// session (nothing if it may not be paid), records what the pool could not cover as owed,
+/// and raises the session's mark.
 pub(super) fn execute(staged: &mut Staged, receipt: &Receipt) -> Result<(), TxError> {
     let key = SessionKey::of(receipt);
     let state = staged.state();
-    let old = state
-        .receipt_mark(&key)
-        .map_or(0, |mark| mark.cumulative_bytes);
+    let old = state.receipt_mark(&key);
+    let conviction = old.and_then(|mark| mark.conviction.clone());
+    let old = old.map_or(0, |mark| mark.cumulative_bytes);
     let earned = |bytes| state.genesis().earned(bytes).ok_or(TxError::Overflow);
-    let delta = earned(receipt.cumulative_bytes)?
+    let mut delta = earned(receipt.cumulative_bytes)?
         .checked_sub(earned(old)?)
         .ok_or(TxError::Overflow)?;
-    let paid = staged.pay_from_pool(receipt.worker, delta)?;
+    if !may_be_paid(state, receipt) {
+        delta = Amount::ZERO;
+    }
+    let paid = staged.pay_from_pool(receipt.worker, delta, Some(key))?;
     let unpaid = delta.checked_sub(paid).ok_or(TxError::Overflow)?;
     if !unpaid.is_zero() {
         let mut worker = staged.account(&receipt.worker);
@@ -122,6 +143,7 @@ pub(super) fn execute(staged: &mut Staged, receipt: &Receipt) -> Result<(), TxEr
     let mark = ReceiptMark {
         worker: receipt.worker,
         cumulative_bytes: receipt.cumulative_bytes,
+        conviction,
     };
     staged.set_receipt_mark(key, mark);
     Ok(())

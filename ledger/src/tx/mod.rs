@@ -6,18 +6,22 @@
 //! mempool asks of it.
 //!
 //! This module holds what every transaction shares (chain id, sender, nonce, signature, the
-//! encoding) and dispatches each stage to the module of its action: `transfer`, `credit`.
+//! encoding) and dispatches each stage to the module of its action: `transfer`, `credit`,
+//! `bond` (Bond and Unbond), `evidence`.
 //! Each action module has the same three functions, so a new action is one module, one
 //! `TxKind` variant (appended, so existing encodings keep their meaning) and one arm in each
 //! dispatch below.
 
+mod bond;
 mod credit;
+pub(crate) mod evidence;
 mod transfer;
 
 use borsh::{BorshDeserialize, BorshSerialize};
 use rayon::prelude::*;
 
 pub use credit::{Receipt, SignedReceipt};
+pub use evidence::Evidence;
 
 use crate::amount::Amount;
 use crate::genesis::Genesis;
@@ -26,8 +30,11 @@ use crate::intent::{self, Intent};
 use crate::keys::{Address, Keypair, Signature, SignatureBatch, SignatureCheck};
 use crate::state::{Staged, State, Writes};
 
-/// Largest encoded transaction accepted from outside.
+/// Largest encoded transaction accepted from outside, but for evidence.
 pub const MAX_TX_BYTES: usize = 2048;
+/// Largest encoded evidence transaction: it quotes a whole dispatch request and its answer
+/// (a 64-row step of a 2048-wide model, routed to 8 experts, is about 4.5 MiB).
+pub const MAX_EVIDENCE_TX_BYTES: usize = 6 << 20;
 
 #[derive(Clone, Debug, PartialEq, Eq, BorshSerialize, BorshDeserialize)]
 pub enum TxKind {
@@ -37,6 +44,16 @@ pub enum TxKind {
     },
     /// Submitted by a genesis gateway; pays the worker for the receipt's new bytes.
     Credit(SignedReceipt),
+    /// Moves spendable balance into the sender's bond.
+    Bond {
+        amount: Amount,
+    },
+    /// Starts returning bonded money to the balance, after `unbonding_blocks`.
+    Unbond {
+        amount: Amount,
+    },
+    /// Proof that a worker answered wrongly; anyone may submit it and is paid a share.
+    Evidence(Box<Evidence>),
 }
 
 impl TxKind {
@@ -62,11 +79,14 @@ pub struct Tx {
 
 impl Tx {
     /// The accounts whose history lists this transaction: the two sides of a transfer, the
-    /// worker a credit pays (not the gateway that submits credits by the thousand).
+    /// worker a credit pays (not the gateway that submits credits by the thousand), the
+    /// reporter and the worker of evidence.
     pub fn parties(&self) -> impl Iterator<Item = Address> {
         let (first, second) = match &self.kind {
             TxKind::Transfer { to, .. } => (self.sender, Some(*to)),
             TxKind::Credit(signed) => (signed.receipt.worker, None),
+            TxKind::Bond { .. } | TxKind::Unbond { .. } => (self.sender, None),
+            TxKind::Evidence(evidence) => (self.sender, Some(evidence.worker)),
         };
         std::iter::once(first).chain(second)
     }
@@ -95,18 +115,30 @@ impl SignedTx {
         borsh::to_vec(self).unwrap_or_default()
     }
 
-    /// Decodes canonical bytes from outside: size-limited, no trailing bytes.
+    /// Decodes canonical bytes from outside: size-limited (evidence to its own, larger
+    /// limit), no trailing bytes.
     pub fn from_bytes(bytes: &[u8]) -> Result<SignedTx, TxError> {
-        if bytes.len() > MAX_TX_BYTES {
+        if bytes.len() > MAX_EVIDENCE_TX_BYTES {
             return Err(TxError::TooLarge(bytes.len()));
         }
         let tx: SignedTx =
             borsh::from_slice(bytes).map_err(|e| TxError::Malformed(e.to_string()))?;
+        if bytes.len() > tx.size_limit() {
+            return Err(TxError::TooLarge(bytes.len()));
+        }
         // Only the canonical encoding is accepted, so one transaction has one hash.
         if tx.to_bytes() != bytes {
             return Err(TxError::Malformed("non-canonical encoding".into()));
         }
         Ok(tx)
+    }
+
+    /// The largest encoding this kind of transaction may have.
+    pub fn size_limit(&self) -> usize {
+        match self.tx.kind {
+            TxKind::Evidence(_) => MAX_EVIDENCE_TX_BYTES,
+            _ => MAX_TX_BYTES,
+        }
     }
 }
 
@@ -115,7 +147,7 @@ impl SignedTx {
 pub enum TxError {
     #[error("malformed transaction: {0}")]
     Malformed(String),
-    #[error("transaction is {0} bytes, over the {MAX_TX_BYTES}-byte limit")]
+    #[error("transaction is {0} bytes, over the limit ({MAX_TX_BYTES} bytes, {MAX_EVIDENCE_TX_BYTES} for evidence)")]
     TooLarge(usize),
     #[error("transaction is for chain {got:?}, this is {expected:?}")]
     WrongChain { expected: String, got: String },
@@ -153,8 +185,30 @@ pub enum TxError {
         "receipt is not newer: session already credited up to {stored} bytes, receipt says {got}"
     )]
     ReceiptNotNewer { stored: u64, got: u64 },
-    #[error("session belongs to worker {stored}, receipt names {got}")]
+    #[error("session belongs to worker {stored}, the transaction names {got}")]
     SessionWorkerMismatch { stored: Address, got: Address },
+    #[error("this chain has no bonds (its genesis sets no min_bond)")]
+    NoBonds,
+    #[error("insufficient bond: bonded {bonded}, needed {needed}")]
+    InsufficientBond { bonded: Amount, needed: Amount },
+    #[error("model {0:?} is not pinned in genesis: no evidence about it can be checked")]
+    UnpinnedModel(String),
+    #[error("answer signature does not verify")]
+    BadAnswerSignature,
+    #[error("this node holds no checkpoint to recompute evidence with (start it with --model)")]
+    CannotCheckEvidence,
+    #[error("evidence request: {0}")]
+    EvidenceRequest(String),
+    #[error(
+        "the answer is correct: recomputing it gives the same bits, so there is nothing to slash"
+    )]
+    AnswerWasCorrect,
+    #[error("this session was already convicted")]
+    AlreadyConvicted,
+    #[error(
+        "{0} has neither a bond nor pending rewards in this session: there is nothing to slash"
+    )]
+    NothingAtStake(Address),
 }
 
 /// A transaction that passed `check_stateless` on this chain: well formed, correctly signed.
@@ -198,6 +252,8 @@ fn check_format(genesis: &Genesis, tx: &SignedTx) -> Result<Vec<TxSignature>, Tx
     let carried = match &t.kind {
         TxKind::Transfer { to, amount } => transfer::check_stateless(t, to, *amount)?,
         TxKind::Credit(signed) => credit::check_stateless(genesis, signed)?,
+        TxKind::Bond { amount } | TxKind::Unbond { amount } => bond::check_stateless(*amount)?,
+        TxKind::Evidence(evidence) => evidence::check_stateless(genesis, evidence)?,
     };
     signatures.extend(carried);
     Ok(signatures)
@@ -267,6 +323,9 @@ pub fn check_stateful(state: &State, tx: &SignedTx) -> Result<(), TxError> {
     match &t.kind {
         TxKind::Transfer { to, amount } => transfer::check_stateful(state, &sender, to, *amount),
         TxKind::Credit(signed) => credit::check_stateful(state, &t.sender, signed),
+        TxKind::Bond { amount } => bond::check_bond(state, &sender, *amount),
+        TxKind::Unbond { amount } => bond::check_unbond(state, &sender, *amount),
+        TxKind::Evidence(evidence) => evidence::check_stateful(state, evidence),
     }
 }
 
@@ -276,14 +335,18 @@ pub fn check_stateful(state: &State, tx: &SignedTx) -> Result<(), TxError> {
 /// (its predecessors can only spend it); a credit must come from a genesis gateway with a
 /// receipt of a genesis hub, newer than the session's mark (marks only rise). So a key
 /// that cannot pay anything queues nothing. What a predecessor may change (it may create a
-/// transfer's receiver) waits for `check_stateful` in production.
+/// transfer's receiver) waits for `check_stateful` in production. A bond must be covered
+/// by today's balance, an unbond by today's bond (a predecessor could raise it, so this is
+/// stricter than production, never looser); evidence must already prove a wrong answer.
 pub fn check_action(state: &State, tx: &SignedTx) -> Result<(), TxError> {
     let t = &tx.tx;
+    let sender = || state.account(&t.sender);
     match &t.kind {
-        TxKind::Transfer { amount, .. } => {
-            transfer::check_funds(&state.account(&t.sender), *amount)
-        }
+        TxKind::Transfer { amount, .. } => transfer::check_funds(&sender(), *amount),
         TxKind::Credit(signed) => credit::check_stateful(state, &t.sender, signed),
+        TxKind::Bond { amount } => bond::check_bond(state, &sender(), *amount),
+        TxKind::Unbond { amount } => bond::check_unbond(state, &sender(), *amount),
+        TxKind::Evidence(evidence) => evidence::check_stateful(state, evidence),
     }
 }
 
@@ -299,6 +362,9 @@ pub(crate) fn execute(state: &State, tx: &SignedTx) -> Result<Writes, TxError> {
     match &t.kind {
         TxKind::Transfer { to, amount } => transfer::execute(&mut staged, &t.sender, to, *amount),
         TxKind::Credit(signed) => credit::execute(&mut staged, &signed.receipt),
+        TxKind::Bond { amount } => bond::execute_bond(&mut staged, &t.sender, *amount),
+        TxKind::Unbond { amount } => bond::execute_unbond(&mut staged, &t.sender, *amount),
+        TxKind::Evidence(evidence) => evidence::execute(&mut staged, &t.sender, evidence),
     }?;
     Ok(staged.into_writes())
 }
@@ -345,7 +411,7 @@ pub(crate) mod tests {
         let (_, keys) = test_genesis();
         let tx = transfer(&keys.alice, 3, keys.bob.address(), "2.5");
         let bytes = tx.to_bytes();
-        assert_eq!(SignedTx::from_bytes(&bytes), Ok(tx));
+        assert_eq!(SignedTx::from_bytes(&bytes), Ok(tx.clone()));
         let mut trailing = bytes.clone();
         trailing.push(0);
         assert!(matches!(
@@ -359,7 +425,15 @@ pub(crate) mod tests {
             ));
         }
         assert!(matches!(
-            SignedTx::from_bytes(&vec![0u8; MAX_TX_BYTES + 1]),
+            SignedTx::from_bytes(&vec![0u8; MAX_EVIDENCE_TX_BYTES + 1]),
+            Err(TxError::TooLarge(_))
+        ));
+        // Only evidence may be larger than a plain transaction.
+        let mut long = tx.tx.clone();
+        long.chain_id = "x".repeat(MAX_TX_BYTES);
+        let long = long.sign(&keys.alice).to_bytes();
+        assert!(matches!(
+            SignedTx::from_bytes(&long),
             Err(TxError::TooLarge(_))
         ));
     }

@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
+use kvasir_ledger::fraction::Fraction;
 use kvasir_ledger::genesis::{Allocation, Authorities, ChainParams};
 use kvasir_ledger::intent::{signing_message, Intent};
 use kvasir_ledger::{
@@ -69,6 +70,11 @@ fn bench_genesis(validator: &Keypair, senders: &[Keypair], filler: usize) -> Gen
             max_block_bytes: 256 << 20,
             rewards_pool: Amount::parse("1000").unwrap_or_default(),
             min_new_account: Amount::ZERO,
+            min_bond: Amount::ZERO,
+            unbonding_blocks: 0,
+            slash_fraction: Fraction::ZERO,
+            reporter_share: Fraction::ZERO,
+            jail_blocks: 0,
         },
         allocations,
         authorities: Authorities {
@@ -76,6 +82,7 @@ fn bench_genesis(validator: &Keypair, senders: &[Keypair], filler: usize) -> Gen
             gateways: vec![],
             hubs: vec![],
         },
+        models: Vec::new(),
     }
 }
 

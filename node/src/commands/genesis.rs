@@ -148,6 +148,7 @@ pub fn init_sealed(out: &Path, template: &Template, passphrase: Option<&str>) ->
             gateways: vec![gateway],
             hubs: vec![hub],
         },
+        models: Vec::new(),
     };
     genesis.validate()?;
     std::fs::write(&genesis_file, genesis.to_json())
@@ -219,7 +220,7 @@ mod tests {
         let genesis = Genesis::from_json(DEV_GENESIS).unwrap();
         assert_eq!(
             genesis.hash().to_string(),
-            "556f12c63ddb562b2f192ca3dd73622133c60feda8e8428147ad0b7a0d70c0bd"
+            "3d35519ed27044897abbb8e9f8ef0b01e4a01fe9782515ce1beea542f23f2800"
         );
         let roles: Vec<_> = DEV_KEYS.iter().map(|(role, _)| *role).collect();
         assert_eq!(roles, ROLES);

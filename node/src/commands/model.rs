@@ -12,7 +12,7 @@ use kvasir_inference::model::qwen_moe::Model;
 use kvasir_inference::synth::{preset, synthesize};
 use kvasir_inference::tokenizer::Tokenizer;
 
-use crate::engine::{load_experts, run_generation, Backend, SamplingArgs};
+use crate::engine::{load_experts, model_pin, run_generation, Backend, SamplingArgs};
 
 #[derive(clap::Subcommand)]
 pub enum ModelCommand {
@@ -25,6 +25,13 @@ pub enum ModelCommand {
         /// tiny, tiny-qwen2 or small.
         #[arg(long, default_value = "small")]
         preset: String,
+    },
+    /// Print the checkpoint's identity as a genesis `models` entry (JSON): its model id, the
+    /// blake3 of config.json and the root over its experts' weight hashes.
+    Pin {
+        /// Checkpoint directory.
+        #[arg(long)]
+        model: PathBuf,
     },
 }
 
@@ -45,15 +52,26 @@ pub struct GenerateArgs {
     json: bool,
 }
 
-pub fn synth(command: ModelCommand) -> Result<()> {
-    let ModelCommand::Synth { out, preset: name } = command;
-    let preset = preset(&name)?;
+pub fn run(command: ModelCommand) -> Result<()> {
+    match command {
+        ModelCommand::Synth { out, preset } => synth(&out, &preset),
+        ModelCommand::Pin { model } => {
+            let pin = model_pin(&model)
+                .with_context(|| format!("reading the checkpoint in {}", model.display()))?;
+            println!("{}", serde_json::to_string_pretty(&pin)?);
+            Ok(())
+        }
+    }
+}
+
+fn synth(out: &std::path::Path, name: &str) -> Result<()> {
+    let preset = preset(name)?;
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("synthesizing {bar:40} {pos}/{len} tensors")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    synthesize(&out, preset, |done, total| {
+    synthesize(out, preset, |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     })?;

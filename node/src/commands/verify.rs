@@ -2,11 +2,15 @@
 //! genesis it is given (without one, the store's own genesis is trusted, with a warning).
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvasir_api::reports::VerifyReport;
+use kvasir_ledger::state::AnswerCheck;
 use kvasir_ledger::{verify_chain, Genesis, SledStore, Storage};
+
+use crate::answers::ModelAnswers;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -16,6 +20,10 @@ pub struct Args {
     /// The chain's genesis.json: a store holding another chain is refused.
     #[arg(long)]
     genesis: Option<PathBuf>,
+    /// The checkpoint the genesis pins, to recompute the chain's evidence with (a chain that
+    /// holds evidence does not verify without it).
+    #[arg(long)]
+    model: Option<PathBuf>,
     /// Print the report as one JSON object.
     #[arg(long)]
     json: bool,
@@ -40,7 +48,14 @@ pub fn run(args: Args) -> Result<()> {
         ProgressStyle::with_template("verifying {bar:40} {pos}/{len} blocks {per_sec} eta {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let report = verify_chain(&store, trusted.as_ref(), |done, _| bar.set_position(done));
+    let answers = match &args.model {
+        Some(dir) => ModelAnswers::for_genesis(&store.genesis()?, Some(dir))?
+            .map(|answers| Arc::new(answers) as Arc<dyn AnswerCheck>),
+        None => None,
+    };
+    let report = verify_chain(&store, trusted.as_ref(), answers, |done, _| {
+        bar.set_position(done)
+    });
     bar.finish_and_clear();
     let report = report?;
     if args.json {

@@ -272,7 +272,7 @@ pub fn run(args: Args) -> Result<()> {
     drop(backbone);
     swarm.stop();
     let store = SledStore::open(&dir.join("ledger"))?;
-    let verified = verify_chain(&store, Some(&genesis), |_, _| {})?;
+    let verified = verify_chain(&store, Some(&genesis), None, |_, _| {})?;
     println!(
         "chain re-verified from genesis: {} blocks, {} transactions, state root {}",
         verified.blocks, verified.transactions, verified.state_root

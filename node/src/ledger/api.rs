@@ -5,7 +5,9 @@
 //!
 //! - `GET  /healthz`
 //! - `GET  /head`
-//! - `GET  /accounts/{address}`: settled balance, pending rewards with settle heights, nonce
+//! - `GET  /params`: the genesis parameters (rewards, challenge window, bonds, slashing)
+//! - `GET  /accounts/{address}`: settled balance, pending rewards with settle heights and
+//!   sessions, nonce, bond, unbonding amounts with release heights, jail
 //! - `GET  /accounts/{address}/history`: the account's transfers and credits, newest first
 //! - `GET  /blocks/{height}`, `GET /blocks/by-hash/{hash}`
 //! - `POST /txs` `{"tx": hex of the borsh-encoded signed transaction}` -> `{"hash"}`
@@ -27,15 +29,15 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use kvasir_api::ledger::{
     AccountView, Batch, BatchVerdicts, BlockView, CreditedSession, Direction, ErrorBody, Head,
-    History, HistoryEntry, HistoryEvent, HubSessions, PageQuery, PendingView, SessionMark,
-    Submission, Submitted, TxState, TxStatus, Verdict,
+    History, HistoryEntry, HistoryEvent, HubSessions, PageQuery, ParamsView, PendingView,
+    SessionMark, SessionRef, Submission, Submitted, TxState, TxStatus, UnbondingView, Verdict,
 };
 use kvasir_api::schema::{AddressText, HashText};
 use kvasir_api::Object;
 use kvasir_ledger::mempool::MempoolError;
 use kvasir_ledger::state::SessionKey;
 use kvasir_ledger::store::{Storage, TxLocation};
-use kvasir_ledger::{Address, Amount, Block, Hash, SignedTx, TxKind};
+use kvasir_ledger::{Address, Block, Hash, SignedTx, TxKind};
 use utoipa::OpenApi;
 
 use super::{Ledger, Refusal};
@@ -51,6 +53,7 @@ use crate::metrics::Exposition;
     paths(
         healthz,
         head,
+        params,
         account,
         block_by_height,
         block_by_hash,
@@ -131,6 +134,7 @@ pub fn router(ledger: Arc<Ledger>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/head", get(head))
+        .route("/params", get(params))
         .route("/accounts/{address}", get(account))
         .route("/accounts/{address}/history", get(history))
         .route("/blocks/{height}", get(block_by_height))
@@ -174,19 +178,40 @@ async fn head(State(ledger): State<Arc<Ledger>>) -> Json<Head> {
     })
 }
 
-#[utoipa::path(get, path = "/accounts/{address}", description = "Settled balance, pending rewards with settle heights, nonce.", params(("address" = AddressText, Path, description = "A kvr1... address")), responses((status = 200, body = AccountView), (status = 400, body = ErrorBody), (status = 500, body = ErrorBody)))]
+#[utoipa::path(get, path = "/params", description = "The chain's genesis parameters: rewards, challenge window, block limits, the bond a worker must hold (zero: no bonds), the unbonding delay and what accepted evidence slashes.", responses((status = 200, body = ParamsView)))]
+async fn params(State(ledger): State<Arc<Ledger>>) -> Json<ParamsView> {
+    let state = ledger.state();
+    let genesis = state.genesis();
+    let p = &genesis.params;
+    Json(ParamsView {
+        chain_id: p.chain_id.clone(),
+        genesis_hash: genesis.hash(),
+        unit_bytes: p.unit_bytes,
+        reward_per_unit: p.reward_per_unit.into(),
+        challenge_window: p.challenge_window,
+        block_interval_ms: p.block_interval_ms,
+        max_block_txs: p.max_block_txs,
+        max_block_bytes: p.max_block_bytes,
+        min_new_account: p.min_new_account.into(),
+        min_bond: p.min_bond.into(),
+        unbonding_blocks: p.unbonding_blocks,
+        slash_fraction: p.slash_fraction,
+        reporter_share: p.reporter_share,
+        jail_blocks: p.jail_blocks,
+    })
+}
+
+#[utoipa::path(get, path = "/accounts/{address}", description = "Settled balance, pending rewards with settle heights and sessions, nonce, bond, unbonding amounts with release heights, and whether the key is jailed.", params(("address" = AddressText, Path, description = "A kvr1... address")), responses((status = 200, body = AccountView), (status = 400, body = ErrorBody)))]
 async fn account(
     State(ledger): State<Arc<Ledger>>,
     address: Result<Path<String>, PathRejection>,
 ) -> Reply<AccountView> {
     let address = path_text(address)?;
     let address = Address::from_str(&address).map_err(bad_request)?;
-    let account = ledger.state().account(&address);
-    let pending_total = account
-        .pending
-        .iter()
-        .try_fold(Amount::ZERO, |sum, p| sum.checked_add(p.amount))
-        .ok_or_else(|| internal("pending total overflows"))?;
+    let state = ledger.state();
+    let account = state.account(&address);
+    // Owed claims paid when the pool refilled are kept under the pool's key: no session.
+    let pool = state.genesis().rewards_pool_address();
     Ok(Json(AccountView {
         address,
         balance: account.balance.into(),
@@ -196,11 +221,28 @@ async fn account(
             .map(|p| PendingView {
                 amount: p.amount.into(),
                 settle_height: p.settle_height,
+                session: (p.session.hub != pool).then_some(SessionRef {
+                    hub: p.session.hub,
+                    session_id: p.session.session_id,
+                }),
             })
             .collect(),
-        pending_total: pending_total.into(),
+        pending_total: account.pending_total().into(),
         owed: account.owed.into(),
         nonce: account.nonce,
+        bonded: account.bonded.into(),
+        unbonding: account
+            .unbonding
+            .iter()
+            .map(|u| UnbondingView {
+                amount: u.amount.into(),
+                release_height: u.release_height,
+            })
+            .collect(),
+        unbonding_total: account.unbonding_total().into(),
+        jailed_until: account.jailed_until,
+        // As credits judge it (`tx::credit`): the block being built is the one after the head.
+        jailed: account.is_jailed(state.height().saturating_add(1)),
     }))
 }
 
@@ -302,6 +344,19 @@ fn history_entry(tx: &SignedTx, address: &Address, location: TxLocation) -> Hist
             hub: signed.receipt.hub,
             session_id: signed.receipt.session_id,
             cumulative_bytes: signed.receipt.cumulative_bytes,
+        },
+        TxKind::Bond { amount } => HistoryEvent::Bond {
+            amount: (*amount).into(),
+        },
+        TxKind::Unbond { amount } => HistoryEvent::Unbond {
+            amount: (*amount).into(),
+        },
+        TxKind::Evidence(evidence) => HistoryEvent::Evidence {
+            reporter: t.sender,
+            worker: evidence.worker,
+            hub: evidence.hub,
+            session_id: evidence.session,
+            request_id: evidence.request_id,
         },
     };
     HistoryEntry {

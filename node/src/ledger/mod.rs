@@ -21,11 +21,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use kvasir_ledger::mempool::{Limits, Mempool, MempoolError};
+use kvasir_ledger::state::AnswerCheck;
 use kvasir_ledger::{
     check_clock, check_stateless, produce_block, BlockError, Genesis, Hash, Keypair, SignedTx,
     SledStore, State, Storage, TxError,
 };
 
+use crate::answers::ModelAnswers;
 use crate::link;
 use crate::listen::{Acceptor, Limits as ConnectionLimits};
 use crate::metrics::Histogram;
@@ -51,6 +53,10 @@ pub struct Args {
     /// total).
     #[arg(long, default_value_t = 4096)]
     max_connections: usize,
+    /// The checkpoint evidence is recomputed with: required when the genesis pins a model,
+    /// and it must be that model (the node refuses to start otherwise).
+    #[arg(long)]
+    model: Option<PathBuf>,
 }
 
 /// Why a submitted transaction was not admitted.
@@ -138,7 +144,14 @@ fn now_ms() -> u64 {
 }
 
 impl Ledger {
-    pub fn open(genesis: &Genesis, dir: &std::path::Path, validator: Keypair) -> Result<Ledger> {
+    /// The ledger of `genesis` stored in `dir`, producing with `validator` and checking
+    /// evidence with `answers` (without, evidence is refused).
+    pub fn open(
+        genesis: &Genesis,
+        dir: &std::path::Path,
+        validator: Keypair,
+        answers: Option<Arc<dyn AnswerCheck>>,
+    ) -> Result<Ledger> {
         if !genesis.is_validator(&validator.address()) {
             bail!("{} is not a validator of this chain", validator.address());
         }
@@ -146,7 +159,10 @@ impl Ledger {
         if store.genesis()?.hash() != genesis.hash() {
             bail!("{} holds another chain than this genesis", dir.display());
         }
-        let state = store.load_state()?;
+        let mut state = store.load_state()?;
+        if let Some(answers) = answers {
+            state = state.with_answer_check(answers);
+        }
         Ok(Ledger {
             store,
             state: RwLock::new(state),
@@ -254,8 +270,10 @@ impl Ledger {
 pub fn run(args: Args) -> Result<()> {
     let genesis = Genesis::load(&args.genesis)?;
     let validator = kvasir_keyfile::open(&args.key)?;
+    let answers = ModelAnswers::for_genesis(&genesis, args.model.as_deref())?
+        .map(|answers| Arc::new(answers) as Arc<dyn AnswerCheck>);
     let ledger = Arc::new(
-        Ledger::open(&genesis, &args.data_dir, validator)
+        Ledger::open(&genesis, &args.data_dir, validator, answers)
             .with_context(|| format!("opening the ledger in {}", args.data_dir.display()))?,
     );
     let stop = Arc::new(AtomicBool::new(false));
@@ -324,7 +342,7 @@ mod tests {
         let mut genesis = init(&chain, &load_template(None).unwrap()).unwrap();
         change(&mut genesis);
         let key = |role| kvasir_keyfile::read(&key_path(&chain, role), None).unwrap();
-        let ledger = Ledger::open(&genesis, &dir.join("ledger"), key("validator")).unwrap();
+        let ledger = Ledger::open(&genesis, &dir.join("ledger"), key("validator"), None).unwrap();
         (ledger, key("faucet"))
     }
 

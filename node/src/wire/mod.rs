@@ -589,6 +589,34 @@ impl Message {
     }
 }
 
+/// The request a request body (a request frame's bytes after the header) carries, checked
+/// as `Message::decode` checks a frame: what evidence quotes is decoded exactly as the worker
+/// decoded it.
+pub fn decode_request_body(body: &[u8]) -> Result<Request, WireError> {
+    if body.len() > MAX_FRAME - HEADER {
+        return Err(WireError::TooLarge {
+            what: "frame",
+            got: (body.len() + HEADER) as u64,
+            max: MAX_FRAME as u64,
+        });
+    }
+    let mut frame = Vec::with_capacity(HEADER + body.len());
+    frame.extend_from_slice(&MAGIC);
+    frame.push(VERSION);
+    frame.push(KIND_REQUEST);
+    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    frame.extend_from_slice(body);
+    match Message::decode(&frame)? {
+        Message::Request(request) => Ok(request),
+        _ => Err(WireError::Invalid("request body")),
+    }
+}
+
+/// TEMPORARY until wire v2 lands: the whole body.
+pub fn response_body(frame: &[u8]) -> &[u8] {
+    frame.get(HEADER..).unwrap_or_default()
+}
+
 /// A frame as the hub sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Relayed {

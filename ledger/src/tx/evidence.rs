@@ -1,0 +1,517 @@
+//! The evidence action: anyone who holds a worker's signed answer that is wrong proves it on
+//! chain. The transaction carries the request body exactly as the worker received it, the
+//! response body it sent and its answer signature; a validator checks the signature, then
+//! recomputes the named experts on the request's rows with the model the genesis pins and
+//! compares bits. Kernels are bit-exact, so a correct answer has one value: evidence that
+//! recomputes to the worker's answer is refused, and an honest worker can never be slashed.
+//!
+//! Accepted evidence cancels the session's pending rewards (back to the rewards pool),
+//! slashes `slash_fraction` of the worker's bond, bonded then unbonding (`reporter_share` of
+//! it to the reporter, the rest burned), jails the key for `jail_blocks` and marks the
+//! session convicted: it is paid nothing more and no second evidence about it is taken.
+
+use borsh::{BorshDeserialize, BorshSerialize};
+
+use crate::amount::Amount;
+use crate::answer::{body_hash, AnswerClaim};
+use crate::genesis::Genesis;
+use crate::intent::{self, Intent};
+use crate::keys::{Address, Signature, SignatureCheck};
+use crate::state::{Conviction, ReceiptMark, SessionKey, Staged, State};
+
+use super::{TxError, TxSignature};
+
+/// A worker's signed answer, offered as proof that it is wrong.
+#[derive(Clone, Debug, PartialEq, Eq, BorshSerialize, BorshDeserialize)]
+pub struct Evidence {
+    pub worker: Address,
+    pub hub: Address,
+    pub session: u64,
+    pub request_id: u64,
+    pub model_id: String,
+    /// The request frame's body as the worker received it.
+    pub request_body: Vec<u8>,
+    /// The response frame's body the worker sent, without its signature.
+    pub response_body: Vec<u8>,
+    pub signature: Signature,
+}
+
+impl Evidence {
+    /// What the worker signed, if this is its answer.
+    pub fn claim(&self) -> AnswerClaim {
+        AnswerClaim {
+            hub: self.hub,
+            session: self.session,
+            request_id: self.request_id,
+            model_id: self.model_id.clone(),
+            request_hash: body_hash(&self.request_body),
+            response_hash: body_hash(&self.response_body),
+        }
+    }
+
+    fn session_key(&self) -> SessionKey {
+        SessionKey {
+            hub: self.hub,
+            session_id: self.session,
+        }
+    }
+}
+
+/// Format: a pinned model, a genesis hub, and the worker's answer signature over exactly
+/// these bodies (returned, to verify with the rest of the batch).
+pub(super) fn check_stateless(
+    genesis: &Genesis,
+    evidence: &Evidence,
+) -> Result<Vec<TxSignature>, TxError> {
+    if genesis.model(&evidence.model_id).is_none() {
+        return Err(TxError::UnpinnedModel(evidence.model_id.clone()));
+    }
+    if !genesis.is_hub(&evidence.hub) {
+        return Err(TxError::NotAHub(evidence.hub));
+    }
+    let claim = evidence.claim();
+    let message = intent::signing_message(Intent::Answer, &genesis.params.chain_id, &claim);
+    let check = SignatureCheck::new(&evidence.worker, &message, &evidence.signature)
+        .map_err(|_| TxError::BadAnswerSignature)?;
+    Ok(vec![TxSignature {
+        check,
+        error: TxError::BadAnswerSignature,
+    }])
+}
+
+/// The session is the worker's and not convicted yet, and recomputing the request gives
+/// other bits than the worker answered.
+pub(super) fn check_stateful(state: &State, evidence: &Evidence) -> Result<(), TxError> {
+    let key = evidence.session_key();
+    if let Some(mark) = state.receipt_mark(&key) {
+        if mark.worker != evidence.worker {
+            return Err(TxError::SessionWorkerMismatch {
+                stored: mark.worker,
+                got: evidence.worker,
+            });
+        }
+        if mark.is_convicted() {
+            return Err(TxError::AlreadyConvicted);
+        }
+    }
+    // Evidence costs validators a recomputation and a block room: it is taken only when it
+    // can take something (pending rewards of the session, or a bond), so a key with nothing
+    // at stake cannot flood the chain with proofs against itself.
+    let worker = state.account(&evidence.worker);
+    let session_pending = worker.pending.iter().any(|p| p.session == key);
+    if !session_pending && worker.bonded.is_zero() && worker.unbonding.is_empty() {
+        return Err(TxError::NothingAtStake(evidence.worker));
+    }
+    let check = state.answer_check().ok_or(TxError::CannotCheckEvidence)?;
+    let model = state
+        .genesis()
+        .model(&evidence.model_id)
+        .ok_or_else(|| TxError::UnpinnedModel(evidence.model_id.clone()))?;
+    let correct = check
+        .answer(model, &evidence.request_body)
+        .map_err(TxError::EvidenceRequest)?;
+    if (correct.session, correct.request_id) != (evidence.session, evidence.request_id) {
+        return Err(TxError::EvidenceRequest(format!(
+            "the request body is request {} of session {}, the evidence names request {} of session {}",
+            correct.request_id, correct.session, evidence.request_id, evidence.session
+        )));
+    }
+    if correct.response_body == evidence.response_body {
+        return Err(TxError::AnswerWasCorrect);
+    }
+    Ok(())
+}
+
+/// What accepted evidence changes, paid by and to whom; see the module comment.
+pub(super) fn execute(
+    staged: &mut Staged,
+    reporter: &Address,
+    evidence: &Evidence,
+) -> Result<(), TxError> {
+    let state = staged.state();
+    let genesis = state.genesis();
+    let key = evidence.session_key();
+    let mut worker = staged.account(&evidence.worker);
+    // The session's pending rewards go back to the pool they were paid from.
+    let (cancelled, kept): (Vec<_>, Vec<_>) =
+        worker.pending.into_iter().partition(|p| p.session == key);
+    worker.pending = kept;
+    let returned = cancelled
+        .iter()
+        .try_fold(Amount::ZERO, |sum, p| sum.checked_add(p.amount))
+        .ok_or(TxError::Overflow)?;
+    // The slash, from the bond first, then from the newest unbonding.
+    let stake = worker
+        .bonded
+        .checked_add(worker.unbonding_total())
+        .ok_or(TxError::Overflow)?;
+    let slashed = genesis.params.slash_fraction.of(stake);
+    let mut left = slashed;
+    let from_bond = left.min(worker.bonded);
+    worker.bonded = worker
+        .bonded
+        .checked_sub(from_bond)
+        .ok_or(TxError::Overflow)?;
+    left = left.checked_sub(from_bond).ok_or(TxError::Overflow)?;
+    for entry in worker.unbonding.iter_mut().rev() {
+        let taken = left.min(entry.amount);
+        entry.amount = entry.amount.checked_sub(taken).ok_or(TxError::Overflow)?;
+        left = left.checked_sub(taken).ok_or(TxError::Overflow)?;
+    }
+    worker.unbonding.retain(|u| !u.amount.is_zero());
+    let jail_end = staged.height_after(genesis.params.jail_blocks)?;
+    worker.jailed_until = worker.jailed_until.max(jail_end);
+    let jailed_until = worker.jailed_until;
+    staged.set_account(evidence.worker, worker);
+
+    let pool_address = state.rewards_pool();
+    let mut pool = staged.account(&pool_address);
+    pool.balance = pool
+        .balance
+        .checked_add(returned)
+        .ok_or(TxError::Overflow)?;
+    staged.set_account(pool_address, pool);
+
+    let reward = genesis.params.reporter_share.of(slashed);
+    let mut paid = staged.account(reporter);
+    paid.balance = paid.balance.checked_add(reward).ok_or(TxError::Overflow)?;
+    staged.set_account(*reporter, paid);
+    let burn_address = genesis.burn_address();
+    let mut burned = staged.account(&burn_address);
+    let burn = slashed.checked_sub(reward).ok_or(TxError::Overflow)?;
+    burned.balance = burned.balance.checked_add(burn).ok_or(TxError::Overflow)?;
+    staged.set_account(burn_address, burned);
+
+    let cumulative_bytes = state.receipt_mark(&key).map_or(0, |m| m.cumulative_bytes);
+    let conviction = Conviction {
+        height: staged.height_after(0)?,
+        request_id: evidence.request_id,
+        reporter: *reporter,
+        cancelled: returned,
+        slashed,
+        reporter_paid: reward,
+        jailed_until,
+    };
+    staged.set_receipt_mark(
+        key,
+        ReceiptMark {
+            worker: evidence.worker,
+            cumulative_bytes,
+            conviction: Some(conviction),
+        },
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::apply::tests::{block_of, credit_from, rejection};
+    use crate::genesis::tests::{bonded_genesis, TestKeys};
+    use crate::genesis::ModelPin;
+    use crate::keys::Keypair;
+    use crate::state::{AnswerCheck, CorrectAnswer};
+    use crate::tx::{SignedTx, TxKind};
+
+    /// A stand-in for the model, deterministic as the real one is: a request body is its
+    /// session and id (u64 each, little-endian) and a payload; the correct response body
+    /// is the blake3 of the payload.
+    pub(crate) struct HashCheck;
+
+    impl AnswerCheck for HashCheck {
+        fn answer(&self, model: &ModelPin, body: &[u8]) -> Result<CorrectAnswer, String> {
+            if model.id != "m" || body.len() < 16 {
+                return Err("not a request of model m".into());
+            }
+            let word = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().unwrap());
+            Ok(CorrectAnswer {
+                session: word(0),
+                request_id: word(8),
+                response_body: blake3::hash(&body[16..]).as_bytes().to_vec(),
+            })
+        }
+    }
+
+    pub(crate) fn request_body(session: u64, id: u64, payload: &[u8]) -> Vec<u8> {
+        let mut body = session.to_le_bytes().to_vec();
+        body.extend(id.to_le_bytes());
+        body.extend(payload);
+        body
+    }
+
+    /// Evidence of `worker`'s answer `response_body` to request `id` of `session`, signed
+    /// by the worker on `chain_id`.
+    pub(crate) fn evidence(
+        keys: &TestKeys,
+        worker: &Keypair,
+        session: u64,
+        id: u64,
+        response_body: Vec<u8>,
+        chain_id: &str,
+    ) -> Evidence {
+        let mut evidence = Evidence {
+            worker: worker.address(),
+            hub: keys.hub.address(),
+            session,
+            request_id: id,
+            model_id: "m".into(),
+            request_body: request_body(session, id, b"rows"),
+            response_body,
+            signature: Signature([0; 64]),
+        };
+        evidence.signature = evidence.claim().sign(chain_id, worker);
+        evidence
+    }
+
+    fn wrong(keys: &TestKeys, session: u64) -> Evidence {
+        evidence(keys, &keys.worker, session, 7, vec![0; 32], "kvasir-test")
+    }
+
+    fn reported(keys: &TestKeys, state: &State, evidence: Evidence) -> SignedTx {
+        let nonce = state.account(&keys.alice.address()).nonce;
+        TxKind::Evidence(Box::new(evidence)).signed("kvasir-test", &keys.alice, nonce)
+    }
+
+    fn signed(state: &State, key: &Keypair, kind: TxKind) -> SignedTx {
+        kind.signed("kvasir-test", key, state.account(&key.address()).nonce)
+    }
+
+    fn kvr(text: &str) -> Amount {
+        Amount::parse(text).unwrap()
+    }
+
+    /// A worker that bonded 20 KVR and was credited in sessions 1 and 2 of the hub.
+    fn bonded_and_credited() -> (State, TestKeys) {
+        let (genesis, keys) = bonded_genesis();
+        bonded_and_credited_on(
+            State::from_genesis(genesis).with_answer_check(Arc::new(HashCheck)),
+            keys,
+        )
+    }
+
+    fn bonded_and_credited_on(state: State, keys: TestKeys) -> (State, TestKeys) {
+        let bond = signed(&state, &keys.worker, TxKind::Bond { amount: kvr("20") });
+        let state = block_of(&state, &keys, vec![bond]);
+        let w = keys.worker.address();
+        let credits = vec![
+            credit_from(&keys.gateway, 0, &keys.hub, 1, w, 10_000_000),
+            credit_from(&keys.gateway, 1, &keys.hub, 2, w, 20_000_000),
+        ];
+        let state = block_of(&state, &keys, credits);
+        (state, keys)
+    }
+
+    #[test]
+    fn accepted_evidence_cancels_the_session_slashes_pays_the_reporter_burns_and_jails() {
+        let (state, keys) = bonded_and_credited();
+        let (w, pool) = (keys.worker.address(), state.rewards_pool());
+        let before = state.account(&w);
+        assert_eq!(before.pending_total(), kvr("0.21"));
+        let pool_before = state.account(&pool).balance;
+        let alice_before = state.account(&keys.alice.address()).balance;
+        let supply = state.total_money();
+        let tx = reported(&keys, &state, wrong(&keys, 1));
+        let state = block_of(&state, &keys, vec![tx]);
+        let after = state.account(&w);
+        // Session 1's 0.07 KVR goes back to the pool to the base unit; session 2's stays.
+        assert_eq!(after.pending_total(), kvr("0.14"));
+        assert_eq!(
+            state.account(&pool).balance,
+            pool_before.checked_add(kvr("0.07")).unwrap()
+        );
+        // Half the 20 KVR bond slashed: 1 KVR to the reporter, 9 burned.
+        assert_eq!(after.bonded, kvr("10"));
+        assert_eq!(
+            state.account(&keys.alice.address()).balance,
+            alice_before.checked_add(kvr("1")).unwrap()
+        );
+        let burned = state.account(&state.genesis().burn_address()).balance;
+        assert_eq!(burned, kvr("9"));
+        assert_eq!(state.total_money(), supply);
+        assert_eq!(after.jailed_until, state.height() + 4);
+        let key = SessionKey {
+            hub: keys.hub.address(),
+            session_id: 1,
+        };
+        let conviction = state
+            .receipt_mark(&key)
+            .unwrap()
+            .conviction
+            .clone()
+            .unwrap();
+        assert_eq!(
+            (
+                conviction.cancelled,
+                conviction.slashed,
+                conviction.reporter_paid
+            ),
+            (kvr("0.07"), kvr("10"), kvr("1"))
+        );
+        assert_eq!(conviction.reporter, keys.alice.address());
+        assert!(after.is_jailed(state.height() + 1));
+        assert!(!after.is_jailed(state.height() + 4));
+        // The same session cannot be convicted twice, even with another wrong answer.
+        let again = evidence(&keys, &keys.worker, 1, 8, vec![1; 32], "kvasir-test");
+        let again = reported(&keys, &state, again);
+        assert_eq!(rejection(&state, &keys, again), TxError::AlreadyConvicted);
+        // Its later receipts are taken but pay nothing, as do the jailed worker's others.
+        let pending = state.account(&w).pending_total();
+        let late = vec![
+            credit_from(&keys.gateway, 2, &keys.hub, 1, w, 90_000_000),
+            credit_from(&keys.gateway, 3, &keys.hub, 3, w, 90_000_000),
+        ];
+        let state = block_of(&state, &keys, late);
+        assert_eq!(state.account(&w).pending_total(), pending);
+        assert_eq!(state.total_money(), supply);
+    }
+
+    #[test]
+    fn evidence_that_does_not_prove_a_wrong_answer_changes_nothing() {
+        let (state, keys) = bonded_and_credited();
+        let correct = blake3::hash(b"rows").as_bytes().to_vec();
+        let honest = evidence(&keys, &keys.worker, 1, 7, correct, "kvasir-test");
+        let mut tampered_request = wrong(&keys, 1);
+        tampered_request.request_body = request_body(1, 7, b"other rows");
+        let mut forged = wrong(&keys, 1);
+        forged.signature.0[3] ^= 1;
+        let mut other_signer = wrong(&keys, 1);
+        other_signer.signature = other_signer.claim().sign("kvasir-test", &keys.bob);
+        let other_chain = evidence(&keys, &keys.worker, 1, 7, vec![0; 32], "other-chain");
+        let mut unpinned = wrong(&keys, 1);
+        unpinned.model_id = "n".into();
+        unpinned.signature = unpinned.claim().sign("kvasir-test", &keys.worker);
+        // A signed answer to request 7 of session 1 does not become one of session 2.
+        let mut moved = evidence(&keys, &keys.worker, 2, 7, vec![0; 32], "kvasir-test");
+        moved.request_body = request_body(1, 7, b"rows");
+        moved.signature = moved.claim().sign("kvasir-test", &keys.worker);
+        // Session 1 is the worker's, not bob's; and bob has nothing at stake anywhere.
+        let not_theirs = evidence(&keys, &keys.bob, 1, 7, vec![0; 32], "kvasir-test");
+        let nothing = evidence(&keys, &keys.bob, 9, 7, vec![0; 32], "kvasir-test");
+        let cases = [
+            (honest, TxError::AnswerWasCorrect),
+            (tampered_request, TxError::BadAnswerSignature),
+            (forged, TxError::BadAnswerSignature),
+            (other_signer, TxError::BadAnswerSignature),
+            (other_chain, TxError::BadAnswerSignature),
+            (unpinned, TxError::UnpinnedModel("n".into())),
+            (nothing, TxError::NothingAtStake(keys.bob.address())),
+            (moved, TxError::EvidenceRequest(String::new())),
+            (
+                not_theirs,
+                TxError::SessionWorkerMismatch {
+                    stored: keys.worker.address(),
+                    got: keys.bob.address(),
+                },
+            ),
+        ];
+        for (evidence, expected) in cases {
+            let tx = reported(&keys, &state, evidence);
+            let stateless = crate::tx::stateless_results(state.genesis(), &[tx.clone()]);
+            let error = match stateless.into_iter().next().unwrap() {
+                Err(e) => e,
+                Ok(()) => rejection(&state, &keys, tx),
+            };
+            match expected {
+                TxError::EvidenceRequest(_) => {
+                    assert!(matches!(error, TxError::EvidenceRequest(_)), "{error}")
+                }
+                expected => assert_eq!(error, expected),
+            }
+        }
+        // A node that cannot recompute refuses evidence rather than guessing.
+        let (genesis, keys) = bonded_genesis();
+        let (blind, keys) = bonded_and_credited_on(State::from_genesis(genesis), keys);
+        let tx = reported(&keys, &blind, wrong(&keys, 1));
+        assert_eq!(rejection(&blind, &keys, tx), TxError::CannotCheckEvidence);
+    }
+
+    #[test]
+    fn evidence_after_settlement_still_slashes_what_is_unbonding() {
+        let (mut state, keys) = bonded_and_credited();
+        let w = keys.worker.address();
+        let unbond = signed(&state, &keys.worker, TxKind::Unbond { amount: kvr("20") });
+        state = block_of(&state, &keys, vec![unbond]);
+        assert_eq!(state.account(&w).unbonding_total(), kvr("20"));
+        // Past the challenge window: the rewards settled, the unbonding is still held.
+        while !state.account(&w).pending.is_empty() {
+            state = block_of(&state, &keys, vec![]);
+        }
+        let settled = state.account(&w).balance;
+        let tx = reported(&keys, &state, wrong(&keys, 1));
+        state = block_of(&state, &keys, vec![tx]);
+        let worker = state.account(&w);
+        assert_eq!(
+            worker.balance, settled,
+            "settled rewards are not clawed back"
+        );
+        assert_eq!(worker.unbonding_total(), kvr("10"));
+        // What is left returns at the release height.
+        while !state.account(&w).unbonding.is_empty() {
+            state = block_of(&state, &keys, vec![]);
+        }
+        assert_eq!(
+            state.account(&w).balance,
+            settled.checked_add(kvr("10")).unwrap()
+        );
+    }
+
+    #[test]
+    fn bonds_move_balance_and_come_back_only_after_the_unbonding_delay() {
+        let (genesis, keys) = bonded_genesis();
+        let mut state = State::from_genesis(genesis);
+        let w = keys.worker.address();
+        let too_much = signed(&state, &keys.worker, TxKind::Bond { amount: kvr("51") });
+        assert!(matches!(
+            rejection(&state, &keys, too_much),
+            TxError::InsufficientFunds { .. }
+        ));
+        let bond = signed(&state, &keys.worker, TxKind::Bond { amount: kvr("30") });
+        state = block_of(&state, &keys, vec![bond]);
+        assert_eq!(
+            (state.account(&w).balance, state.account(&w).bonded),
+            (kvr("20"), kvr("30"))
+        );
+        let over = signed(&state, &keys.worker, TxKind::Unbond { amount: kvr("31") });
+        assert!(matches!(
+            rejection(&state, &keys, over),
+            TxError::InsufficientBond { .. }
+        ));
+        let unbond = signed(&state, &keys.worker, TxKind::Unbond { amount: kvr("12") });
+        state = block_of(&state, &keys, vec![unbond]);
+        let unbonded_at = state.height();
+        assert_eq!(state.account(&w).bonded, kvr("18"));
+        while state.account(&w).unbonding_total() == kvr("12") {
+            state = block_of(&state, &keys, vec![]);
+        }
+        assert_eq!(
+            state.height() - unbonded_at,
+            5,
+            "released after unbonding_blocks"
+        );
+        assert_eq!(state.account(&w).balance, kvr("32"));
+        // A chain without min_bond has no bonds.
+        let (plain, keys) = crate::genesis::tests::test_genesis();
+        let plain = State::from_genesis(plain);
+        let bond = signed(&plain, &keys.alice, TxKind::Bond { amount: kvr("1") });
+        assert_eq!(rejection(&plain, &keys, bond), TxError::NoBonds);
+    }
+
+    #[test]
+    fn a_worker_bonded_below_the_minimum_is_not_paid() {
+        let (genesis, keys) = bonded_genesis();
+        let state = State::from_genesis(genesis);
+        let w = keys.worker.address();
+        let bond = signed(&state, &keys.worker, TxKind::Bond { amount: kvr("9") });
+        let state = block_of(&state, &keys, vec![bond]);
+        let credit = credit_from(&keys.gateway, 0, &keys.hub, 1, w, 10_000_000);
+        let state = block_of(&state, &keys, vec![credit]);
+        assert_eq!(state.account(&w).pending_total(), Amount::ZERO);
+        let mark = state.receipt_mark(&SessionKey {
+            hub: keys.hub.address(),
+            session_id: 1,
+        });
+        assert_eq!(mark.map(|m| m.cumulative_bytes), Some(10_000_000));
+    }
+}

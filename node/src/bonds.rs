@@ -1,0 +1,70 @@
+//! Whether a worker's key may serve now, as the ledger says: bonded at least the chain's
+//! `min_bond` and not jailed. The hub asks at every hello (and refuses with the reason, which
+//! the worker logs); the backbone asks before it first dispatches to a session. A chain
+//! without bonds (`min_bond` zero) admits every key; a key whose standing cannot be read
+//! (the ledger unreachable) is not admitted, so an outage never lets an unbonded key in.
+
+use anyhow::{Context, Result};
+use kvasir_api::Client;
+use kvasir_ledger::{Address, Amount};
+
+/// Reads standings from one ledger.
+pub struct BondCheck {
+    ledger: Client,
+    min_bond: Amount,
+}
+
+/// A key's standing.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("{key} has {bonded} bonded, this chain asks at least {min_bond} (kvasir-wallet bond AMOUNT)")]
+    Unbonded {
+        key: Address,
+        bonded: Amount,
+        min_bond: Amount,
+    },
+    #[error("{key} is jailed until height {until} for a wrong answer")]
+    Jailed { key: Address, until: u64 },
+    #[error("the ledger could not say whether {key} is bonded: {reason}")]
+    Unknown { key: Address, reason: String },
+}
+
+impl BondCheck {
+    /// Checks against the ledger at `url`, whose bond parameters are read now.
+    pub fn new(url: &str) -> Result<BondCheck> {
+        let ledger = Client::new(url);
+        let params = ledger
+            .params()
+            .with_context(|| format!("reading the chain's bond parameters from {url}"))?;
+        Ok(BondCheck {
+            ledger,
+            min_bond: params.min_bond.base_units,
+        })
+    }
+
+    /// Whether `key` may serve now. Blocking (one HTTP request).
+    pub fn standing(&self, key: &Address) -> Result<(), Refused> {
+        if self.min_bond.is_zero() {
+            return Ok(());
+        }
+        let account = self.ledger.account(key).map_err(|e| Refused::Unknown {
+            key: *key,
+            reason: e.to_string(),
+        })?;
+        if account.jailed {
+            return Err(Refused::Jailed {
+                key: *key,
+                until: account.jailed_until,
+            });
+        }
+        let bonded = account.bonded.base_units;
+        if bonded < self.min_bond {
+            return Err(Refused::Unbonded {
+                key: *key,
+                bonded,
+                min_bond: self.min_bond,
+            });
+        }
+        Ok(())
+    }
+}
