@@ -1,8 +1,10 @@
 //! `kvasir-node backbone`: runs attention, norms and the router, and dispatches the experts
 //! named by `--remote` to the workers that hold them, through the hub (`hub_link`), with the
-//! network executor (`remote`); it generates once or serves HTTP (`serve`). It may touch the
-//! engine, the wire protocol and its hub link; never the ledger.
+//! network executor (`remote`); it generates once or serves HTTP (`serve`). It audits a
+//! sample of the answers it uses (`audit`). It may touch the engine, the wire protocol and
+//! its hub link; of the ledger, only its API: to read workers' bonds and submit evidence.
 
+pub mod audit;
 mod hub_link;
 mod remote;
 mod serve;
@@ -20,7 +22,9 @@ use kvasir_inference::model::qwen_moe::Model;
 use kvasir_inference::moe::LocalExperts;
 use kvasir_inference::tokenizer::Tokenizer;
 
+use crate::bonds::BondCheck;
 use crate::engine::{run_generation, SamplingArgs};
+use audit::{Auditor, Reporting};
 use crate::listen::Limits;
 use crate::spec::ExpertSpec;
 pub use remote::{RemoteExperts, SignedAnswer};
@@ -58,9 +62,29 @@ pub struct Args {
     /// How long to wait for workers covering `--remote` before generating anyway.
     #[arg(long, default_value_t = 10_000)]
     wait_ms: u64,
+    /// The ledger API: workers are dispatched to only while bonded and not jailed, and wrong
+    /// answers found by audits are submitted there as Evidence (signed with `--key`, which
+    /// is paid the reporter's share). Without it, neither happens.
+    #[arg(long)]
+    ledger: Option<String>,
+    /// The fraction of remote answers recomputed locally and compared bit for bit, drawn
+    /// at random after each answer arrives.
+    #[arg(long, default_value_t = 0.02, value_parser = fraction)]
+    audit_rate: f64,
+    /// Every answer of a worker is audited until it has given this many.
+    #[arg(long, default_value_t = 32)]
+    probation: u64,
     /// Print one JSON object (token ids, logits hash, dispatch counts).
     #[arg(long)]
     json: bool,
+}
+
+/// A `--audit-rate`: a number from 0 to 1.
+fn fraction(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(rate) if (0.0..=1.0).contains(&rate) => Ok(rate),
+        _ => Err(format!("{text:?} is not a number from 0 to 1")),
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -76,7 +100,12 @@ pub fn run(args: Args) -> Result<()> {
     let tokenizer = Tokenizer::load(&args.model).with_context(loading)?;
     let key = kvasir_keyfile::open(&args.key)?;
     let runtime = tokio::runtime::Runtime::new()?;
-    let experts = RemoteExperts::attach(
+    let reporting = args.ledger.as_deref().map(|url| Reporting {
+        ledger: kvasir_api::Client::new(url),
+        key: key.clone(),
+    });
+    let auditor = Auditor::new(args.audit_rate, args.probation, reporting);
+    let mut experts = RemoteExperts::attach(
         &runtime,
         &args.hub,
         key,
@@ -84,7 +113,11 @@ pub fn run(args: Args) -> Result<()> {
         local,
         args.remote.clone(),
         Duration::from_millis(args.dispatch_timeout_ms),
-    )?;
+    )?
+    .with_auditor(auditor);
+    if let Some(url) = &args.ledger {
+        experts = experts.with_bond_check(BondCheck::new(url)?);
+    }
     if !experts.wait_until_covered(&config, Duration::from_millis(args.wait_ms)) {
         tracing::warn!(
             "no workers cover --remote {}; uncovered experts run locally",
@@ -106,7 +139,9 @@ pub fn run(args: Args) -> Result<()> {
         ));
     }
     let prompt = args.prompt.unwrap_or_default();
-    let generation = engine.generate(&prompt, args.sampling.tokens, sampling)?;
+    let mut generation = engine.generate(&prompt, args.sampling.tokens, sampling)?;
+    // The report waits for the evidence of any catch to be committed (or given up on).
+    generation.audit = Some(engine.experts.finish_audits());
     let stats = engine.experts.stats();
     if args.json {
         println!("{}", serde_json::to_string(&generation)?);
@@ -116,6 +151,15 @@ pub fn run(args: Args) -> Result<()> {
             "{} remote requests, {} expert evaluations remote, {} computed locally after a worker failed",
             stats.remote_requests, stats.remote_evaluations, stats.fallbacks
         );
+        if let Some(audit) = &generation.audit {
+            eprintln!("{} answers audited, {} wrong", audit.audits, audit.mismatches);
+            for caught in &audit.caught {
+                eprintln!(
+                    "caught: {} on request {} of session {}",
+                    caught.worker, caught.request_id, caught.session_id
+                );
+            }
+        }
     }
     runtime.shutdown_timeout(Duration::from_millis(100));
     Ok(())
@@ -145,6 +189,7 @@ impl Engine {
             sampling,
         )?;
         report.dispatch = Some(self.experts.stats());
+        report.audit = Some(self.experts.audit_report());
         Ok(report)
     }
 }

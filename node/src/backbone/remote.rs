@@ -7,21 +7,23 @@
 //! reconnects is a new session and is used again. Each answer used comes with what an audit
 //! needs (`SignedAnswer`).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use kvasir_api::generation::DispatchCounts;
+use kvasir_api::generation::{AuditReport, DispatchCounts};
 use kvasir_inference::config::Config;
 use kvasir_inference::moe::{ExpertError, ExpertExecutor, ExpertRequest, LocalExperts};
 use kvasir_ledger::answer::AnswerClaim;
 use kvasir_ledger::keys::{Address, Keypair, Signature};
 use tokio_tungstenite::tungstenite::Bytes;
 
+use super::audit::Auditor;
 use super::hub_link::{maintain_link, Answer, LinkState};
 use super::lock;
+use crate::bonds::BondCheck;
 use crate::engine::model_id;
 use crate::metrics::Histogram;
 use crate::spec::ExpertSpec;
@@ -39,9 +41,71 @@ pub struct RemoteExperts {
     timeout: Duration,
     link: Arc<Mutex<LinkState>>,
     shunned: Mutex<HashSet<u64>>,
+    /// Worker keys caught answering wrongly: none of their sessions is dispatched to again.
+    caught: Mutex<HashSet<Address>>,
+    /// With a bond check, the sessions whose worker the ledger says may serve (see
+    /// `check_bonds`); without, every session may.
+    standing: Option<Arc<Mutex<HashMap<u64, bool>>>>,
+    auditor: Auditor,
     stats: Mutex<DispatchCounts>,
     /// From sending a request to its answer, for the answers that came.
     pub round_trip: Histogram,
+}
+
+/// How often the sessions in the directory are checked against the ledger: new ones within
+/// this, and every one again every `RECHECK_EVERY` rounds (a key jailed or unbonded since).
+const STANDING_INTERVAL: Duration = Duration::from_millis(200);
+const RECHECK_EVERY: u32 = 50;
+
+/// Keeps `standing` to the directory's sessions as `bonds` judges their workers, until the
+/// executor that owns `standing` is gone.
+fn check_bonds(
+    link: Arc<Mutex<LinkState>>,
+    standing: std::sync::Weak<Mutex<HashMap<u64, bool>>>,
+    bonds: BondCheck,
+) {
+    let mut round = 0u32;
+    loop {
+        let Some(standing) = standing.upgrade() else {
+            return;
+        };
+        let sessions: Vec<(u64, Address)> = lock(&link)
+            .directory
+            .iter()
+            .map(|e| (e.session, e.worker))
+            .collect();
+        let recheck = round % RECHECK_EVERY == 0;
+        let known = lock(&standing).clone();
+        let mut next = HashMap::with_capacity(sessions.len());
+        for (session, worker) in sessions {
+            let ok = match known.get(&session) {
+                Some(ok) if !recheck => *ok,
+                _ => match bonds.standing(&worker) {
+                    Ok(()) => true,
+                    Err(why) => {
+                        if known.get(&session) != Some(&false) {
+                            tracing::warn!("not dispatching to session {session}: {why}");
+                        }
+                        false
+                    }
+                },
+            };
+            next.insert(session, ok);
+        }
+        *lock(&standing) = next;
+        drop(standing);
+        round = round.wrapping_add(1);
+        std::thread::sleep(STANDING_INTERVAL);
+    }
+}
+
+/// Whether two answers are the same bits (not merely equal floats: -0.0 is not 0.0, and a
+/// NaN is itself).
+fn same_bits(a: &[Vec<f32>], b: &[Vec<f32>]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
+        })
 }
 
 /// One worker's share of a layer step.
@@ -172,9 +236,17 @@ impl RemoteExperts {
             return None;
         }
         let shunned = lock(&self.shunned);
+        let caught = lock(&self.caught);
+        let standing = self.standing.as_ref().map(|s| lock(s));
+        let may_serve = |session: &u64| {
+            standing
+                .as_ref()
+                .is_none_or(|s| s.get(session).copied().unwrap_or(false))
+        };
         directory
             .iter()
             .filter(|e| e.model_id == self.model_id && !shunned.contains(&e.session))
+            .filter(|e| !caught.contains(&e.worker) && may_serve(&e.session))
             .filter(|e| e.experts.contains(&(layer as u16, expert as u16)))
             .map(|e| (e.session, e.worker))
             .min_by_key(|(session, _)| *session)
@@ -196,6 +268,9 @@ impl RemoteExperts {
             timeout,
             link: Arc::new(Mutex::new(LinkState::new())),
             shunned: Mutex::new(HashSet::new()),
+            caught: Mutex::new(HashSet::new()),
+            standing: None,
+            auditor: Auditor::new(0.0, 0, None),
             stats: Mutex::new(DispatchCounts::default()),
             round_trip: Histogram::default(),
         }
@@ -223,6 +298,32 @@ impl RemoteExperts {
             experts.link.clone(),
         ));
         Ok(experts)
+    }
+
+    /// This executor, auditing answers with `auditor` (by default none is audited).
+    pub fn with_auditor(mut self, auditor: Auditor) -> RemoteExperts {
+        self.auditor = auditor;
+        self
+    }
+
+    /// This executor, dispatching only to sessions whose worker `bonds` says may serve
+    /// (checked on a thread of its own; a session not yet checked is not dispatched to).
+    pub fn with_bond_check(mut self, bonds: BondCheck) -> RemoteExperts {
+        let standing = Arc::new(Mutex::new(HashMap::new()));
+        let (link, weak) = (self.link.clone(), Arc::downgrade(&standing));
+        std::thread::spawn(move || check_bonds(link, weak, bonds));
+        self.standing = Some(standing);
+        self
+    }
+
+    /// What the audits found so far.
+    pub fn audit_report(&self) -> AuditReport {
+        self.auditor.report()
+    }
+
+    /// What the audits found, once every piece of evidence is committed or given up on.
+    pub fn finish_audits(&self) -> AuditReport {
+        self.auditor.finish()
     }
 
     /// Waits until every remote expert of `config` is held by a live worker; false if that
@@ -360,6 +461,31 @@ fn send_request(
     in_flight
 }
 
+impl RemoteExperts {
+    /// `partials`, the answer `signed` carried, if an audit does not find it wrong; if it
+    /// does, the executor's own result, and the worker is not dispatched to again.
+    fn audit(
+        &self,
+        layer: usize,
+        requests: &[ExpertRequest],
+        partials: Vec<Vec<f32>>,
+        signed: &SignedAnswer,
+    ) -> Result<Vec<Vec<f32>>, ExpertError> {
+        if !self.auditor.should_audit(&signed.worker) {
+            return Ok(partials);
+        }
+        let own = self.local.evaluate(layer, requests)?;
+        let matched = same_bits(&partials, &own);
+        self.auditor.audited(signed, matched);
+        if matched {
+            return Ok(partials);
+        }
+        lock(&self.caught).insert(signed.worker);
+        lock(&self.shunned).insert(signed.session());
+        Ok(own)
+    }
+}
+
 impl ExpertExecutor for RemoteExperts {
     fn holds(&self, layer: usize, expert: usize) -> bool {
         self.local.holds(layer, expert)
@@ -387,11 +513,9 @@ impl ExpertExecutor for RemoteExperts {
         for dispatch in &dispatches {
             stats.remote_requests += 1;
             let partials = match self.collect(dispatch, requests, deadline) {
-                // The signed answer is what an audit of this answer will take; until there is
-                // one, it is let go here.
-                Some((partials, _signed)) => {
+                Some((partials, signed)) => {
                     stats.remote_evaluations += dispatch.members.len() as u64;
-                    partials
+                    self.audit(layer, &subset(&dispatch.members), partials, &signed)?
                 }
                 None => {
                     stats.fallbacks += 1;

@@ -600,21 +600,11 @@ pub fn decode_request_body(body: &[u8]) -> Result<Request, WireError> {
             max: MAX_FRAME as u64,
         });
     }
-    let mut frame = Vec::with_capacity(HEADER + body.len());
-    frame.extend_from_slice(&MAGIC);
-    frame.push(VERSION);
-    frame.push(KIND_REQUEST);
-    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    frame.extend_from_slice(body);
+    let frame = framed(KIND_REQUEST, |w| w.bytes(body));
     match Message::decode(&frame)? {
         Message::Request(request) => Ok(request),
         _ => Err(WireError::Invalid("request body")),
     }
-}
-
-/// TEMPORARY until wire v2 lands: the whole body.
-pub fn response_body(frame: &[u8]) -> &[u8] {
-    frame.get(HEADER..).unwrap_or_default()
 }
 
 /// A frame as the hub sees it.
