@@ -459,6 +459,113 @@ mod tests {
         }
     }
 
+    fn account(
+        bonded: &str,
+        unbonding: &[(&str, u64)],
+        jailed_until: u64,
+        jailed: bool,
+    ) -> AccountView {
+        let kvr = |text: &str| AmountView::from(Amount::parse(text).unwrap());
+        let address = kvasir_ledger::Keypair::from_seed(&[7; 32]).address();
+        let unbonding: Vec<UnbondingView> = unbonding
+            .iter()
+            .map(|(amount, release_height)| UnbondingView {
+                amount: kvr(amount),
+                release_height: *release_height,
+            })
+            .collect();
+        let total = unbonding
+            .iter()
+            .map(|u| u.amount.base_units.base_units())
+            .sum();
+        AccountView {
+            address,
+            balance: kvr("1"),
+            pending: vec![PendingView {
+                amount: kvr("0.5"),
+                settle_height: 12,
+                session: Some(SessionRef {
+                    hub: address,
+                    session_id: 3,
+                }),
+            }],
+            pending_total: kvr("0.5"),
+            owed: kvr("0"),
+            nonce: 2,
+            bonded: kvr(bonded),
+            unbonding,
+            unbonding_total: Amount::from_base_units(total).into(),
+            jailed_until,
+            jailed,
+        }
+    }
+
+    #[test]
+    fn the_summary_names_the_bond_only_where_there_is_one_and_the_jail_while_it_holds() {
+        let plain = account("0", &[], 0, false);
+        let head = format!(
+            "{}: settled 1 KVR, pending 0.5 KVR (0.5 KVR settling at height 12)",
+            plain.address
+        );
+        assert_eq!(plain.summary(), head);
+        // A jail that has ended is history, not state: not shown.
+        let bonded = account("10", &[("2", 30), ("1.5", 31)], 5, false);
+        assert_eq!(
+            bonded.summary(),
+            format!("{head}, bonded 10 KVR, unbonding 3.5 KVR (2 KVR released at height 30, 1.5 KVR released at height 31)")
+        );
+        let jailed = account("0", &[("5", 40)], 140, true);
+        assert_eq!(
+            jailed.summary(),
+            format!("{head}, bonded 0 KVR, unbonding 5 KVR (5 KVR released at height 40), jailed until height 140")
+        );
+    }
+
+    #[test]
+    fn a_pending_entry_names_its_session_only_when_it_has_one() {
+        let mut view = account("10", &[("1", 9)], 0, false);
+        let value = serde_json::to_value(&view).unwrap();
+        assert_eq!(value["pending"][0]["session"]["session_id"], 3);
+        assert_eq!(value["unbonding"][0]["release_height"], 9);
+        assert_eq!(value["bonded"]["kvr"], "10");
+        assert_eq!(value["jailed"], false);
+        assert_eq!(serde_json::from_value::<AccountView>(value).unwrap(), view);
+        view.pending[0].session = None;
+        let value = serde_json::to_value(&view).unwrap();
+        assert!(value["pending"][0].get("session").is_none(), "{value}");
+        assert_eq!(serde_json::from_value::<AccountView>(value).unwrap(), view);
+    }
+
+    /// What `FRACTION_PATTERN` says, spelled out: `0`, `1`, `0.` or `1.` and up to nine
+    /// digits (zeros after a one).
+    fn fits_fraction_pattern(text: &str) -> bool {
+        assert_eq!(
+            crate::schema::FRACTION_PATTERN,
+            "^(0(\\.[0-9]{1,9})?|1(\\.0{1,9})?)$"
+        );
+        let (whole, decimals) = text.split_once('.').unwrap_or((text, ""));
+        let digits = !text.contains('.') || (1..=9).contains(&decimals.len());
+        match whole {
+            "0" => digits && decimals.bytes().all(|b| b.is_ascii_digit()),
+            "1" => digits && decimals.bytes().all(|b| b == b'0'),
+            _ => false,
+        }
+    }
+
+    #[test]
+    fn every_fraction_the_params_carry_fits_the_documented_pattern() {
+        for text in ["0", "1", "0.5", "0.1", "0.000000001", "0.999999999"] {
+            let fraction = Fraction::parse(text).unwrap();
+            let written = serde_json::to_value(fraction).unwrap();
+            let written = written.as_str().unwrap();
+            assert!(
+                fits_fraction_pattern(written),
+                "{text} is written {written}"
+            );
+        }
+        assert!(!fits_fraction_pattern("1.5") && !fits_fraction_pattern("0."));
+    }
+
     #[test]
     fn tagged_bodies_keep_their_wire_form() {
         let status = TxStatus {

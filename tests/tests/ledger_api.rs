@@ -61,6 +61,15 @@ impl Chain {
         self.genesis.params.chain_id.clone()
     }
 
+    /// Submits `tx` and waits until it is committed; its hash.
+    fn commit(&self, tx: SignedTx) -> kvasir_ledger::Hash {
+        let hash = self.client.submit(&tx).unwrap();
+        self.client
+            .wait_committed(&hash, Duration::from_secs(30))
+            .unwrap();
+        hash
+    }
+
     /// Submits `tx`; the refusal's HTTP status and error kind, if refused.
     fn refused(&self, tx: &SignedTx) -> (u16, String) {
         match self.client.submit(tx) {
@@ -90,23 +99,40 @@ fn credits_and_transfers_commit_and_bad_ones_change_nothing() {
         .sign(hub)
     };
 
-    // A good credit commits and pays exactly earned(bytes), pending.
+    // A chain from the template asks workers for a bond before their credits pay: the faucet
+    // funds the worker with exactly that, and the worker bonds all of it.
+    let params = chain.client.params().unwrap();
+    assert_eq!(params.chain_id, chain.chain_id());
+    assert_eq!(params.genesis_hash, chain.genesis.hash());
+    let min_bond = params.min_bond.base_units;
+    assert!(!min_bond.is_zero() && params.unbonding_blocks > params.challenge_window);
+    chain.commit(
+        TxKind::Transfer {
+            to: worker.address(),
+            amount: min_bond,
+        }
+        .signed(&chain.chain_id(), &faucet, chain.nonce(&faucet)),
+    );
+    chain.commit(TxKind::Bond { amount: min_bond }.signed(&chain.chain_id(), &worker, 0));
+    let bonded = chain.account(&worker);
+    assert_eq!(bonded.bonded.base_units, min_bond, "{bonded:?}");
+    assert!(bonded.balance.base_units.is_zero() && !bonded.jailed && bonded.jailed_until == 0);
+
+    // A good credit commits and pays exactly earned(bytes), pending under its session.
     let credit = TxKind::Credit(receipt(&hub, chain.chain_id(), 1_277_952)).signed(
         &chain.chain_id(),
         &gateway,
         0,
     );
-    let hash = chain.client.submit(&credit).unwrap();
-    chain
-        .client
-        .wait_committed(&hash, Duration::from_secs(30))
-        .unwrap();
+    let hash = chain.commit(credit);
     let paid = chain.account(&worker);
     assert_eq!(
         paid.pending_total.base_units.base_units(),
         8_945_664,
         "{paid:?}"
     );
+    let session = paid.pending[0].session.expect("a credited session");
+    assert_eq!((session.hub, session.session_id), (hub.address(), 7));
     let session = chain.client.session(&hub.address(), 7).unwrap();
     assert_eq!(session.cumulative_bytes, 1_277_952);
     assert_eq!(session.worker, Some(worker.address()));
@@ -170,7 +196,7 @@ fn credits_and_transfers_commit_and_bad_ones_change_nothing() {
                 to: stranger.address(),
                 amount: Amount::parse("1").unwrap(),
             }
-            .signed(&chain.chain_id(), &worker, 0),
+            .signed(&chain.chain_id(), &worker, chain.nonce(&worker)),
         ),
         (
             "a transaction for another chain",
@@ -231,11 +257,7 @@ fn credits_and_transfers_commit_and_bad_ones_change_nothing() {
         amount,
     }
     .signed(&chain.chain_id(), &faucet, chain.nonce(&faucet));
-    let hash = chain.client.submit(&transfer).unwrap();
-    chain
-        .client
-        .wait_committed(&hash, Duration::from_secs(30))
-        .unwrap();
+    chain.commit(transfer);
     assert_eq!(
         chain.account(&stranger).balance.base_units.base_units(),
         3_000_000_000
@@ -365,6 +387,7 @@ fn every_route_and_body_is_in_the_openapi_document() {
     for (method, path) in [
         ("GET", "/healthz"),
         ("GET", "/head"),
+        ("GET", "/params"),
         ("GET", "/accounts/{address}"),
         ("GET", "/accounts/{address}/history"),
         ("GET", "/blocks/{height}"),
@@ -406,6 +429,8 @@ fn every_route_and_body_is_in_the_openapi_document() {
     }
     for schema in [
         "AccountView",
+        "ParamsView",
+        "UnbondingView",
         "History",
         "TxStatus",
         "BatchVerdicts",

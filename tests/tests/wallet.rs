@@ -1,11 +1,15 @@
-//! The wallet as a user runs it against the public side: over HTTPS through the gateway
+//! The wallet as a user runs it: against the public side, over HTTPS through the gateway
 //! (trusting its self-signed certificate with `--ca`), with a key file sealed under a
-//! passphrase.
+//! passphrase; and bonding and unbonding against a ledger node.
 
+use std::path::Path;
 use std::process::{Command, Output};
 
 use kvasir_api::ledger::AccountView;
-use kvasir_tests::swarm::Swarm;
+use kvasir_api::reports::{BondReport, UnbondReport};
+use kvasir_api::Client;
+use kvasir_ledger::Amount;
+use kvasir_tests::swarm::{start_ledger, Proc, Swarm};
 use kvasir_tests::{bin, path_str, stderr, stdout};
 
 fn wallet(args: &[&str], passphrase: Option<&str>) -> Output {
@@ -153,4 +157,159 @@ fn a_role_opens_a_sealed_key_with_the_passphrase_from_its_environment() {
     let _ = opened.kill();
     let _ = opened.wait();
     assert!(first.starts_with("ledger listening on "), "{first}");
+}
+
+/// A ledger node on `chain` (a directory with `genesis.json` and `keys/`), and a way to run
+/// the wallet against it with a key file.
+struct Node {
+    _ledger: Proc,
+    url: String,
+}
+
+impl Node {
+    fn start(chain: &Path, data: &Path) -> Node {
+        let (ledger, addr) = start_ledger(chain, data);
+        Node {
+            _ledger: ledger,
+            url: format!("http://{addr}"),
+        }
+    }
+
+    fn wallet(&self, key: &Path, args: &[&str]) -> Output {
+        let mut all = vec!["--url", &self.url, "--keyfile", path_str(key)];
+        all.extend(args);
+        wallet(&all, None)
+    }
+
+    /// The report `args` with `--json` prints; it must succeed.
+    fn json(&self, key: &Path, args: &[&str]) -> String {
+        let mut all = args.to_vec();
+        all.push("--json");
+        let output = self.wallet(key, &all);
+        assert!(output.status.success(), "{args:?}: {}", stderr(&output));
+        stdout(&output)
+    }
+}
+
+fn kvr(text: &str) -> Amount {
+    Amount::parse(text).unwrap()
+}
+
+#[test]
+fn a_worker_bonds_then_unbonds_and_its_balance_shows_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let chain = dir.path().join("chain");
+    // A chain from the template, which has bonds: min_bond 10, unbonding_blocks 20.
+    let init = kvasir_tests::run(
+        "kvasir-node",
+        &["genesis", "init", "--out", path_str(&chain)],
+    );
+    assert!(init.status.success(), "{}", stderr(&init));
+    let node = Node::start(&chain, &dir.path().join("ledger"));
+    let params = Client::new(&node.url).params().unwrap();
+    assert_eq!(params.min_bond.base_units, kvr("10"));
+    let faucet = chain.join("keys/faucet.key");
+    let worker = dir.path().join("worker.key");
+    let created = wallet(&["new", "--keyfile", path_str(&worker)], None);
+    let address = stdout(&created).trim().to_string();
+    let funded = node.wallet(&faucet, &["transfer", &address, "30"]);
+    assert!(funded.status.success(), "{}", stderr(&funded));
+
+    // More than the balance: the ledger's reason, in one line, and nothing changes.
+    one_line_error(&node.wallet(&worker, &["bond", "31"]), "insufficient funds");
+    let bond: BondReport = serde_json::from_str(&node.json(&worker, &["bond", "20"])).unwrap();
+    assert_eq!(bond.amount, kvr("20"));
+    let account: AccountView = serde_json::from_str(&node.json(&worker, &["balance"])).unwrap();
+    assert_eq!(account.bonded.base_units, kvr("20"), "{account:?}");
+    assert_eq!(account.balance.base_units, kvr("10"), "{account:?}");
+    assert!(account.unbonding.is_empty() && account.unbonding_total.base_units.is_zero());
+    assert!(!account.jailed && account.jailed_until == 0, "{account:?}");
+    let line = stdout(&node.wallet(&worker, &["balance"]));
+    assert!(
+        line.contains("settled 10 KVR, pending 0 KVR, bonded 20 KVR, unbonding 0 KVR"),
+        "{line}"
+    );
+
+    // Unbonding: released unbonding_blocks after the block that starts it, and shown so.
+    let unbond: UnbondReport = serde_json::from_str(&node.json(&worker, &["unbond", "5"])).unwrap();
+    assert_eq!(
+        unbond.release_height,
+        unbond.height + params.unbonding_blocks
+    );
+    let account: AccountView = serde_json::from_str(&node.json(&worker, &["balance"])).unwrap();
+    assert_eq!(account.bonded.base_units, kvr("15"), "{account:?}");
+    assert_eq!(account.unbonding.len(), 1, "{account:?}");
+    assert_eq!(account.unbonding[0].amount.base_units, kvr("5"));
+    assert_eq!(account.unbonding[0].release_height, unbond.release_height);
+    assert_eq!(account.unbonding_total.base_units, kvr("5"));
+    let line = stdout(&node.wallet(&worker, &["balance"]));
+    let shown = format!(
+        "bonded 15 KVR, unbonding 5 KVR (5 KVR released at height {})",
+        unbond.release_height
+    );
+    assert!(line.contains(&shown), "{line}");
+    // Without --json, one line naming the release height.
+    let text = node.wallet(&worker, &["unbond", "1"]);
+    assert!(text.status.success(), "{}", stderr(&text));
+    let text = stdout(&text);
+    assert!(
+        text.starts_with("unbonding 1 KVR in transaction ")
+            && text.contains("spendable again at height ")
+            && text.trim_end().lines().count() == 1,
+        "{text}"
+    );
+    one_line_error(
+        &node.wallet(&worker, &["unbond", "15"]),
+        "insufficient bond",
+    );
+    one_line_error(&node.wallet(&worker, &["bond", "0"]), "zero");
+}
+
+#[test]
+fn a_chain_without_bonds_refuses_a_bond_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    // A template that sets no min_bond: a chain with no bonds, as every chain was before them.
+    let template = dir.path().join("template.json");
+    std::fs::write(
+        &template,
+        r#"{"params": {"chain_id": "kvasir-no-bonds", "unit_bytes": 1000000,
+            "reward_per_unit": "0.007", "challenge_window": 10, "block_interval_ms": 1000,
+            "max_block_txs": 10000, "max_block_bytes": 8388608, "rewards_pool": "1000"},
+            "faucet": "1000"}"#,
+    )
+    .unwrap();
+    let chain = dir.path().join("chain");
+    let init = kvasir_tests::run(
+        "kvasir-node",
+        &[
+            "genesis",
+            "init",
+            "--template",
+            path_str(&template),
+            "--out",
+            path_str(&chain),
+        ],
+    );
+    assert!(init.status.success(), "{}", stderr(&init));
+    let node = Node::start(&chain, &dir.path().join("ledger"));
+    let faucet = chain.join("keys/faucet.key");
+    one_line_error(
+        &node.wallet(&faucet, &["bond", "1"]),
+        "this chain has no bonds",
+    );
+    one_line_error(
+        &node.wallet(&faucet, &["unbond", "1"]),
+        "this chain has no bonds",
+    );
+    let account: AccountView = serde_json::from_str(&node.json(&faucet, &["balance"])).unwrap();
+    assert!(
+        account.bonded.base_units.is_zero() && account.nonce == 0,
+        "{account:?}"
+    );
+    // A plain account's line is as it was before bonds.
+    let line = stdout(&node.wallet(&faucet, &["balance"]));
+    assert!(
+        line.trim_end().ends_with("settled 1000 KVR, pending 0 KVR"),
+        "{line}"
+    );
 }

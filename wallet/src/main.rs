@@ -25,7 +25,7 @@ const COMMIT_TIMEOUT: Duration = Duration::from_secs(60);
 #[command(
     name = "kvasir-wallet",
     version,
-    about = "Your KVR account: keys, address, earnings."
+    about = "Your KVR account: keys, address, earnings, bond."
 )]
 struct Cli {
     /// Key file (default: $KVASIR_KEYFILE, else ~/.kvasir/wallet.key).
@@ -61,23 +61,33 @@ enum Command {
     },
     /// Print the address of the key file.
     Address,
-    /// Settled balance, pending rewards (with the heights they settle at), the bond and what
-    /// is unbonding (with the heights it is released at), and a jail while it lasts.
+    /// Settled balance, pending rewards, the bond, what is unbonding, and a jail while it lasts.
+    ///
+    /// Pending rewards with the heights they settle at, unbonding amounts with the heights they
+    /// are released at.
     Balance {
         /// Whose (default: the key file's address).
         address: Option<Address>,
     },
     /// Send KVR: `transfer kvr1... 1.5`; waits until the transfer is committed.
     Transfer { to: Address, amount: Amount },
-    /// Move KVR from your balance into your bond: `bond 10`. A worker's key must hold at
-    /// least the chain's `min_bond` (see `GET /params`) to be admitted and paid; accepted
-    /// evidence of a wrong answer slashes it. Waits until the bond is committed.
-    Bond { amount: Amount },
-    /// Start returning bonded KVR to your balance: `unbond 10`. It stays slashable for the
-    /// chain's `unbonding_blocks`, then is spendable again at the release height printed.
-    /// Waits until the unbonding is committed.
-    Unbond { amount: Amount },
-    /// Transfers in and out and credits, newest first, 100 at a time.
+    /// Move KVR from your balance into your bond: `bond 10`; waits until it is committed.
+    ///
+    /// A worker's key must hold at least the chain's `min_bond` (`GET /params`) for its
+    /// credits to be paid; accepted evidence of a wrong answer slashes it.
+    Bond {
+        /// KVR, exact decimal (`10`, `2.5`).
+        amount: Amount,
+    },
+    /// Start returning bonded KVR to your balance: `unbond 10`; waits until it is committed.
+    ///
+    /// It stays slashable for the chain's `unbonding_blocks`, then is spendable again from the
+    /// release height printed.
+    Unbond {
+        /// KVR, exact decimal (`10`, `2.5`).
+        amount: Amount,
+    },
+    /// Transfers in and out, credits, bonds, unbonds and evidence, newest first, 100 at a time.
     History {
         /// Whose (default: the key file's address).
         address: Option<Address>,
@@ -168,10 +178,12 @@ fn run(cli: Cli) -> Result<()> {
             })?;
         }
         Command::Unbond { amount } => {
+            // Read before signing, so that a failure here leaves nothing submitted.
+            let unbonding_blocks = client.params()?.unbonding_blocks;
             let Committed { hash, height } = commit(&client, &keyfile, TxKind::Unbond { amount })?;
             // The ledger releases an unbonding started in block H at H + unbonding_blocks.
             let release_height = height
-                .checked_add(client.params()?.unbonding_blocks)
+                .checked_add(unbonding_blocks)
                 .context("the release height overflows")?;
             let report = UnbondReport {
                 hash,
