@@ -61,6 +61,10 @@ enum GenesisCommand {
         /// Chain parameters (default: the built-in genesis/template.json).
         #[arg(long)]
         template: Option<PathBuf>,
+        /// Pin this checkpoint in genesis (repeatable): evidence of wrong answers is
+        /// recomputed with it, and ledger nodes must be started with it (`--model`).
+        #[arg(long)]
+        model: Vec<PathBuf>,
         /// Seal the key files under a passphrase (KVASIR_PASSPHRASE, or typed twice).
         #[arg(long)]
         encrypt: bool,
@@ -86,9 +90,10 @@ fn main() -> ExitCode {
         Command::Genesis(GenesisCommand::Init {
             out,
             template,
+            model,
             encrypt,
             json,
-        }) => genesis::init_command(&out, template.as_deref(), encrypt, json),
+        }) => genesis::init_command(&out, template.as_deref(), &model, encrypt, json),
         Command::Model(command) => model::run(command),
         Command::Generate(args) => model::generate_command(args),
         Command::VerifyChain(args) => verify::run(args),

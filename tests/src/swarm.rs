@@ -279,17 +279,28 @@ impl Swarm {
 
     /// As `start_with`, the hub also given `hub_extra` (e.g. `--idle-timeout-ms 1000`).
     pub fn start_with_hub_args(preset: &str, crediting: bool, hub_extra: &[&str]) -> Swarm {
-        let hub_extra: Vec<String> = hub_extra.iter().map(|a| a.to_string()).collect();
+        let mut hub_extra: Vec<String> = hub_extra.iter().map(|a| a.to_string()).collect();
         let dir = tempfile::tempdir().unwrap();
         let model = synth_model(dir.path(), preset);
         let chain = dir.path().join("chain");
-        let init = run(
-            "kvasir-node",
-            &["genesis", "init", "--out", path_str(&chain)],
-        );
+        // A crediting swarm's chain pins its model, so that evidence can be judged.
+        let mut init_args = vec!["genesis", "init", "--out", path_str(&chain)];
+        if crediting {
+            init_args.extend(["--model", path_str(&model)]);
+        }
+        let init = run("kvasir-node", &init_args);
         assert!(init.status.success(), "{}", stderr(&init));
         let backbone_key = dir.path().join("backbone.key");
         let backbone = new_key(&backbone_key);
+        let (ledger, ledger_addr) = if crediting {
+            let data = dir.path().join("ledger");
+            let (ledger, addr) = start_ledger_on(&chain, &data, "127.0.0.1:0", Some(&model));
+            // The hub admits only bonded workers, as this ledger says.
+            hub_extra.extend(["--ledger".to_string(), format!("http://{addr}")]);
+            (Some(ledger), Some(addr))
+        } else {
+            (None, None)
+        };
         let mut hub = Proc::start(
             "kvasir-node",
             &Swarm::hub_args(
@@ -302,12 +313,6 @@ impl Swarm {
         );
         let hub_addr = hub.listening("hub");
         let registry_addr = hub.listening("hub registry");
-        let (ledger, ledger_addr) = if crediting {
-            let (ledger, addr) = start_ledger(&chain, &dir.path().join("ledger"));
-            (Some(ledger), Some(addr))
-        } else {
-            (None, None)
-        };
         let gateway_args = Swarm::gateway_args(
             dir.path(),
             "127.0.0.1:0",
@@ -468,7 +473,8 @@ impl Swarm {
             ledger.kill();
         }
         let chain = self.dir.path().join("chain");
-        let (ledger, _) = start_ledger_on(&chain, &self.dir.path().join("ledger"), &addr);
+        let data = self.dir.path().join("ledger");
+        let (ledger, _) = start_ledger_on(&chain, &data, &addr, Some(&self.model));
         self.ledger = Some(ledger);
     }
 
@@ -495,6 +501,9 @@ impl Swarm {
             .path()
             .join(format!("worker{}.key", self.workers.len()));
         new_key(&key);
+        if let Some(ledger) = &self.ledger_addr {
+            self.bond(ledger, &key);
+        }
         let (url, cert) = (self.gateway_url(), self.cert());
         let mut args = vec![
             "worker",
@@ -514,6 +523,31 @@ impl Swarm {
         worker.line("worker session ", Duration::from_secs(60));
         self.workers.push(worker);
         self.workers.len() - 1
+    }
+
+    /// Funds the worker key in `keyfile` from the faucet and bonds the chain's `min_bond`
+    /// with it, as a worker operator does before serving (the hub admits only bonded keys).
+    pub fn bond(&self, ledger: &str, keyfile: &Path) {
+        let client = kvasir_api::Client::new(&format!("http://{ledger}"));
+        let params = client.params().unwrap();
+        let min_bond = params.min_bond.base_units;
+        if min_bond.is_zero() {
+            return;
+        }
+        let faucet = kvasir_keyfile::open(&self.dir.path().join("chain/keys/faucet.key")).unwrap();
+        let worker = kvasir_keyfile::open(keyfile).unwrap();
+        let commit = |key: &kvasir_ledger::Keypair, kind: kvasir_ledger::TxKind| {
+            let nonce = client.account(&key.address()).unwrap().nonce;
+            let tx = kind.signed(&params.chain_id, key, nonce);
+            let hash = client.submit(&tx).unwrap();
+            client
+                .wait_committed(&hash, Duration::from_secs(60))
+                .unwrap();
+        };
+        // Exactly the bond, so what the worker holds afterwards is only what it earned.
+        let (to, amount) = (worker.address(), min_bond);
+        commit(&faucet, kvasir_ledger::TxKind::Transfer { to, amount });
+        commit(&worker, kvasir_ledger::TxKind::Bond { amount: min_bond });
     }
 
     /// Starts a backbone generating greedily with `remote` experts dispatched.
@@ -548,6 +582,10 @@ impl Swarm {
         .map(String::from)
         .to_vec();
         args.extend(remote_and_more.iter().map(|a| a.to_string()));
+        if let Some(ledger) = &self.ledger_addr {
+            // Bonds checked before dispatching, and evidence of wrong answers submitted.
+            args.extend(["--ledger".to_string(), format!("http://{ledger}")]);
+        }
         Proc::start("kvasir-node", &args)
     }
 
@@ -695,24 +733,32 @@ pub fn new_key(path: &Path) -> String {
 /// A ledger service for the chain in `chain` (genesis.json, keys/validator.key), storing in
 /// `data`; the process and its API address.
 pub fn start_ledger(chain: &Path, data: &Path) -> (Proc, String) {
-    start_ledger_on(chain, data, "127.0.0.1:0")
+    start_ledger_on(chain, data, "127.0.0.1:0", None)
 }
 
-fn start_ledger_on(chain: &Path, data: &Path, listen: &str) -> (Proc, String) {
-    let mut ledger = Proc::start(
-        "kvasir-node",
-        &[
-            "ledger",
-            "--genesis",
-            path_str(&chain.join("genesis.json")),
-            "--data-dir",
-            path_str(data),
-            "--listen",
-            listen,
-            "--key",
-            path_str(&chain.join("keys/validator.key")),
-        ],
-    );
+/// As `start_ledger`, on `listen`, checking evidence with the checkpoint in `model`.
+fn start_ledger_on(
+    chain: &Path,
+    data: &Path,
+    listen: &str,
+    model: Option<&Path>,
+) -> (Proc, String) {
+    let (genesis, key) = (chain.join("genesis.json"), chain.join("keys/validator.key"));
+    let mut args = vec![
+        "ledger",
+        "--genesis",
+        path_str(&genesis),
+        "--data-dir",
+        path_str(data),
+        "--listen",
+        listen,
+        "--key",
+        path_str(&key),
+    ];
+    if let Some(model) = model {
+        args.extend(["--model", path_str(model)]);
+    }
+    let mut ledger = Proc::start("kvasir-node", &args);
     let addr = ledger.listening("ledger");
     (ledger, addr)
 }

@@ -185,7 +185,10 @@ fn report_evidence(
         };
         match outcome {
             Ok((hash, height)) => {
-                tracing::info!("evidence {hash} against {} committed at height {height}", caught.worker);
+                tracing::info!(
+                    "evidence {hash} against {} committed at height {height}",
+                    caught.worker
+                );
                 caught.evidence = Some(hash);
                 caught.committed_height = Some(height);
             }

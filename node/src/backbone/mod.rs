@@ -24,9 +24,9 @@ use kvasir_inference::tokenizer::Tokenizer;
 
 use crate::bonds::BondCheck;
 use crate::engine::{run_generation, SamplingArgs};
-use audit::{Auditor, Reporting};
 use crate::listen::Limits;
 use crate::spec::ExpertSpec;
+use audit::{Auditor, Reporting};
 pub use remote::{RemoteExperts, SignedAnswer};
 
 #[derive(clap::Args)]
@@ -152,7 +152,10 @@ pub fn run(args: Args) -> Result<()> {
             stats.remote_requests, stats.remote_evaluations, stats.fallbacks
         );
         if let Some(audit) = &generation.audit {
-            eprintln!("{} answers audited, {} wrong", audit.audits, audit.mismatches);
+            eprintln!(
+                "{} answers audited, {} wrong",
+                audit.audits, audit.mismatches
+            );
             for caught in &audit.caught {
                 eprintln!(
                     "caught: {} on request {} of session {}",

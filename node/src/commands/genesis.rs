@@ -8,9 +8,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use kvasir_api::reports::GenesisReport;
-use kvasir_ledger::genesis::{Allocation, Authorities, ChainParams};
+use kvasir_ledger::genesis::{Allocation, Authorities, ChainParams, ModelPin};
 use kvasir_ledger::{Address, Amount, Genesis, Hash, Keypair};
 use serde::Deserialize;
+
+use crate::engine::model_pin;
 
 /// A new chain's parameters; `genesis/template.json` is the default.
 #[derive(Debug, Deserialize)]
@@ -114,11 +116,17 @@ fn write_role_key(
 
 /// Writes `genesis.json` and one key file per role into `out`, refusing to overwrite.
 pub fn init(out: &Path, template: &Template) -> Result<Genesis> {
-    init_sealed(out, template, None)
+    init_sealed(out, template, None, Vec::new())
 }
 
-/// `init`, with every key file sealed under `passphrase` when one is given.
-pub fn init_sealed(out: &Path, template: &Template, passphrase: Option<&str>) -> Result<Genesis> {
+/// `init`, with every key file sealed under `passphrase` when one is given, pinning `models`
+/// (the checkpoints evidence will be recomputed with).
+pub fn init_sealed(
+    out: &Path,
+    template: &Template,
+    passphrase: Option<&str>,
+    models: Vec<ModelPin>,
+) -> Result<Genesis> {
     let genesis_file = genesis_path(out);
     if genesis_file.exists() {
         bail!(
@@ -148,7 +156,7 @@ pub fn init_sealed(out: &Path, template: &Template, passphrase: Option<&str>) ->
             gateways: vec![gateway],
             hubs: vec![hub],
         },
-        models: Vec::new(),
+        models,
     };
     genesis.validate()?;
     std::fs::write(&genesis_file, genesis.to_json())
@@ -156,13 +164,31 @@ pub fn init_sealed(out: &Path, template: &Template, passphrase: Option<&str>) ->
     Ok(genesis)
 }
 
-/// `genesis init`: a fresh chain in `out`, its keys sealed under a passphrase with
-/// `encrypt` (`KVASIR_PASSPHRASE`, or typed twice), reported as text or one JSON object.
-pub fn init_command(out: &Path, template: Option<&Path>, encrypt: bool, json: bool) -> Result<()> {
+/// `genesis init`: a fresh chain in `out` pinning the checkpoints in `models`, its keys
+/// sealed under a passphrase with `encrypt` (`KVASIR_PASSPHRASE`, or typed twice),
+/// reported as text or one JSON object.
+pub fn init_command(
+    out: &Path,
+    template: Option<&Path>,
+    models: &[PathBuf],
+    encrypt: bool,
+    json: bool,
+) -> Result<()> {
     let template = load_template(template)?;
+    let pins = models
+        .iter()
+        .map(|dir| {
+            model_pin(dir).with_context(|| format!("pinning the checkpoint in {}", dir.display()))
+        })
+        .collect::<Result<Vec<_>>>()?;
     // Asked before anything is written, so a mistyped passphrase leaves nothing behind.
     let passphrase = encrypt.then(kvasir_keyfile::new_passphrase).transpose()?;
-    let genesis = init_sealed(out, &template, passphrase.as_deref().map(String::as_str))?;
+    let genesis = init_sealed(
+        out,
+        &template,
+        passphrase.as_deref().map(String::as_str),
+        pins,
+    )?;
     if json {
         let report = GenesisReport {
             chain_id: genesis.params.chain_id.clone(),

@@ -42,6 +42,7 @@ use kvasir_ledger::keys::{Address, Keypair};
 use tokio::net::TcpStream;
 use utoipa::OpenApi;
 
+use crate::bonds::BondCheck;
 use crate::commands::genesis::{dev_genesis_hash, refuse_exposed_dev_chain};
 use crate::engine::Backend;
 use crate::link::{self, next_frame, next_message, Idle, Keepalive};
@@ -99,6 +100,11 @@ pub struct Args {
     /// well above `--ping-interval-ms`, and at least the workers' `--idle-timeout-ms`.
     #[arg(long, default_value_t = link::DEFAULT_IDLE_TIMEOUT_MS)]
     idle_timeout_ms: u64,
+    /// The ledger API, asked at every worker's hello whether its key is bonded (at least the
+    /// chain's min_bond) and not jailed; a worker that is not is refused with the reason.
+    /// Without it, on a chain with bonds, workers are admitted unchecked (with a warning).
+    #[arg(long)]
+    ledger: Option<String>,
 }
 
 struct Hub {
@@ -109,6 +115,8 @@ struct Hub {
     links: Mutex<Links>,
     answer_deadline: Duration,
     keepalive: Keepalive,
+    /// Whether a worker's key may serve; none: every key may.
+    bonds: Option<BondCheck>,
 }
 
 #[cfg(any(test, fuzzing))]
@@ -127,6 +135,7 @@ impl Hub {
                 ping: Duration::from_millis(DEFAULT_PING_INTERVAL_MS),
                 idle: Duration::from_millis(link::DEFAULT_IDLE_TIMEOUT_MS),
             },
+            bonds: None,
         }
     }
 }
@@ -160,6 +169,10 @@ pub fn run(args: Args) -> Result<()> {
     }
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating {}", args.data_dir.display()))?;
+    let bonds = args.ledger.as_deref().map(BondCheck::new).transpose()?;
+    if bonds.is_none() && genesis.bonds_required() {
+        tracing::warn!("no --ledger: workers are admitted without checking their bonds");
+    }
     let hub = Arc::new(Hub {
         key,
         chain_id: genesis.params.chain_id.clone(),
@@ -171,6 +184,7 @@ pub fn run(args: Args) -> Result<()> {
             ping: Duration::from_millis(args.ping_interval_ms),
             idle: Duration::from_millis(args.idle_timeout_ms),
         },
+        bonds,
     });
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(serve(
@@ -277,6 +291,17 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
                     "backend {:?} is not one that gives the reference bits (cpu, cuda)",
                     hello.backend
                 );
+                refuse(&why);
+                bail!("refused {}: {why}", hello.key);
+            }
+            let standing = {
+                let (hub, key) = (hub.clone(), hello.key);
+                tokio::task::spawn_blocking(move || {
+                    hub.bonds.as_ref().map_or(Ok(()), |b| b.standing(&key))
+                })
+                .await?
+            };
+            if let Err(why) = standing {
                 refuse(&why);
                 bail!("refused {}: {why}", hello.key);
             }

@@ -24,6 +24,10 @@ use crate::engine::{load_experts, model_id, Backend};
 use crate::link::{self, next_frame, Connected, Identity, Idle};
 use crate::spec::ExpertSpec;
 use crate::tls;
+use lies::{Liar, Lie};
+
+mod lies;
+
 use crate::wire::{
     request_hash, AnswerScope, Challenge, ExpertId, Failure, Message, Request, Response, Role,
 };
@@ -54,6 +58,13 @@ pub struct Args {
     /// handshake.
     #[arg(long, default_value_t = link::DEFAULT_IDLE_TIMEOUT_MS, value_parser = clap::value_parser!(u64).range(1..))]
     idle_timeout_ms: u64,
+    /// Tests and the demo only (see `lies`): answer wrongly, and sign it, on this fraction
+    /// of answers. Hidden from `--help`.
+    #[arg(long, hide = true)]
+    dishonest_fraction: Option<f64>,
+    /// How a dishonest worker lies (see `lies::Lie`).
+    #[arg(long, hide = true, value_enum, default_value_t = Lie::Zeros, requires = "dishonest_fraction")]
+    dishonest_kind: Lie,
 }
 
 struct Worker {
@@ -63,6 +74,7 @@ struct Worker {
     hidden: usize,
     held: Vec<ExpertId>,
     experts: Box<dyn ExpertExecutor + Send>,
+    liar: Option<Liar>,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -82,6 +94,13 @@ pub fn run(args: Args) -> Result<()> {
         hidden: config.hidden_size,
         held,
         experts,
+        liar: args.dishonest_fraction.map(|fraction| {
+            eprintln!(
+                "warning: this worker is DISHONEST: it answers wrongly ({:?}) on {fraction} of its answers, and will be caught and slashed",
+                args.dishonest_kind
+            );
+            Liar::new(fraction, args.dishonest_kind)
+        }),
     });
     println!(
         "worker {} holds {} experts ({})",
@@ -187,7 +206,12 @@ impl Worker {
             bail!("rows are {hidden} wide, this model's are {}", self.hidden);
         }
         let requests = request.to_expert_requests()?;
-        let partials = self.experts.evaluate(request.layer as usize, &requests)?;
+        let mut partials = self.experts.evaluate(request.layer as usize, &requests)?;
+        if let Some(liar) = &self.liar {
+            if liar.corrupt(&mut partials, hidden) {
+                tracing::debug!("lying on request {}", request.id);
+            }
+        }
         Ok(Response::from_partials(request, &partials)?)
     }
 }
@@ -224,6 +248,7 @@ mod tests {
             hidden: 2,
             held: vec![(0, 1)],
             experts: Box::new(Doubling),
+            liar: None,
         };
         let challenge = Challenge {
             nonce: [1; 32],
