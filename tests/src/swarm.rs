@@ -496,10 +496,7 @@ impl Swarm {
 
     /// As `add_worker`, the worker also given `extra` arguments.
     pub fn add_worker_with(&mut self, experts: &str, extra: &[&str]) -> usize {
-        let key = self
-            .dir
-            .path()
-            .join(format!("worker{}.key", self.workers.len()));
+        let key = self.worker_key(self.workers.len());
         new_key(&key);
         if let Some(ledger) = &self.ledger_addr {
             self.bond(ledger, &key);
@@ -526,34 +523,24 @@ impl Swarm {
     }
 
     /// Funds the worker key in `keyfile` from the faucet and bonds the chain's `min_bond`
-    /// with it, as a worker operator does before serving (the hub admits only bonded keys).
+    /// with it, as a worker operator does before serving (the hub admits only bonded keys):
+    /// the same steps `kvasir-node dev` takes.
     pub fn bond(&self, ledger: &str, keyfile: &Path) {
         let client = kvasir_api::Client::new(&format!("http://{ledger}"));
-        let params = client.params().unwrap();
-        let min_bond = params.min_bond.base_units;
-        if min_bond.is_zero() {
-            return;
-        }
         let faucet = kvasir_keyfile::open(&self.dir.path().join("chain/keys/faucet.key")).unwrap();
         let worker = kvasir_keyfile::open(keyfile).unwrap();
-        let commit = |key: &kvasir_ledger::Keypair, kind: kvasir_ledger::TxKind| {
-            let nonce = client.account(&key.address()).unwrap().nonce;
-            let tx = kind.signed(&params.chain_id, key, nonce);
-            let hash = client.submit(&tx).unwrap();
-            client
-                .wait_committed(&hash, Duration::from_secs(60))
-                .unwrap();
-        };
-        // Exactly the bond, so what the worker holds afterwards is only what it earned.
-        let (to, amount) = (worker.address(), min_bond);
-        commit(&faucet, kvasir_ledger::TxKind::Transfer { to, amount });
-        commit(&worker, kvasir_ledger::TxKind::Bond { amount: min_bond });
+        kvasir_node::dev::launch::bond_workers(&client, &faucet, &[&worker]).unwrap();
     }
 
     /// Starts a backbone generating greedily with `remote` experts dispatched.
     pub fn start_backbone(&self, remote: &str, prompt: &str, tokens: usize) -> Proc {
         let tokens = tokens.to_string();
         self.backbone_process(&[remote, "--prompt", prompt, "--tokens", &tokens, "--json"])
+    }
+
+    /// The key file of worker `index` (as `add_worker` returned it).
+    pub fn worker_key(&self, index: usize) -> PathBuf {
+        self.dir.path().join(format!("worker{index}.key"))
     }
 
     /// Starts a backbone serving HTTP on a free port; the process and its address.
@@ -591,8 +578,22 @@ impl Swarm {
 
     /// A backbone run to completion: its JSON report.
     pub fn backbone(&self, remote: &str, prompt: &str, tokens: usize) -> GenerationReport {
+        self.backbone_with(remote, prompt, tokens, &[])
+    }
+
+    /// As `backbone`, the backbone also given `extra` (e.g. `--audit-rate 1`).
+    pub fn backbone_with(
+        &self,
+        remote: &str,
+        prompt: &str,
+        tokens: usize,
+        extra: &[&str],
+    ) -> GenerationReport {
+        let tokens = tokens.to_string();
+        let mut args = vec![remote, "--prompt", prompt, "--tokens", &tokens, "--json"];
+        args.extend_from_slice(extra);
         let out = self
-            .start_backbone(remote, prompt, tokens)
+            .backbone_process(&args)
             .finish(Duration::from_secs(300));
         serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
     }
