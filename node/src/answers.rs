@@ -113,3 +113,113 @@ impl AnswerCheck for ModelAnswers {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvasir_inference::moe::ExpertRequest;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    use crate::engine::tiny_checkpoint;
+
+    /// A random request of layer `layer` as a worker receives it: a few rows, a few experts.
+    fn request(rng: &mut StdRng, id: u64, hidden: usize, experts: usize) -> Request {
+        let rows = rng.gen_range(1..5);
+        let mut chosen: Vec<usize> = (0..experts).filter(|_| rng.gen_bool(0.3)).collect();
+        if chosen.is_empty() {
+            chosen.push(rng.gen_range(0..experts));
+        }
+        let data: Vec<f32> = (0..rows * hidden)
+            .map(|_| rng.gen_range(-2.0..2.0))
+            .collect();
+        let requests: Vec<ExpertRequest> = chosen
+            .iter()
+            .map(|&expert| {
+                let tokens: Vec<usize> = (0..rows).filter(|_| rng.gen_bool(0.7)).collect();
+                let rows = tokens
+                    .iter()
+                    .flat_map(|t| data[t * hidden..(t + 1) * hidden].iter().copied())
+                    .collect();
+                ExpertRequest {
+                    expert,
+                    tokens,
+                    rows,
+                }
+            })
+            .collect();
+        let members: Vec<usize> = (0..requests.len()).collect();
+        Request::from_expert_requests(7, id, 0, hidden, &requests, &members).unwrap()
+    }
+
+    /// What an honest worker answers: its own experts, through the worker's translation.
+    fn honest_body(worker: &LocalExperts, request: &Request) -> Vec<u8> {
+        let requests = request.to_expert_requests().unwrap();
+        let partials = worker.evaluate(request.layer as usize, &requests).unwrap();
+        let response = Response::from_partials(request, &partials).unwrap();
+        wire::response_body(&wire::Message::Response(response).encode()).to_vec()
+    }
+
+    #[test]
+    fn ten_thousand_honest_answers_recompute_to_their_own_bits_and_a_lie_does_not() {
+        let dir = tiny_checkpoint();
+        let answers = ModelAnswers::load(&dir).unwrap();
+        let config = Config::load(&dir).unwrap();
+        let checkpoint = Checkpoint::open(&dir).unwrap();
+        // The worker's copy of the experts, loaded apart from the checker's.
+        let worker = LocalExperts::load(&checkpoint, &config, |_, _| true).unwrap();
+        let mut rng = StdRng::seed_from_u64(13);
+        let pin = answers.pin().clone();
+        for id in 0..10_000 {
+            let request = request(&mut rng, id, config.hidden_size, config.num_experts);
+            let frame = wire::Message::Request(request.clone()).encode();
+            let correct = answers.answer(&pin, wire::request_body(&frame)).unwrap();
+            assert_eq!((correct.session, correct.request_id), (7, id));
+            let honest = honest_body(&worker, &request);
+            assert_eq!(correct.response_body, honest, "request {id}");
+            if id % 1000 == 0 {
+                // One flipped bit anywhere in the partials is told apart.
+                let mut lie = honest.clone();
+                let at = 12 + rng.gen_range(0..lie.len() - 12);
+                lie[at] ^= 1 << rng.gen_range(0..8);
+                assert_ne!(correct.response_body, lie);
+            }
+        }
+    }
+
+    #[test]
+    fn a_request_that_does_not_decode_or_another_model_is_an_error() {
+        let answers = ModelAnswers::load(&tiny_checkpoint()).unwrap();
+        let pin = answers.pin().clone();
+        for body in [&b""[..], b"garbage", &[0xff; 64]] {
+            assert!(answers.answer(&pin, body).is_err());
+        }
+        let other = ModelPin {
+            id: "another".into(),
+            ..pin
+        };
+        let error = answers.answer(&other, b"").unwrap_err();
+        assert!(error.contains("another"), "{error}");
+    }
+
+    #[test]
+    fn a_node_refuses_to_start_without_the_pinned_checkpoint_or_with_another() {
+        let dir = tiny_checkpoint();
+        let mut genesis = Genesis::from_json(crate::commands::genesis::DEV_GENESIS).unwrap();
+        genesis.models.clear();
+        assert!(ModelAnswers::for_genesis(&genesis, Some(&dir))
+            .unwrap()
+            .is_none());
+        genesis.models.push(model_pin(&dir).unwrap());
+        assert!(ModelAnswers::for_genesis(&genesis, Some(&dir))
+            .unwrap()
+            .is_some());
+        let missing = ModelAnswers::for_genesis(&genesis, None).err().unwrap();
+        assert!(missing.to_string().contains("--model"), "{missing}");
+        genesis.models[0].experts_root = kvasir_ledger::Hash([9; 32]);
+        let wrong = ModelAnswers::for_genesis(&genesis, Some(&dir))
+            .err()
+            .unwrap();
+        assert!(wrong.to_string().contains("not the weights"), "{wrong}");
+    }
+}

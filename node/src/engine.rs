@@ -170,3 +170,18 @@ pub fn run_generation(
         audit: None,
     })
 }
+
+/// The tiny synthetic checkpoint, synthesized once per test binary: what unit tests that
+/// need real weights run on.
+#[cfg(test)]
+pub(crate) fn tiny_checkpoint() -> std::path::PathBuf {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let tiny = kvasir_inference::synth::preset("tiny").expect("the tiny preset");
+        kvasir_inference::synth::synthesize(&dir.path().join("tiny"), tiny, |_, _| {})
+            .expect("synthesizing tiny");
+        dir
+    });
+    dir.path().join("tiny")
+}

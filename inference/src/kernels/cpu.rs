@@ -100,6 +100,11 @@ pub fn matmul_t(x: &[f32], rows: usize, w: &Weight, out: &mut [f32]) {
     let (n, k) = (w.rows(), w.cols());
     assert_eq!(x.len(), rows * k, "matmul_t input shape");
     assert_eq!(out.len(), rows * n, "matmul_t output shape");
+    // No rows, nothing to compute (and no chunk of zero size to hand out): a request may
+    // route no token to an expert, and a hostile one must not panic the node.
+    if rows == 0 {
+        return;
+    }
     let mut transposed = vec![0f32; n * rows];
     let avx2 = has_avx2();
     transposed
@@ -229,6 +234,14 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn no_rows_is_no_work_not_a_panic() {
+        let w = Weight::from_f32(vec![1.0; 32 * 8], 32, 8);
+        let mut out: Vec<f32> = Vec::new();
+        matmul_t(&[], 0, &w, &mut out);
+        assert!(out.is_empty());
+    }
 
     #[test]
     fn exp_is_accurate() {

@@ -538,10 +538,8 @@ impl ExpertExecutor for RemoteExperts {
 mod tests {
     use super::*;
     use std::path::PathBuf;
-    use std::sync::OnceLock;
 
     use kvasir_inference::checkpoint::Checkpoint;
-    use kvasir_inference::synth::{preset, synthesize};
     use kvasir_ledger::answer::body_hash;
     use tokio::sync::mpsc;
 
@@ -550,16 +548,8 @@ mod tests {
     const SESSION: u64 = 5;
     const MODEL: &str = "m";
 
-    /// The tiny checkpoint, synthesized once for this module.
     fn tiny() -> PathBuf {
-        static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-        let dir = DIR.get_or_init(|| {
-            let dir = tempfile::tempdir().unwrap();
-            let tiny = preset("tiny").unwrap();
-            synthesize(&dir.path().join("tiny"), tiny, |_, _| {}).unwrap();
-            dir
-        });
-        dir.path().join("tiny")
+        crate::engine::tiny_checkpoint()
     }
 
     fn every_expert() -> LocalExperts {
