@@ -58,6 +58,8 @@ pub struct CaughtWorker {
     pub hub: kvasir_ledger::Address,
     pub session_id: u64,
     pub request_id: u64,
+    /// Which answer of this worker it was (1 for its first), as the backbone counted them.
+    pub answer_number: u64,
     /// The Evidence transaction's hash, once submitted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>)]

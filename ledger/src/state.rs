@@ -71,9 +71,9 @@ impl Account {
 }
 
 /// The sum of amounts an account holds; saturating, as the supply bounds every real sum.
-fn sum(amounts: impl Iterator<Item = Amount>) -> Amount {
+fn sum(mut amounts: impl Iterator<Item = Amount>) -> Amount {
     amounts
-        .fold(Some(Amount::ZERO), |total, a| total?.checked_add(a))
+        .try_fold(Amount::ZERO, |total, a| total.checked_add(a))
         .unwrap_or(Amount::MAX)
 }
 

@@ -408,7 +408,8 @@ pub(crate) mod tests {
         ];
         for (evidence, expected) in cases {
             let tx = reported(&keys, &state, evidence);
-            let stateless = crate::tx::stateless_results(state.genesis(), &[tx.clone()]);
+            let stateless =
+                crate::tx::stateless_results(state.genesis(), std::slice::from_ref(&tx));
             let error = match stateless.into_iter().next().unwrap() {
                 Err(e) => e,
                 Ok(()) => rejection(&state, &keys, tx),

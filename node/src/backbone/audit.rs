@@ -8,6 +8,7 @@
 //! of its own so the generation never waits on the ledger.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -38,7 +39,8 @@ pub struct Reporting {
 }
 
 pub struct Auditor {
-    rate: f64,
+    /// The audit rate's f64 bits: adjustable while answers flow (`set_rate`).
+    rate: AtomicU64,
     probation: u64,
     answers_seen: Mutex<HashMap<Address, u64>>,
     report: Arc<Mutex<AuditReport>>,
@@ -61,7 +63,7 @@ impl Auditor {
             None => (None, None),
         };
         Auditor {
-            rate: rate.clamp(0.0, 1.0),
+            rate: AtomicU64::new(rate.clamp(0.0, 1.0).to_bits()),
             probation,
             answers_seen: Mutex::new(HashMap::new()),
             report,
@@ -82,11 +84,27 @@ impl Auditor {
             *seen += 1;
             *seen
         };
-        seen <= self.probation || (self.rate > 0.0 && OsRng.gen_bool(self.rate))
+        let rate = self.rate();
+        seen <= self.probation || (rate > 0.0 && OsRng.gen_bool(rate))
+    }
+
+    pub fn rate(&self) -> f64 {
+        f64::from_bits(self.rate.load(Ordering::Relaxed))
+    }
+
+    /// Audits `rate` (0..=1) of answers from now on (`bench audit` compares rates on one
+    /// link).
+    pub fn set_rate(&self, rate: f64) {
+        self.rate
+            .store(rate.clamp(0.0, 1.0).to_bits(), Ordering::Relaxed);
     }
 
     /// Records one audit; for a mismatch, records the catch and queues its evidence.
     pub fn audited(&self, answer: &SignedAnswer, matched: bool) {
+        let answer_number = lock(&self.answers_seen)
+            .get(&answer.worker)
+            .copied()
+            .unwrap_or_default();
         let mut report = lock(&self.report);
         report.audits += 1;
         if matched {
@@ -99,6 +117,7 @@ impl Auditor {
             hub: answer.claim.hub,
             session_id: answer.session(),
             request_id: answer.request_id(),
+            answer_number,
             evidence: None,
             committed_height: None,
             error: None,

@@ -74,7 +74,7 @@ fn check_bonds(
             .iter()
             .map(|e| (e.session, e.worker))
             .collect();
-        let recheck = round % RECHECK_EVERY == 0;
+        let recheck = round.is_multiple_of(RECHECK_EVERY);
         let known = lock(&standing).clone();
         let mut next = HashMap::with_capacity(sessions.len());
         for (session, worker) in sessions {
@@ -314,6 +314,10 @@ impl RemoteExperts {
         std::thread::spawn(move || check_bonds(link, weak, bonds));
         self.standing = Some(standing);
         self
+    }
+
+    pub fn auditor(&self) -> &Auditor {
+        &self.auditor
     }
 
     /// What the audits found so far.

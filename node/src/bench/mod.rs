@@ -1,5 +1,6 @@
 //! `kvasir-node bench ...`: each hot path measured next to its reference, in the same run.
 
+mod audit;
 mod credit;
 mod decode;
 mod dispatch;
@@ -25,6 +26,9 @@ pub enum Bench {
     /// Frames through gateway + hub next to a direct loopback TCP connection: throughput,
     /// round-trip p50/p99.
     Relay(relay::Args),
+    /// Decode with every expert remote at the default audit rate next to auditing off:
+    /// audit overhead; answers until a worker lying on 1% of them is caught.
+    Audit(audit::Args),
 }
 
 pub fn run(bench: Bench) -> Result<()> {
@@ -34,5 +38,6 @@ pub fn run(bench: Bench) -> Result<()> {
         Bench::Dispatch(args) => dispatch::run(args),
         Bench::Relay(args) => relay::run(args),
         Bench::Credit(args) => credit::run(args),
+        Bench::Audit(args) => audit::run(args),
     }
 }
