@@ -1,7 +1,8 @@
 //! A transaction from a stranger (the ledger's `POST /txs` body). Decoding never panics and
 //! accepts only the canonical encoding. Then the same action, re-signed by the dev key that may
-//! send it (the faucet for a transfer, the gateway for a credit, whose receipt the hub
-//! re-signs), goes through admission and into a produced block: the producer and a verifier
+//! send it (the faucet for a transfer, a bond, an unbond and evidence, whose answer it also
+//! re-signs as the worker; the gateway for a credit, whose receipt the hub re-signs), goes
+//! through admission and into a produced block: the producer and a verifier
 //! replaying that block reach the same state, and supply is unchanged.
 #![no_main]
 
@@ -26,6 +27,13 @@ fuzz_target!(|bytes: &[u8]| {
             receipt.chain_id = chain_id.clone();
             receipt.hub = chain.hub.address();
             (&chain.gateway, TxKind::Credit(receipt.sign(&chain.hub)))
+        }
+        TxKind::Bond { amount } => (&chain.faucet, TxKind::Bond { amount }),
+        TxKind::Unbond { amount } => (&chain.faucet, TxKind::Unbond { amount }),
+        TxKind::Evidence(mut evidence) => {
+            evidence.worker = chain.faucet.address();
+            evidence.signature = evidence.claim().sign(&chain_id, &chain.faucet);
+            (&chain.faucet, TxKind::Evidence(evidence))
         }
     };
     let resigned = Tx {
