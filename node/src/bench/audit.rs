@@ -34,9 +34,9 @@ pub struct Args {
     #[arg(long, default_value_t = 0.01)]
     lie_fraction: f64,
     /// Decode steps per timed run; each rate is timed `--rounds` times, alternating.
-    #[arg(long, default_value_t = 48)]
+    #[arg(long, default_value_t = 128)]
     steps: usize,
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 6)]
     rounds: usize,
     /// Print one JSON object instead of lines.
     #[arg(long)]
@@ -102,7 +102,7 @@ pub fn run(args: Args) -> Result<()> {
 
     // Overhead: one honest worker, the rate switched between runs on the same link.
     let honest_dir = scratch.path().join("honest");
-    let (mut honest_swarm, honest, _runtime) = swarm_with_worker(
+    let (mut honest_swarm, honest, runtime) = swarm_with_worker(
         &honest_dir,
         &model_dir,
         &config,
@@ -111,8 +111,16 @@ pub fn run(args: Args) -> Result<()> {
     )?;
     decode_rate(&model, &honest, 1, 4)?; // warm-up: weights paged in, link open
     let (mut off, mut on) = (Vec::new(), Vec::new());
-    for _ in 0..args.rounds.max(1) {
-        for (rate, rates) in [(0.0, &mut off), (args.audit_rate, &mut on)] {
+    for round in 0..args.rounds.max(1) {
+        // ABBA: whichever runs second in a round has an edge (a warmer cache, a settled
+        // clock), and it goes to each rate in turn.
+        let first_on = round % 2 == 1;
+        for on_now in [first_on, !first_on] {
+            let (rate, rates) = if on_now {
+                (args.audit_rate, &mut on)
+            } else {
+                (0.0, &mut off)
+            };
             honest.auditor().set_rate(rate);
             rates.push(decode_rate(&model, &honest, 1, args.steps).context("decoding")?);
         }
@@ -129,6 +137,8 @@ pub fn run(args: Args) -> Result<()> {
     let (off_tok_s, on_tok_s) = (best(&off), best(&on));
     let overhead = off_tok_s / on_tok_s - 1.0;
     drop(honest);
+    // Its link task would redial the stopped hub for the rest of the run.
+    runtime.shutdown_background();
     honest_swarm.stop();
 
     // Catching: a lone worker lying on `lie_fraction` of answers, audited at the rate.
