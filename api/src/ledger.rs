@@ -1,6 +1,7 @@
 //! The bodies of the ledger's REST API (`kvasir-node ledger`, relayed by the gateway).
 
 use kvasir_ledger::fraction::Fraction;
+use kvasir_ledger::state::Conviction;
 use kvasir_ledger::{Address, Amount, Hash};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -392,6 +393,44 @@ pub struct SessionMark {
     #[schema(value_type = Option<AddressText>)]
     pub worker: Option<Address>,
     pub cumulative_bytes: u64,
+    /// What accepted evidence of a wrong answer in this session did; absent while it has
+    /// none (a session is convicted at most once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conviction: Option<ConvictionView>,
+}
+
+/// The outcome of accepted evidence against a session, as the ledger keeps it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ConvictionView {
+    /// The height of the block that accepted the evidence.
+    pub height: u64,
+    /// The request the wrong answer was given to.
+    pub request_id: u64,
+    /// Who submitted the evidence (and was paid `reporter_paid`).
+    #[schema(value_type = AddressText)]
+    pub reporter: Address,
+    /// The session's pending rewards, returned to the rewards pool.
+    pub cancelled: AmountView,
+    /// Taken from the worker's bond and unbonding amounts.
+    pub slashed: AmountView,
+    /// The part of `slashed` paid to the reporter; the rest was burned.
+    pub reporter_paid: AmountView,
+    /// The worker's key is barred from serving and from being paid below this height.
+    pub jailed_until: u64,
+}
+
+impl From<&Conviction> for ConvictionView {
+    fn from(conviction: &Conviction) -> ConvictionView {
+        ConvictionView {
+            height: conviction.height,
+            request_id: conviction.request_id,
+            reporter: conviction.reporter,
+            cancelled: conviction.cancelled.into(),
+            slashed: conviction.slashed.into(),
+            reporter_paid: conviction.reporter_paid.into(),
+            jailed_until: conviction.jailed_until,
+        }
+    }
 }
 
 /// `?after=ID&limit=N`: a page of a listing in session-id order, of the ids above `after`.

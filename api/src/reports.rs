@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use kvasir_ledger::{Address, Amount, Hash};
 use serde::{Deserialize, Serialize};
 
-use crate::ledger::AccountView;
+use crate::ledger::{AccountView, AmountView};
 
 /// `kvasir-node genesis init --json`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,6 +39,24 @@ pub struct DevReport {
     pub workers: Vec<DevWorker>,
     /// The ledger API's base URL.
     pub ledger: String,
+    /// Remote answers the backbone recomputed, and how many of them were wrong.
+    pub audits: u64,
+    pub mismatches: u64,
+    /// The workers caught answering wrongly, as the ledger judged the evidence.
+    pub caught: Vec<DevCaught>,
+}
+
+/// A worker caught by an audit, and what the committed evidence did to it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DevCaught {
+    pub address: Address,
+    pub session_id: u64,
+    pub request_id: u64,
+    /// The session's pending rewards, returned to the rewards pool.
+    pub cancelled: AmountView,
+    /// Taken from its bond.
+    pub slashed: AmountView,
+    pub jailed_until: u64,
 }
 
 /// A session's metered bytes, as the hub's registry counted them.

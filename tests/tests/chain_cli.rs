@@ -53,19 +53,23 @@ fn genesis_init_writes_a_chain_and_refuses_to_overwrite() {
 
 /// Runs `dev` on the tiny preset; its JSON report.
 fn dev(data: &Path) -> DevReport {
-    let output = run(
-        "kvasir-node",
-        &[
-            "dev",
-            "--data-dir",
-            path_str(data),
-            "--preset",
-            "tiny",
-            "--tokens",
-            "8",
-            "--json",
-        ],
-    );
+    dev_with(data, &[]).0
+}
+
+/// As `dev`, with `extra` arguments; also what it printed.
+fn dev_with(data: &Path, extra: &[&str]) -> (DevReport, String) {
+    let mut args = vec![
+        "dev",
+        "--data-dir",
+        path_str(data),
+        "--preset",
+        "tiny",
+        "--tokens",
+        "8",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let output = run("kvasir-node", &args);
     assert!(output.status.success(), "{}", stderr(&output));
     let text = stdout(&output);
     assert!(
@@ -82,13 +86,21 @@ fn dev(data: &Path) -> DevReport {
         report.remote_requests > 0 && report.fallbacks == 0,
         "{report:?}"
     );
-    report
+    (report, text)
 }
 
-/// Every worker's pending + settled rewards equal `earned` of each of its sessions' metered
-/// bytes, to the base unit.
+/// Every honest worker's pending + settled rewards equal `earned` of each of its sessions'
+/// metered bytes, to the base unit; a worker caught lying holds none (its pending was
+/// cancelled, and its later credits paid nothing).
 fn assert_paid_exactly(report: &DevReport, genesis: &Genesis) {
     for worker in &report.workers {
+        let account = &worker.account;
+        let held =
+            account.balance.base_units.base_units() + account.pending_total.base_units.base_units();
+        if report.caught.iter().any(|c| c.address == worker.address) {
+            assert_eq!(held, 0, "caught worker {}: {account:?}", worker.address);
+            continue;
+        }
         let earned: u64 = report
             .sessions
             .iter()
@@ -100,14 +112,62 @@ fn assert_paid_exactly(report: &DevReport, genesis: &Genesis) {
             "worker {} earned nothing: {report:?}",
             worker.address
         );
-        let account = &worker.account;
-        assert_eq!(
-            account.balance.base_units.base_units() + account.pending_total.base_units.base_units(),
-            earned,
-            "worker {}: {account:?}",
-            worker.address
-        );
+        assert_eq!(held, earned, "worker {}: {account:?}", worker.address);
     }
+}
+
+/// `dev --dishonest 1`: the last worker signs wrong answers; the backbone's audit catches it
+/// and its evidence is committed: that session's pending cancelled, half the bond slashed,
+/// the key jailed, the honest workers paid exactly, and the output still identical. A later
+/// run replaces the jailed key with a fresh one.
+#[test]
+fn dev_dishonest_catches_the_liar_on_chain_and_the_output_stays_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (report, text) = dev_with(&data, &["--workers", "3", "--dishonest", "1"]);
+    let genesis = Genesis::load(&data.join("genesis.json")).unwrap();
+    let min_bond = genesis.params.min_bond;
+    assert!(!min_bond.is_zero());
+    let liar = &report.workers[2];
+    let caught_lines: Vec<&str> = text.lines().filter(|l| l.starts_with("caught:")).collect();
+    assert_eq!(caught_lines.len(), 1, "{text}");
+    assert!(
+        caught_lines[0].contains(&liar.address.to_string())
+            && caught_lines[0].contains("jailed until height"),
+        "{text}"
+    );
+    assert!(text.contains("audits: "), "{text}");
+    assert_eq!(report.caught.len(), 1, "{report:?}");
+    let caught = &report.caught[0];
+    assert_eq!(caught.address, liar.address);
+    assert!(report.mismatches >= 1 && report.audits >= report.mismatches);
+    // Half the bond slashed, the rest still bonded, jailed as the conviction says.
+    assert_eq!(
+        caught.slashed.base_units,
+        genesis.params.slash_fraction.of(min_bond)
+    );
+    assert_eq!(
+        liar.account.bonded.base_units,
+        min_bond.checked_sub(caught.slashed.base_units).unwrap()
+    );
+    assert!(liar.account.jailed, "{:?}", liar.account);
+    assert_eq!(liar.account.jailed_until, caught.jailed_until);
+    assert!(
+        report
+            .sessions
+            .iter()
+            .any(|s| s.session_id == caught.session_id && s.worker == liar.address),
+        "{report:?}"
+    );
+    assert_paid_exactly(&report, &genesis);
+
+    // The next run cannot serve with the jailed key: a fresh one takes its place.
+    let (again, text) = dev_with(&data, &["--workers", "3"]);
+    assert!(text.contains("is jailed until height"), "{text}");
+    assert!(again.caught.is_empty(), "{again:?}");
+    assert_ne!(again.workers[2].address, liar.address);
+    assert_eq!(again.workers[0].address, report.workers[0].address);
+    assert_paid_exactly(&again, &genesis);
 }
 
 #[test]

@@ -139,7 +139,7 @@ pub fn run(args: Args) -> Result<()> {
     let fallback = LocalExperts::load(&checkpoint, &config, |_, _| true)?;
 
     let runtime = tokio::runtime::Runtime::new()?;
-    let mut swarm = Loopback::start(scratch.path(), &scratch.path().join("chain"), false)?;
+    let mut swarm = Loopback::start(scratch.path(), &scratch.path().join("chain"), None)?;
     let rtt = Duration::from_secs_f64(args.rtt_ms / 1e3);
     let proxy = std::net::TcpListener::bind("127.0.0.1:0")?;
     let proxy_port = proxy.local_addr()?.port();
@@ -153,6 +153,7 @@ pub fn run(args: Args) -> Result<()> {
         &Loopback::swarm_url(proxy_port),
         &keyfile,
         Backend::Cpu,
+        &[],
     )?;
     let remote = RemoteExperts::attach(
         &runtime,

@@ -192,7 +192,7 @@ pub fn run(args: Args) -> Result<()> {
         bail!("--frames and --rows must be positive");
     }
     let scratch = tempfile::tempdir()?;
-    let swarm = Loopback::start(scratch.path(), &scratch.path().join("chain"), false)?;
+    let swarm = Loopback::start(scratch.path(), &scratch.path().join("chain"), None)?;
     let runtime = tokio::runtime::Runtime::new()?;
     let cert = swarm.cert.clone();
     let (relay, direct) = runtime.block_on(async {

@@ -1,8 +1,10 @@
 //! Swarm roles as child processes of this binary on loopback: what `dev` and the swarm
-//! benchmarks start. A child is stopped when its handle drops (SIGTERM, then SIGKILL if it
-//! lingers), and it stops by itself when its parent dies; its `<role> listening on ADDR`
-//! line says where it listens. Its log lines pass through to our stderr and the last one is
-//! kept, so that a child that exits when it should not can be named with its last words.
+//! benchmarks start, and the funding and bonding of worker keys that a chain with bonds asks
+//! before a hub admits them (`bond_workers`, which the test scenarios use too). A child is
+//! stopped when its handle drops (SIGTERM, then SIGKILL if it lingers), and it stops by
+//! itself when its parent dies; its `<role> listening on ADDR` line says where it listens.
+//! Its log lines pass through to our stderr and the last one is kept, so that a child that
+//! exits when it should not can be named with its last words.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -12,8 +14,11 @@ use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
+use kvasir_api::Client;
 use kvasir_ledger::keys::{Address, Keypair};
+use kvasir_ledger::mempool::Limits;
+use kvasir_ledger::{Amount, SignedTx, TxKind};
 
 use crate::commands::genesis::{genesis_path, install_dev_chain, key_path};
 use crate::engine::Backend;
@@ -182,16 +187,19 @@ impl Drop for Loopback {
 
 impl Loopback {
     /// Starts hub and gateway with their files under `dir`, on the chain in `chain` (the
-    /// dev chain is installed there if it holds none); with `ledger`, also the ledger service
-    /// (its data in `chain/ledger`), and the gateway credits the hub's receipts to it.
-    pub fn start(dir: &Path, chain: &Path, ledger: bool) -> Result<Loopback> {
+    /// dev chain is installed there if it holds none). With `ledger`, the checkpoint that
+    /// the chain's evidence is checked against, also the ledger service (its data in
+    /// `chain/ledger`; a chain that pins models refuses to run one without it): the gateway
+    /// credits the hub's receipts to it and the hub admits only the workers it says are
+    /// bonded.
+    pub fn start(dir: &Path, chain: &Path, ledger: Option<&Path>) -> Result<Loopback> {
         if !genesis_path(chain).exists() {
             install_dev_chain(chain)?;
         }
         let genesis = text(&genesis_path(chain));
         let key = |role: &str| text(&key_path(chain, role));
         let mut roles = Vec::new();
-        let ledger_addr = if ledger {
+        let ledger_addr = if let Some(model) = ledger {
             let mut ledger = Child::spawn(
                 &[
                     "ledger",
@@ -203,6 +211,8 @@ impl Loopback {
                     "127.0.0.1:0",
                     "--key",
                     &key("validator"),
+                    "--model",
+                    &text(model),
                 ]
                 .map(String::from),
             )?;
@@ -213,24 +223,27 @@ impl Loopback {
             None
         };
         let backbone = Keypair::generate();
-        let mut hub = Child::spawn(
-            &[
-                "hub",
-                "--listen",
-                "127.0.0.1:0",
-                "--registry-listen",
-                "127.0.0.1:0",
-                "--key",
-                &key("hub"),
-                "--genesis",
-                &genesis,
-                "--backbone",
-                &backbone.address().to_string(),
-                "--data-dir",
-                &text(&dir.join("hub")),
-            ]
-            .map(String::from),
-        )?;
+        let mut hub_args = [
+            "hub",
+            "--listen",
+            "127.0.0.1:0",
+            "--registry-listen",
+            "127.0.0.1:0",
+            "--key",
+            &key("hub"),
+            "--genesis",
+            &genesis,
+            "--backbone",
+            &backbone.address().to_string(),
+            "--data-dir",
+            &text(&dir.join("hub")),
+        ]
+        .map(String::from)
+        .to_vec();
+        if let Some(ledger) = ledger_addr {
+            hub_args.extend(["--ledger".to_string(), format!("http://{ledger}")]);
+        }
+        let mut hub = Child::spawn(&hub_args)?;
         let hub_addr = hub.listening("hub")?;
         let registry_addr = hub.listening("hub registry")?;
         roles.push(hub);
@@ -299,7 +312,8 @@ impl Loopback {
     }
 
     /// Starts a worker holding `experts` of `model`, dialling `url`, with the wallet key in
-    /// `keyfile` (created if absent); returns its address once its session is open.
+    /// `keyfile` (created if absent) and `extra` arguments; returns its address once its
+    /// session is open.
     pub fn add_worker(
         &mut self,
         model: &Path,
@@ -307,31 +321,121 @@ impl Loopback {
         url: &str,
         keyfile: &Path,
         backend: Backend,
+        extra: &[String],
     ) -> Result<Address> {
         if !keyfile.exists() {
             kvasir_keyfile::write(keyfile, &Keypair::generate(), None)?;
         }
         let key = kvasir_keyfile::open(keyfile)?;
-        let mut worker = Child::spawn(
-            &[
-                "worker",
-                "--gateway",
-                url,
-                "--keyfile",
-                &text(keyfile),
-                "--model",
-                &text(model),
-                "--experts",
-                experts,
-                "--ca",
-                &text(&self.cert),
-                "--backend",
-                backend.name(),
-            ]
-            .map(String::from),
-        )?;
+        let mut args = [
+            "worker",
+            "--gateway",
+            url,
+            "--keyfile",
+            &text(keyfile),
+            "--model",
+            &text(model),
+            "--experts",
+            experts,
+            "--ca",
+            &text(&self.cert),
+            "--backend",
+            backend.name(),
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend_from_slice(extra);
+        let mut worker = Child::spawn(&args)?;
         worker.line("worker session ")?;
         self.roles.push(worker);
         Ok(key.address())
     }
+}
+
+/// How long one funding or bonding transaction may take to be committed.
+const COMMIT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Makes each of `workers` bonded at least the chain's `min_bond`, as an operator does
+/// before serving (a hub with a ledger admits only bonded keys): `faucet` sends each key
+/// exactly what its bond lacks and the key bonds that, so whatever else a worker holds is
+/// what it earned. A key bonded enough already (a second `dev` run) is left alone; a
+/// jailed key is an error, since no bond lets it serve. The transfers go out together and
+/// then the bonds, so any number of keys costs about two blocks. Returns what each key
+/// bonded now (zero: nothing was needed, or the chain has no bonds).
+pub fn bond_workers(
+    ledger: &Client,
+    faucet: &Keypair,
+    workers: &[&Keypair],
+) -> Result<Vec<Amount>> {
+    let params = ledger
+        .params()
+        .context("reading the chain's min_bond from the ledger")?;
+    let min_bond = params.min_bond.base_units;
+    let mut shortfalls = Vec::with_capacity(workers.len());
+    for key in workers {
+        if min_bond.is_zero() {
+            shortfalls.push(Amount::ZERO);
+            continue;
+        }
+        let account = ledger.account(&key.address())?;
+        if account.jailed {
+            bail!(
+                "{} is jailed until height {} for a wrong answer: no bond lets it serve before then",
+                key.address(),
+                account.jailed_until
+            );
+        }
+        shortfalls.push(
+            min_bond
+                .checked_sub(account.bonded.base_units)
+                .unwrap_or(Amount::ZERO),
+        );
+    }
+    let short: Vec<(&Keypair, Amount)> = workers
+        .iter()
+        .zip(&shortfalls)
+        .filter(|(_, amount)| !amount.is_zero())
+        .map(|(key, amount)| (*key, *amount))
+        .collect();
+    let chain = params.chain_id.as_str();
+    let mut faucet_nonce = ledger.account(&faucet.address())?.nonce;
+    let transfers = short.iter().map(|(key, amount)| {
+        let to = key.address();
+        let tx = TxKind::Transfer {
+            to,
+            amount: *amount,
+        }
+        .signed(chain, faucet, faucet_nonce);
+        faucet_nonce += 1;
+        tx
+    });
+    commit_all(ledger, transfers.collect())?;
+    let mut bonds = Vec::with_capacity(short.len());
+    for (key, amount) in &short {
+        let nonce = ledger.account(&key.address())?.nonce;
+        bonds.push(TxKind::Bond { amount: *amount }.signed(chain, key, nonce));
+    }
+    commit_all(ledger, bonds)?;
+    Ok(shortfalls)
+}
+
+/// Submits `txs` and waits until each is committed, in groups no larger than the nonces
+/// the mempool takes ahead from one sender (the faucet's transfers share a sender).
+fn commit_all(ledger: &Client, txs: Vec<SignedTx>) -> Result<()> {
+    for group in txs.chunks(Limits::default().per_sender) {
+        let mut hashes = Vec::with_capacity(group.len());
+        for tx in group {
+            hashes.push(
+                ledger
+                    .submit(tx)
+                    .context("submitting a bonding transaction")?,
+            );
+        }
+        for hash in &hashes {
+            ledger
+                .wait_committed(hash, COMMIT_TIMEOUT)
+                .with_context(|| format!("waiting for transaction {hash} to be committed"))?;
+        }
+    }
+    Ok(())
 }

@@ -1,8 +1,11 @@
 //! `kvasir-node dev`: the newcomer's first command. The whole swarm on loopback as separate
-//! processes (ledger, hub, TLS gateway, N workers, backbone): it generates with every expert
-//! on the workers, checks the output against an all-local run bit for bit, waits for the
-//! gateway to credit each worker's metered bytes on the ledger, shows each worker's wallet
-//! balance, and re-verifies the chain. A second run reuses the data dir (chain, model, keys).
+//! processes (ledger, hub, TLS gateway, N workers, backbone): it bonds each worker's key from
+//! the faucet (the dev chain asks a bond), generates with every expert on the workers while
+//! the backbone audits their answers, checks the output against an all-local run bit for
+//! bit, waits for the gateway to credit each worker's metered bytes on the ledger, shows what
+//! the audits caught (with `--dishonest N`, the last N workers sign wrong answers and are
+//! convicted on chain) and each worker's wallet balance, and re-verifies the chain. A second
+//! run reuses the data dir (chain, model, keys, bonds).
 //!
 //! The room: `launch` starts roles as child processes of this binary (also used by the swarm
 //! benchmarks) and stops them. It may touch every role, through its command line only.
@@ -14,17 +17,20 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use kvasir_api::generation::GenerationReport;
-use kvasir_api::reports::{DevReport, DevWorker, MeteredSession};
+use kvasir_api::generation::{AuditReport, GenerationReport};
+use kvasir_api::reports::{DevCaught, DevReport, DevWorker, MeteredSession};
 use kvasir_api::Client;
 use kvasir_inference::config::Config;
 use kvasir_inference::generate::Sampling;
 use kvasir_inference::synth::{preset, synthesize};
-use kvasir_ledger::{verify_chain, Genesis, SledStore};
+use kvasir_ledger::fraction::Fraction;
+use kvasir_ledger::state::AnswerCheck;
+use kvasir_ledger::{verify_chain, Address, Genesis, Keypair, SledStore};
 
-use crate::commands::genesis::{genesis_path, install_dev_chain};
+use crate::answers::ModelAnswers;
+use crate::commands::genesis::{genesis_path, install_dev_chain, key_path};
 use crate::engine::{load_local, run_generation, Backend};
-use launch::{Child, Loopback};
+use launch::{bond_workers, Child, Loopback};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -48,6 +54,17 @@ pub struct Args {
     /// cuda`); the output is still checked bit for bit against an all-local CPU run.
     #[arg(long, value_enum, default_value_t = Backend::Cpu)]
     backend: Backend,
+    /// The fraction of remote answers the backbone recomputes and compares bit for bit
+    /// (besides every answer of a worker still on probation).
+    #[arg(long, default_value = "0.02", value_parser = Fraction::parse)]
+    audit_rate: Fraction,
+    /// The last N workers lie: they sign wrong answers (all zeros), to see them caught,
+    /// slashed and jailed while the output stays identical.
+    #[arg(long, default_value_t = 0)]
+    dishonest: usize,
+    /// The fraction of its answers a `--dishonest` worker gets wrong.
+    #[arg(long, default_value = "1", value_parser = Fraction::parse)]
+    dishonest_fraction: Fraction,
     /// Also print one JSON object with the figures (for scripts and tests).
     #[arg(long)]
     json: bool,
@@ -85,6 +102,13 @@ pub fn run(args: Args) -> Result<()> {
     if args.workers == 0 {
         bail!("--workers must be at least 1");
     }
+    if args.dishonest > args.workers {
+        bail!(
+            "--dishonest {} is more than the {} workers",
+            args.dishonest,
+            args.workers
+        );
+    }
     let dir = &args.data_dir;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let genesis = if genesis_path(dir).exists() {
@@ -111,7 +135,7 @@ pub fn run(args: Args) -> Result<()> {
     );
 
     let run_dir = dir.join("swarm");
-    let mut swarm = Loopback::start(&run_dir, dir, true)?;
+    let mut swarm = Loopback::start(&run_dir, dir, Some(&model_dir))?;
     let ledger_url = format!(
         "http://{}",
         swarm.ledger_addr.context("the ledger did not start")?
@@ -123,13 +147,49 @@ pub fn run(args: Args) -> Result<()> {
         swarm.registry_addr,
         swarm.gateway_addr.port()
     );
+    let ledger = Client::new(&ledger_url);
+    let keys = worker_keys(&ledger, dir, args.workers)?;
+    let faucet = kvasir_keyfile::open(&key_path(dir, "faucet"))?;
+    let bonded = bond_workers(
+        &ledger,
+        &faucet,
+        &keys.iter().map(|(_, k)| k).collect::<Vec<_>>(),
+    )?;
+    let min_bond = ledger.params()?.min_bond.base_units;
     let url = Loopback::swarm_url(swarm.gateway_addr.port());
+    let lie = [
+        "--dishonest-fraction".to_string(),
+        args.dishonest_fraction.to_string(),
+        "--dishonest-kind".to_string(),
+        "zeros".to_string(),
+    ];
     let mut workers = Vec::new();
-    for i in 0..args.workers {
-        let keyfile = dir.join("keys").join(format!("worker-{}.key", i + 1));
+    for (i, ((keyfile, _), bonded_now)) in keys.into_iter().zip(bonded).enumerate() {
         let experts = share(i, args.workers, config.num_experts);
-        let address = swarm.add_worker(&model_dir, &experts, &url, &keyfile, args.backend)?;
-        println!("worker {}: {address} holds experts {experts}", i + 1);
+        let dishonest = i >= args.workers - args.dishonest;
+        let extra: &[String] = if dishonest { &lie } else { &[] };
+        let address =
+            swarm.add_worker(&model_dir, &experts, &url, &keyfile, args.backend, extra)?;
+        let bond = if min_bond.is_zero() {
+            String::new()
+        } else if bonded_now.is_zero() {
+            ", bonded in an earlier run".to_string()
+        } else {
+            format!(", bonded {bonded_now} from the faucet")
+        };
+        let lies = match (dishonest, args.dishonest_fraction) {
+            (false, _) => String::new(),
+            (true, Fraction::ONE) => ", DISHONEST: signs an all-zero answer every time".into(),
+            (true, fraction) => {
+                format!(
+                    ", DISHONEST: signs an all-zero answer on a fraction {fraction} of its answers"
+                )
+            }
+        };
+        println!(
+            "worker {}: {address} holds experts {experts}{bond}{lies}",
+            i + 1
+        );
         workers.push((address, keyfile));
     }
 
@@ -150,6 +210,10 @@ pub fn run(args: Args) -> Result<()> {
             &text(&backbone_key),
             "--remote",
             "*:*",
+            "--ledger",
+            &ledger_url,
+            "--audit-rate",
+            &args.audit_rate.to_string(),
             "--prompt",
             &args.prompt,
             "--tokens",
@@ -193,10 +257,11 @@ pub fn run(args: Args) -> Result<()> {
         bail!("remote output differs from local output");
     }
     dispatch.all_remote().map_err(anyhow::Error::msg)?;
+    let audit = remote.audit.unwrap_or_default();
+    let caught = convictions(&ledger, &audit, &workers)?;
 
     // Every session's bytes, credited: wait until the ledger's marks reach the registry's counts.
     let registry = Client::new(&format!("http://{}", swarm.registry_addr));
-    let ledger = Client::new(&ledger_url);
     let listing = registry.all_receipts()?;
     let sessions: Vec<MeteredSession> = listing
         .receipts
@@ -261,6 +326,9 @@ pub fn run(args: Args) -> Result<()> {
             sessions,
             workers: report,
             ledger: ledger_url,
+            audits: audit.audits,
+            mismatches: audit.mismatches,
+            caught,
         };
         println!("{}", serde_json::to_string(&json)?);
     }
@@ -272,12 +340,104 @@ pub fn run(args: Args) -> Result<()> {
     drop(backbone);
     swarm.stop();
     let store = SledStore::open(&dir.join("ledger"))?;
-    let verified = verify_chain(&store, Some(&genesis), None, |_, _| {})?;
+    // Evidence in the chain is recomputed with the checkpoint the ledger judged it with.
+    let answers = ModelAnswers::for_genesis(&genesis, Some(&model_dir))?
+        .map(|answers| std::sync::Arc::new(answers) as std::sync::Arc<dyn AnswerCheck>);
+    let verified = verify_chain(&store, Some(&genesis), answers, |_, _| {})?;
     println!(
         "chain re-verified from genesis: {} blocks, {} transactions, state root {}",
         verified.blocks, verified.transactions, verified.state_root
     );
     Ok(())
+}
+
+/// The key of each of `n` workers, from `DIR/keys/worker-N.key`, created on first use. A key
+/// still jailed (caught by a `--dishonest` run) could not serve: its file is kept aside, as
+/// it still holds the rest of its bond, and the worker gets a fresh key.
+fn worker_keys(ledger: &Client, dir: &Path, n: usize) -> Result<Vec<(PathBuf, Keypair)>> {
+    let mut keys = Vec::with_capacity(n);
+    for i in 1..=n {
+        let keyfile = dir.join("keys").join(format!("worker-{i}.key"));
+        if keyfile.exists() {
+            let key = kvasir_keyfile::open(&keyfile)?;
+            let account = ledger.account(&key.address())?;
+            if !account.jailed {
+                keys.push((keyfile, key));
+                continue;
+            }
+            let aside = dir
+                .join("keys")
+                .join(format!("worker-{i}.jailed-{}.key", key.address()));
+            std::fs::rename(&keyfile, &aside)
+                .with_context(|| format!("moving {} to {}", keyfile.display(), aside.display()))?;
+            println!(
+                "worker {i}: its key {} is jailed until height {} (caught lying in an earlier run); kept as {}, a fresh key replaces it",
+                key.address(),
+                account.jailed_until,
+                aside.display()
+            );
+        }
+        let key = Keypair::generate();
+        kvasir_keyfile::write(&keyfile, &key, None)?;
+        keys.push((keyfile, key));
+    }
+    Ok(keys)
+}
+
+/// Prints what the backbone's audits found and, for each worker caught, what the ledger did
+/// about it, read from the session's conviction. The backbone's report waited for each
+/// Evidence transaction to be committed, so a catch without a conviction is an error.
+fn convictions(
+    ledger: &Client,
+    audit: &AuditReport,
+    workers: &[(Address, PathBuf)],
+) -> Result<Vec<DevCaught>> {
+    println!(
+        "audits: {} answers recomputed, {} wrong",
+        audit.audits, audit.mismatches
+    );
+    let mut caught = Vec::with_capacity(audit.caught.len());
+    for catch in &audit.caught {
+        let which = workers
+            .iter()
+            .position(|(address, _)| *address == catch.worker)
+            .map_or(String::new(), |i| format!(" (worker {})", i + 1));
+        if catch.committed_height.is_none() {
+            bail!(
+                "the evidence against {}{which} was not committed: {}",
+                catch.worker,
+                catch.error.as_deref().unwrap_or("no reason given")
+            );
+        }
+        let conviction = ledger
+            .session(&catch.hub, catch.session_id)?
+            .conviction
+            .with_context(|| {
+                format!(
+                    "the evidence against session {} was committed but the ledger holds no conviction of it",
+                    catch.session_id
+                )
+            })?;
+        println!(
+            "caught: {}{which} answered request {} of session {} wrongly: {} pending cancelled, {} of its bond slashed ({} to the backbone, which reported it, the rest burned), jailed until height {}",
+            catch.worker,
+            conviction.request_id,
+            catch.session_id,
+            conviction.cancelled.kvr,
+            conviction.slashed.kvr,
+            conviction.reporter_paid.kvr,
+            conviction.jailed_until
+        );
+        caught.push(DevCaught {
+            address: catch.worker,
+            session_id: catch.session_id,
+            request_id: conviction.request_id,
+            cancelled: conviction.cancelled,
+            slashed: conviction.slashed,
+            jailed_until: conviction.jailed_until,
+        });
+    }
+    Ok(caught)
 }
 
 #[cfg(test)]

@@ -28,9 +28,10 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use kvasir_api::ledger::{
-    AccountView, Batch, BatchVerdicts, BlockView, CreditedSession, Direction, ErrorBody, Head,
-    History, HistoryEntry, HistoryEvent, HubSessions, PageQuery, ParamsView, PendingView,
-    SessionMark, SessionRef, Submission, Submitted, TxState, TxStatus, UnbondingView, Verdict,
+    AccountView, Batch, BatchVerdicts, BlockView, ConvictionView, CreditedSession, Direction,
+    ErrorBody, Head, History, HistoryEntry, HistoryEvent, HubSessions, PageQuery, ParamsView,
+    PendingView, SessionMark, SessionRef, Submission, Submitted, TxState, TxStatus, UnbondingView,
+    Verdict,
 };
 use kvasir_api::schema::{AddressText, HashText};
 use kvasir_api::Object;
@@ -509,7 +510,7 @@ async fn tx_status(
     Ok(Json(TxStatus { hash, state }))
 }
 
-#[utoipa::path(get, path = "/sessions/{hub}/{session}", description = "The receipt high-water mark of one hub session (0 bytes and no worker if never credited).", params(("hub" = AddressText, Path, description = "The hub address"), ("session" = u64, Path, maximum = 18446744073709551615u64, description = "Session id")), responses((status = 200, body = SessionMark), (status = 400, body = ErrorBody)))]
+#[utoipa::path(get, path = "/sessions/{hub}/{session}", description = "The receipt high-water mark of one hub session (0 bytes and no worker if never credited), and what accepted evidence against it did, if any.", params(("hub" = AddressText, Path, description = "The hub address"), ("session" = u64, Path, maximum = 18446744073709551615u64, description = "Session id")), responses((status = 200, body = SessionMark), (status = 400, body = ErrorBody)))]
 async fn session(
     State(ledger): State<Arc<Ledger>>,
     path: Result<Path<(String, String)>, PathRejection>,
@@ -525,6 +526,9 @@ async fn session(
         session_id,
         worker: mark.map(|m| m.worker),
         cumulative_bytes: mark.map_or(0, |m| m.cumulative_bytes),
+        conviction: mark
+            .and_then(|m| m.conviction.as_ref())
+            .map(ConvictionView::from),
     }))
 }
 
