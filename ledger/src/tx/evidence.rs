@@ -95,11 +95,18 @@ pub(super) fn check_stateful(state: &State, evidence: &Evidence) -> Result<(), T
         }
     }
     // Evidence costs validators a recomputation and a block room: it is taken only when it
-    // can take something (pending rewards of the session, or a bond), so a key with nothing
-    // at stake cannot flood the chain with proofs against itself.
+    // can take something real (pending rewards of the session, or at least a full bond,
+    // bonded or unbonding), so a key with a token bond cannot flood the chain with proofs
+    // against itself, and each bonded key can be convicted only until its stake falls
+    // below `min_bond`.
     let worker = state.account(&evidence.worker);
     let session_pending = worker.pending.iter().any(|p| p.session == key);
-    if !session_pending && worker.bonded.is_zero() && worker.unbonding.is_empty() {
+    let stake = worker
+        .bonded
+        .checked_add(worker.unbonding_total())
+        .ok_or(TxError::Overflow)?;
+    let min_bond = state.genesis().params.min_bond;
+    if !session_pending && (stake.is_zero() || stake < min_bond) {
         return Err(TxError::NothingAtStake(evidence.worker));
     }
     let check = state.answer_check().ok_or(TxError::CannotCheckEvidence)?;
@@ -386,9 +393,15 @@ pub(crate) mod tests {
         let mut moved = evidence(&keys, &keys.worker, 2, 7, vec![0; 32], "kvasir-test");
         moved.request_body = request_body(1, 7, b"rows");
         moved.signature = moved.claim().sign("kvasir-test", &keys.worker);
-        // Session 1 is the worker's, not bob's; and bob has nothing at stake anywhere.
+        // Session 1 is the worker's, not bob's; and bob's token bond is nothing at stake.
         let not_theirs = evidence(&keys, &keys.bob, 1, 7, vec![0; 32], "kvasir-test");
         let nothing = evidence(&keys, &keys.bob, 9, 7, vec![0; 32], "kvasir-test");
+        let token = Amount::from_base_units(1);
+        let state = block_of(
+            &state,
+            &keys,
+            vec![signed(&state, &keys.bob, TxKind::Bond { amount: token })],
+        );
         let cases = [
             (honest, TxError::AnswerWasCorrect),
             (tampered_request, TxError::BadAnswerSignature),
