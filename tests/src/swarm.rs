@@ -649,14 +649,14 @@ pub fn assert_all_remote_and_identical(remote: &GenerationReport, local: &Genera
 pub async fn claimless_session(
     url: &str,
     tls: &Arc<ClientConfig>,
+    key: &Keypair,
 ) -> Option<(
     tokio::sync::mpsc::UnboundedSender<tokio_tungstenite::tungstenite::Bytes>,
     Dialed,
     u64,
 )> {
-    let key = Keypair::generate();
     let identity = Identity {
-        key: &key,
+        key,
         role: Role::Worker,
         model_id: "silent".into(),
         backend: "cpu".into(),

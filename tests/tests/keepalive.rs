@@ -32,7 +32,11 @@ fn a_silent_session_is_dropped_while_an_idle_worker_and_the_backbone_stay() {
     let runtime = Runtime::new().unwrap();
     let client_tls = tls::client(Some(&swarm.cert())).unwrap();
     let (_tx, mut silent, _) = runtime
-        .block_on(claimless_session(&swarm.gateway_url(), &client_tls))
+        .block_on(claimless_session(
+            &swarm.gateway_url(),
+            &client_tls,
+            &kvasir_ledger::Keypair::generate(),
+        ))
         .expect("the silent session is welcomed");
     std::thread::sleep(IDLE * 3);
 

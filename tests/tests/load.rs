@@ -13,7 +13,7 @@ use kvasir_api::Client;
 use kvasir_ledger::Genesis;
 use kvasir_node::tls;
 use kvasir_tests::swarm::{
-    alive, assert_all_remote_and_identical, claimless_session, resident_kib, Swarm,
+    alive, assert_all_remote_and_identical, claimless_session, new_key, resident_kib, Swarm,
 };
 
 const PROMPT: &str = "Once upon a time";
@@ -40,14 +40,19 @@ fn a_flood_of_idle_stalled_and_silent_connections_changes_nothing_for_honest_wor
     let before = memory(&swarm);
 
     // 200 sessions that complete TLS, the WebSocket upgrade and a signed hello, then say
-    // nothing more (and claim nothing, so the backbone never waits on them).
+    // nothing more (and claim nothing, so the backbone never waits on them). One bonded key
+    // opens them all: the hub admits only bonded keys, and does not cap sessions per key.
+    let silent_key = swarm.dir.path().join("silent.key");
+    new_key(&silent_key);
+    swarm.bond(swarm.ledger_addr.as_deref().unwrap(), &silent_key);
+    let silent_key = kvasir_keyfile::open(&silent_key).unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let client_tls = tls::client(Some(&swarm.cert())).unwrap();
     let url = swarm.gateway_url();
     let silent = runtime.block_on(async {
         let mut held = Vec::new();
         for _ in 0..SILENT_SESSIONS {
-            held.extend(claimless_session(&url, &client_tls).await);
+            held.extend(claimless_session(&url, &client_tls, &silent_key).await);
         }
         held
     });
