@@ -42,6 +42,15 @@ pub fn bin(name: &str) -> PathBuf {
 }
 
 /// Runs a workspace binary to completion and returns its output.
+/// A fresh chain from the built-in template (`genesis init`) in `chain`.
+pub fn genesis_init(chain: &Path) {
+    let init = run(
+        "kvasir-node",
+        &["genesis", "init", "--out", path_str(chain)],
+    );
+    assert!(init.status.success(), "{}", stderr(&init));
+}
+
 pub fn run(name: &str, args: &[&str]) -> Output {
     Command::new(bin(name))
         .args(args)

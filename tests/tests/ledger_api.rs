@@ -23,11 +23,7 @@ struct Chain {
 fn start() -> Chain {
     let dir = tempfile::tempdir().unwrap();
     let chain = dir.path().join("chain");
-    let init = run(
-        "kvasir-node",
-        &["genesis", "init", "--out", path_str(&chain)],
-    );
-    assert!(init.status.success(), "{}", stderr(&init));
+    kvasir_tests::genesis_init(&chain);
     let (ledger, addr) = start_ledger(&chain, &dir.path().join("ledger"));
     let keys = chain.join("keys");
     let key_dir = keys.clone();

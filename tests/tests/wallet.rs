@@ -111,11 +111,7 @@ fn a_role_opens_a_sealed_key_with_the_passphrase_from_its_environment() {
     use std::io::{BufRead, BufReader};
     let dir = tempfile::tempdir().unwrap();
     let chain = dir.path().join("chain");
-    let init = kvasir_tests::run(
-        "kvasir-node",
-        &["genesis", "init", "--out", path_str(&chain)],
-    );
-    assert!(init.status.success(), "{}", stderr(&init));
+    kvasir_tests::genesis_init(&chain);
     let validator = kvasir_keyfile::read(&chain.join("keys/validator.key"), None).unwrap();
     let sealed = dir.path().join("validator-sealed.key");
     kvasir_keyfile::write(&sealed, &validator, Some("s3cret")).unwrap();
@@ -200,11 +196,7 @@ fn a_worker_bonds_then_unbonds_and_its_balance_shows_both() {
     let dir = tempfile::tempdir().unwrap();
     let chain = dir.path().join("chain");
     // A chain from the template, which has bonds: min_bond 10, unbonding_blocks 20.
-    let init = kvasir_tests::run(
-        "kvasir-node",
-        &["genesis", "init", "--out", path_str(&chain)],
-    );
-    assert!(init.status.success(), "{}", stderr(&init));
+    kvasir_tests::genesis_init(&chain);
     let node = Node::start(&chain, &dir.path().join("ledger"));
     let params = Client::new(&node.url).params().unwrap();
     assert_eq!(params.min_bond.base_units, kvr("10"));
