@@ -186,9 +186,12 @@ impl Ledger {
     /// Admits each of `txs` to the mempool (signatures batch-verified in parallel); per
     /// transaction its hash or why it was refused.
     pub fn submit(&self, txs: Vec<SignedTx>) -> Vec<Result<Hash, Refusal>> {
-        let state = self.state();
-        let checked = check_stateless(state.genesis(), txs);
+        let checked = check_stateless(self.state().genesis(), txs);
+        // The state is read under the mempool lock, which `produce` holds from the store's
+        // commit until both agree with it: a client that saw its last transaction committed
+        // has its next nonces checked against that block, not the one before.
         let mut mempool = lock(&self.mempool);
+        let state = self.state();
         let verdicts: Vec<Result<Hash, Refusal>> = checked
             .into_iter()
             .map(|verified| Ok(mempool.insert(&state, verified?)?))
@@ -246,10 +249,13 @@ impl Ledger {
         let now = now_ms();
         let produced = produce_block(&state, &candidates, &self.validator, now)?;
         check_clock(&produced.block.header, now)?;
+        let mut mempool = lock(&self.mempool);
         self.store.commit(&produced.block, &produced.changes)?;
         let included = produced.block.txs.iter().map(SignedTx::hash);
         let dropped: Vec<Hash> = produced.rejected.iter().map(|(h, _)| *h).collect();
-        lock(&self.mempool).remove(included.chain(dropped.iter().copied()));
+        mempool.remove(included.chain(dropped.iter().copied()));
+        *self.state.write().unwrap_or_else(|p| p.into_inner()) = produced.state;
+        drop(mempool);
         let mut rejected = lock(&self.rejected);
         let mut refusals = lock(&self.refusals);
         for (hash, error) in produced.rejected {
@@ -261,7 +267,6 @@ impl Ledger {
         if let Some(last) = lock(&self.last_block).replace(made) {
             self.block_interval.observe(made - last);
         }
-        *self.state.write().unwrap_or_else(|p| p.into_inner()) = produced.state;
         self.blocks_produced.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
