@@ -136,6 +136,15 @@ impl ReceiptMark {
     pub fn is_convicted(&self) -> bool {
         self.conviction.is_some()
     }
+
+    /// Whether a hub's receipt has said whose session this is. Evidence can come before the
+    /// session's first credit, and its mark then names the key that signed the wrong answer,
+    /// which anyone can make name any session: until a receipt credits bytes, the first
+    /// receipt for another worker takes the session, so a bonded key cannot squat an honest
+    /// worker's session (and its pay) by convicting itself in it.
+    pub fn is_hub_confirmed(&self) -> bool {
+        self.cumulative_bytes > 0
+    }
 }
 
 /// What accepted evidence against a session did, kept with the session for anyone to read.

@@ -85,7 +85,7 @@ pub(super) fn check_stateful(
         return Err(TxError::NotAHub(r.hub));
     }
     if let Some(mark) = state.receipt_mark(&SessionKey::of(r)) {
-        if mark.worker != r.worker {
+        if mark.worker != r.worker && mark.is_hub_confirmed() {
             return Err(TxError::SessionWorkerMismatch {
                 stored: mark.worker,
                 got: r.worker,
@@ -109,7 +109,7 @@ pub(super) fn check_stateful(
 fn may_be_paid(state: &State, receipt: &Receipt) -> bool {
     let convicted = state
         .receipt_mark(&SessionKey::of(receipt))
-        .is_some_and(ReceiptMark::is_convicted);
+        .is_some_and(|mark| mark.worker == receipt.worker && mark.is_convicted());
     let worker = state.account(&receipt.worker);
     let genesis = state.genesis();
     let bonded = !genesis.bonds_required() || worker.bonded >= genesis.params.min_bond;
@@ -123,7 +123,11 @@ fn may_be_paid(state: &State, receipt: &Receipt) -> bool {
 pub(super) fn execute(staged: &mut Staged, receipt: &Receipt) -> Result<(), TxError> {
     let key = SessionKey::of(receipt);
     let state = staged.state();
-    let old = state.receipt_mark(&key);
+    // Only the session's own worker's conviction stays: one that named another key was made
+    // before any receipt said whose session it is (see `ReceiptMark::is_hub_confirmed`).
+    let old = state
+        .receipt_mark(&key)
+        .filter(|mark| mark.worker == receipt.worker);
     let conviction = old.and_then(|mark| mark.conviction.clone());
     let old = old.map_or(0, |mark| mark.cumulative_bytes);
     let earned = |bytes| state.genesis().earned(bytes).ok_or(TxError::Overflow);

@@ -442,6 +442,48 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_key_convicting_itself_in_another_workers_uncredited_session_does_not_take_its_pay() {
+        let (state, keys) = bonded_and_credited();
+        let (w, bob) = (keys.worker.address(), keys.bob.address());
+        let gift = TxKind::Transfer {
+            to: bob,
+            amount: kvr("10"),
+        };
+        let gift = signed(&state, &keys.worker, gift);
+        let state = block_of(&state, &keys, vec![gift]);
+        let bond = signed(&state, &keys.bob, TxKind::Bond { amount: kvr("10") });
+        let state = block_of(&state, &keys, vec![bond]);
+        // Bob signs a wrong answer naming session 5, which the hub gave the worker and has
+        // not credited yet, and reports it: he is slashed, as for any wrong answer he signs.
+        let squat = evidence(&keys, &keys.bob, 5, 7, vec![0; 32], "kvasir-test");
+        let state = block_of(&state, &keys, vec![reported(&keys, &state, squat.clone())]);
+        assert_eq!(state.account(&bob).bonded, kvr("5"));
+        assert!(state.account(&bob).is_jailed(state.height() + 1));
+        // The hub's receipt says session 5 is the worker's: it is credited and paid in full.
+        let pending = state.account(&w).pending_total();
+        let credit = credit_from(&keys.gateway, 2, &keys.hub, 5, w, 10_000_000);
+        let state = block_of(&state, &keys, vec![credit]);
+        assert_eq!(
+            state.account(&w).pending_total(),
+            pending.checked_add(kvr("0.07")).unwrap()
+        );
+        let key = SessionKey {
+            hub: keys.hub.address(),
+            session_id: 5,
+        };
+        let mark = state.receipt_mark(&key).unwrap();
+        assert_eq!((mark.worker, mark.is_convicted()), (w, false));
+        // Bob's evidence cannot be used again, now that the session is known to be the worker's.
+        assert_eq!(
+            rejection(&state, &keys, reported(&keys, &state, squat)),
+            TxError::SessionWorkerMismatch {
+                stored: w,
+                got: bob
+            }
+        );
+    }
+
+    #[test]
     fn evidence_after_settlement_still_slashes_what_is_unbonding() {
         let (mut state, keys) = bonded_and_credited();
         let w = keys.worker.address();
