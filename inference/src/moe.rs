@@ -88,7 +88,8 @@ pub enum ExpertError {
 /// executor pays one round trip for the whole batch.
 pub trait ExpertExecutor: Sync {
     fn holds(&self, layer: usize, expert: usize) -> bool;
-    /// One `n x hidden` partial per request, in request order.
+    /// One `n x hidden` partial per request, in request order, every NaN `f32::NAN`
+    /// (`canonical_nans`).
     fn evaluate(
         &self,
         layer: usize,
@@ -172,9 +173,22 @@ pub(crate) fn evaluate_held<E: Sync>(
                 layer,
                 expert: r.expert,
             })?;
-            eval(expert, &r.rows)
+            let mut partial = eval(expert, &r.rows)?;
+            canonical_nans(&mut partial);
+            Ok(partial)
         })
         .collect()
+}
+
+/// Makes every NaN the one quiet NaN, `f32::NAN`, as every executor's output must be.
+/// Finite and infinite values come out the same bits on every backend, but a NaN's sign and
+/// payload do not (x86 makes negative quiet NaNs, Arm and CUDA positive ones, and
+/// propagation keeps an operand's payload); an answer is checked bit for bit, so an honest
+/// worker whose rows produce a NaN must give the bits any validator recomputes.
+pub fn canonical_nans(values: &mut [f32]) {
+    for value in values.iter_mut().filter(|v| v.is_nan()) {
+        *value = f32::NAN;
+    }
 }
 
 /// Several executors as one: each expert goes to the first part that holds it, and each

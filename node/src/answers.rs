@@ -195,6 +195,36 @@ mod tests {
     }
 
     #[test]
+    fn a_nan_in_the_rows_answers_as_the_one_quiet_nan_on_both_sides() {
+        let dir = tiny_checkpoint();
+        let answers = ModelAnswers::load(&dir).unwrap();
+        let config = Config::load(&dir).unwrap();
+        let worker =
+            LocalExperts::load(&Checkpoint::open(&dir).unwrap(), &config, |_, _| true).unwrap();
+        let mut request = request(&mut StdRng::seed_from_u64(5), 1, config.hidden_size, 8);
+        // A negative NaN with a payload, as x86 makes them: it reaches every output value.
+        request.rows[0] = f32::from_bits(0xffc0_0001);
+        let frame = wire::Message::Request(request.clone()).encode();
+        let correct = answers
+            .answer(answers.pin(), wire::request_body(&frame))
+            .unwrap();
+        assert_eq!(correct.response_body, honest_body(&worker, &request));
+        let requests = request.to_expert_requests().unwrap();
+        let partials = worker.evaluate(request.layer as usize, &requests).unwrap();
+        let nans: Vec<u32> = partials
+            .iter()
+            .flatten()
+            .filter(|v| v.is_nan())
+            .map(|v| v.to_bits())
+            .collect();
+        assert!(!nans.is_empty());
+        assert!(
+            nans.iter().all(|&bits| bits == f32::NAN.to_bits()),
+            "{nans:x?}"
+        );
+    }
+
+    #[test]
     fn a_request_that_does_not_decode_or_another_model_is_an_error() {
         let answers = ModelAnswers::load(&tiny_checkpoint()).unwrap();
         let pin = answers.pin().clone();

@@ -15,7 +15,7 @@ use cudarc::driver::{
 
 use crate::checkpoint::Checkpoint;
 use crate::config::Config;
-use crate::moe::{ExpertError, ExpertExecutor, ExpertRequest};
+use crate::moe::{canonical_nans, ExpertError, ExpertExecutor, ExpertRequest};
 use crate::weights::DType;
 
 const KERNELS: &str = r#"
@@ -340,7 +340,11 @@ impl ExpertExecutor for CudaExperts {
                     })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        catching(|| self.evaluate_layer(&experts, requests))
-            .map_err(|e| ExpertError::Device(e.to_string()))
+        let mut partials = catching(|| self.evaluate_layer(&experts, requests))
+            .map_err(|e| ExpertError::Device(e.to_string()))?;
+        for partial in &mut partials {
+            canonical_nans(partial);
+        }
+        Ok(partials)
     }
 }
