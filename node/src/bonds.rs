@@ -1,8 +1,10 @@
 //! Whether a worker's key may serve now, as the ledger says: bonded at least the chain's
 //! `min_bond` and not jailed. The hub asks at every hello (and refuses with the reason, which
-//! the worker logs); the backbone asks before it first dispatches to a session. A chain
-//! without bonds (`min_bond` zero) admits every key; a key whose standing cannot be read
-//! (the ledger unreachable) is not admitted, so an outage never lets an unbonded key in.
+//! the worker logs) and again every few seconds for every connected key (dropping, with the
+//! reason, the sessions of one that no longer may: `hub::standing`); the backbone asks before
+//! it first dispatches to a session. A chain without bonds (`min_bond` zero) admits every
+//! key; a key whose standing cannot be read (the ledger unreachable) is not admitted, so an
+//! outage never lets an unbonded key in.
 
 use anyhow::{Context, Result};
 use kvasir_api::Client;

@@ -16,15 +16,21 @@
 //! or badly signed answer is also reported to the backbone as a failure at once, so it
 //! computes those experts locally.
 //!
+//! Bonds: with `--ledger`, a worker is admitted only while the ledger says its key has at
+//! least the chain's `min_bond` bonded and is not jailed: asked at its hello, and again every
+//! `--bond-recheck-ms` while it is connected (`standing`); a worker refused either time is
+//! told why.
+//!
 //! The room: `relay` (frames between backbone and sessions, what is unanswered), `metering`
 //! (what an answer earns, a pure function), `registry` (the counts in sled), `receipts`
-//! (signing them for the gateway). It may touch the wire protocol and its own registry; it
-//! never talks to the ledger.
+//! (signing them for the gateway), `standing` (re-checking connected keys). It may touch the
+//! wire protocol and its own registry; of the ledger it only reads accounts (`bonds`).
 
 mod metering;
 mod receipts;
 mod registry;
 mod relay;
+mod standing;
 
 #[cfg(fuzzing)]
 pub use relay::fuzzing::relay_script;
@@ -100,11 +106,18 @@ pub struct Args {
     /// well above `--ping-interval-ms`, and at least the workers' `--idle-timeout-ms`.
     #[arg(long, default_value_t = link::DEFAULT_IDLE_TIMEOUT_MS)]
     idle_timeout_ms: u64,
-    /// The ledger API, asked at every worker's hello whether its key is bonded (at least the
-    /// chain's min_bond) and not jailed; a worker that is not is refused with the reason.
-    /// Without it, on a chain with bonds, workers are admitted unchecked (with a warning).
+    /// The ledger API, asked at every worker's hello, and again every `--bond-recheck-ms` for
+    /// each connected key, whether the key is bonded (at least the chain's min_bond) and not
+    /// jailed; a worker that is not is refused, or dropped, with the reason (which it logs).
+    /// A key whose standing cannot be read (the ledger unreachable) is refused at hello; a
+    /// connected one keeps serving for 30 s of that before it is dropped. Without --ledger, on
+    /// a chain with bonds, workers are admitted unchecked (with a warning).
     #[arg(long)]
     ledger: Option<String>,
+    /// How often (with --ledger) the standing of every connected worker's key is asked again:
+    /// one account read per distinct key each time.
+    #[arg(long, default_value_t = standing::DEFAULT_RECHECK_MS, value_parser = clap::value_parser!(u64).range(1..))]
+    bond_recheck_ms: u64,
 }
 
 struct Hub {
@@ -192,6 +205,7 @@ pub fn run(args: Args) -> Result<()> {
         args.listen,
         args.registry_listen,
         args.max_connections,
+        Duration::from_millis(args.bond_recheck_ms),
     ))
 }
 
@@ -200,6 +214,7 @@ async fn serve(
     listen: SocketAddr,
     registry_listen: SocketAddr,
     max_connections: usize,
+    bond_recheck: Duration,
 ) -> Result<()> {
     let listener = link::bind("hub", listen).await?;
     let registry = link::bind("hub registry", registry_listen).await?;
@@ -230,6 +245,18 @@ async fn serve(
             clock.tick(std::time::Instant::now());
         }
     });
+    if hub.bonds.is_some() {
+        // Its own thread: each check is a blocking HTTP request.
+        let watcher = hub.clone();
+        std::thread::Builder::new()
+            .name("hub-standing".into())
+            .spawn(move || {
+                if let Some(bonds) = &watcher.bonds {
+                    watcher.watch_standing(bonds, bond_recheck);
+                }
+            })
+            .context("starting the bond re-check")?;
+    }
     let listener = Acceptor::new("hub", listener, Limits::total(max_connections));
     loop {
         let (stream, peer, slot) = listener.next().await;
@@ -320,19 +347,32 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
                 experts,
             };
             let claimed = entry.experts.len();
-            {
+            let mut expelled = {
                 // The welcome goes out under the lock, so no relayed request can precede it.
                 let mut links = hub.links();
-                if let Err(why) = links.add_worker(entry, tx.clone()) {
-                    refuse(&why);
-                    bail!("refused {}: {why}", hello.key);
-                }
+                let expelled = match links.add_worker(entry, tx.clone()) {
+                    Ok(expelled) => expelled,
+                    Err(why) => {
+                        refuse(&why);
+                        bail!("refused {}: {why}", hello.key);
+                    }
+                };
                 let _ = tx.send(Message::Welcome(Welcome { session }).encode().into());
-            }
+                expelled
+            };
             tracing::info!(session, worker = %hello.key, experts = claimed, "worker attached");
             let result = async {
                 loop {
-                    hub.relay_answer(session, next_frame(&mut source).await?)?;
+                    tokio::select! {
+                        frame = next_frame(&mut source) => hub.relay_answer(session, frame?)?,
+                        // Already out of the directory and told why (`Hub::expel`).
+                        why = &mut expelled => match why {
+                            Ok(why) => bail!("dropped {}: {why}", hello.key),
+                            // Removed without a reason: only this connection does that,
+                            // after this loop, so this is a bug elsewhere; end cleanly.
+                            Err(_) => bail!("session {session} was removed"),
+                        },
+                    }
                 }
             }
             .await;

@@ -6,17 +6,23 @@
 //! answer in that minute is late, earns nothing and costs the worker nothing), the experts a
 //! session and the whole hub may claim, and how often the directory is re-sent (changes are
 //! coalesced).
+//!
+//! A session leaves the same way however it ends (`Links::remove_worker`): out of the
+//! directory, its unanswered requests failed to the backbone. Its connection ends the loop
+//! itself, or is told to by `Hub::expel` (its key may no longer serve, see `standing`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::MutexGuard;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use tokio::sync::mpsc;
+use kvasir_ledger::Address;
+use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::tungstenite::Bytes;
 
 use super::metering::{self, Answer, Asked, Metered};
 use super::Hub;
+use crate::bonds;
 use crate::metrics::Exposition;
 use crate::wire::{
     request_hash, response_body, AnswerScope, Directory, DirectoryEntry, ExpertId, Failure,
@@ -69,6 +75,8 @@ struct Counts {
     refused_answers: u64,
     late_answers: u64,
     failed_requests: u64,
+    /// Sessions dropped while connected because their key may no longer serve.
+    expelled: u64,
 }
 
 pub(super) struct WorkerLink {
@@ -76,6 +84,9 @@ pub(super) struct WorkerLink {
     tx: mpsc::UnboundedSender<Bytes>,
     /// Its entries in `outstanding`.
     unanswered: usize,
+    /// Tells the session's connection, by `Hub::expel`, that the hub dropped it and why.
+    /// Dropped unsent when the connection itself ended the session.
+    expelled: oneshot::Sender<bonds::Refused>,
 }
 
 /// Why a worker is not admitted.
@@ -110,25 +121,56 @@ impl Links {
     }
 
     /// Admits worker `entry` (its claims already distinct) if the hub has room for its claims.
+    /// What the returned receiver gets is why the hub expelled the session (`Hub::expel`); its
+    /// connection must then end.
     pub fn add_worker(
         &mut self,
         entry: DirectoryEntry,
         tx: mpsc::UnboundedSender<Bytes>,
-    ) -> Result<(), Refused> {
+    ) -> Result<oneshot::Receiver<bonds::Refused>, Refused> {
         let claims = self.claims.saturating_add(entry.experts.len());
         if claims > MAX_CLAIMS {
             return Err(Refused::HubFull);
         }
         self.claims = claims;
         let session = entry.session;
+        let (expelled, why) = oneshot::channel();
         let link = WorkerLink {
             entry,
             tx,
             unanswered: 0,
+            expelled,
         };
         self.workers.insert(session, link);
         self.directory_changed = true;
-        Ok(())
+        Ok(why)
+    }
+
+    /// Each connected session and the key it serves with.
+    pub fn sessions(&self) -> Vec<(u64, Address)> {
+        let key = |(session, link): (&u64, &WorkerLink)| (*session, link.entry.worker);
+        self.workers.iter().map(key).collect()
+    }
+
+    /// Takes `session` out of the directory and fails its unanswered requests to the backbone
+    /// (it computes them locally); its link, if it was connected.
+    fn remove_worker(&mut self, session: u64) -> Option<WorkerLink> {
+        let worker = self.workers.remove(&session);
+        if let Some(worker) = &worker {
+            self.claims = self.claims.saturating_sub(worker.entry.experts.len());
+            self.directory_changed = true;
+        }
+        let lost: Vec<u64> = self
+            .outstanding
+            .keys()
+            .filter(|(s, _)| *s == session)
+            .map(|(_, id)| *id)
+            .collect();
+        for id in lost {
+            self.outstanding.remove(&(session, id));
+            self.fail(id, format!("session {session} left"));
+        }
+        worker
     }
 
     /// The whole directory, now (a backbone that just attached must not wait for it).
@@ -277,22 +319,25 @@ impl Hub {
         Ok(())
     }
 
+    /// Session `session` ended (its connection closed, failed or lied).
     pub(super) fn remove_worker(&self, session: u64) {
+        self.links().remove_worker(session);
+    }
+
+    /// Drops `session`, whose key may no longer serve, as if it had disconnected
+    /// (`Links::remove_worker`), and tells the worker `why` in a failure with id 0, the frame
+    /// a refused hello gets, so that it logs the reason; then its connection ends (the writer
+    /// sends the failure before it closes the socket). False if it was not connected.
+    pub(super) fn expel(&self, session: u64, why: bonds::Refused) -> bool {
         let mut links = self.links();
-        if let Some(worker) = links.workers.remove(&session) {
-            links.claims = links.claims.saturating_sub(worker.entry.experts.len());
-            links.directory_changed = true;
-        }
-        let lost: Vec<u64> = links
-            .outstanding
-            .keys()
-            .filter(|(s, _)| *s == session)
-            .map(|(_, id)| *id)
-            .collect();
-        for id in lost {
-            links.outstanding.remove(&(session, id));
-            links.fail(id, format!("session {session} left"));
-        }
+        let Some(worker) = links.remove_worker(session) else {
+            return false;
+        };
+        links.counts.expelled += 1;
+        let failure = Failure::new(0, why.to_string());
+        let _ = worker.tx.send(Message::Failure(failure).encode().into());
+        let _ = worker.expelled.send(why);
+        true
     }
 
     /// Fails every request past its deadline (the backbone computes it locally), forgets those
@@ -376,6 +421,11 @@ impl Hub {
                 "kvasir_hub_failed_requests_total",
                 "Failures sent to the backbone (session gone, over its cap, too slow, lied).",
                 c.failed_requests,
+            )
+            .counter(
+                "kvasir_hub_standing_drops_total",
+                "Worker sessions dropped while connected because the ledger no longer says their key may serve (bonded below min_bond, jailed, or unreadable past the grace).",
+                c.expelled,
             )
             .text()
     }
@@ -622,6 +672,48 @@ mod tests {
         assert_eq!(paid[0].1.worker, key.address());
         let owed = (asked.len() + honest.len()) as u64;
         assert_eq!(paid[0].1.cumulative_bytes, owed);
+    }
+
+    #[test]
+    fn an_expelled_session_leaves_as_a_disconnect_does_and_is_told_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = hub(dir.path(), Duration::from_secs(60));
+        let (_stays, mut backbone) = attach(&hub, 2);
+        let key = Keypair::generate().address();
+        let (tx, mut worker) = mpsc::unbounded_channel();
+        let entry = DirectoryEntry {
+            session: 1,
+            worker: key,
+            model_id: "m".into(),
+            experts: vec![(0, 1)],
+        };
+        let mut expelled = hub.links().add_worker(entry, tx).unwrap();
+        hub.relay_request(request(1, 7)).unwrap();
+        hub.relay_request(request(2, 8)).unwrap();
+        assert_eq!(worker.try_recv().ok(), Some(request(1, 7)));
+        let why = bonds::Refused::Jailed { key, until: 9 };
+        assert!(hub.expel(1, why.clone()));
+        // Out of the directory, its claims freed, its unanswered request failed.
+        let left: Vec<u64> = hub.links().sessions().iter().map(|(s, _)| *s).collect();
+        assert_eq!(left, vec![2]);
+        assert_eq!(hub.links().claims, 1);
+        assert_eq!(failures(&mut backbone), vec![7]);
+        assert_eq!(hub.unanswered(), 1);
+        // The worker hears why, as a refused hello would; its connection is told to end.
+        let Ok(Message::Failure(told)) = Message::decode(&worker.try_recv().unwrap()) else {
+            panic!("the worker was not told why");
+        };
+        assert_eq!((told.id, told.message), (0, why.to_string()));
+        assert_eq!(expelled.try_recv(), Ok(why.clone()));
+        // Gone already: expelling it again does nothing, and nor does its connection's leave.
+        assert!(!hub.expel(1, why));
+        hub.remove_worker(1);
+        assert!(backbone.try_recv().is_err());
+        let metrics = hub.metrics_text();
+        assert!(
+            metrics.contains("kvasir_hub_standing_drops_total 1\n"),
+            "{metrics}"
+        );
     }
 
     #[test]

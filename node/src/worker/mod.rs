@@ -166,8 +166,12 @@ async fn session(
     loop {
         // The frame itself is kept: the answer signs the hash of its body exactly as it came.
         let frame = next_frame(&mut source).await?;
-        let Message::Request(request) = Message::decode(&frame)? else {
-            bail!("the hub sent something other than a request");
+        let request = match Message::decode(&frame)? {
+            Message::Request(request) => request,
+            // The hub drops a worker whose key may no longer serve (unbonded, jailed) and
+            // says why, as it does to a refused hello.
+            Message::Failure(failure) => bail!("the hub dropped this worker: {}", failure.message),
+            _ => bail!("the hub sent something other than a request"),
         };
         let (worker, challenge) = (worker.clone(), challenge.clone());
         let answer = tokio::task::spawn_blocking(move || {
