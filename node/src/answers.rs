@@ -2,12 +2,15 @@
 //! compares a worker's answer with. `ModelAnswers` holds every expert of a checkpoint whose
 //! identity (`engine::model_pin`) is the one a genesis pins, and turns a dispatch request
 //! body into the exact response body a correct worker sends, through the same translation
-//! the worker uses (`wire::translate`), so correct means bit for bit.
+//! the worker uses (`wire::translate`), so correct means bit for bit. `PinnedAnswers` is
+//! one of them for each model the genesis pins: what a ledger node judges evidence with.
 //!
 //! The room: the engine's experts and the wire format; it answers the ledger's
 //! `AnswerCheck` and touches nothing else of the chain.
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use kvasir_inference::checkpoint::Checkpoint;
@@ -38,47 +41,6 @@ impl ModelAnswers {
         })
     }
 
-    /// What a ledger node of `genesis` checks evidence with, from `--model`: nothing for a
-    /// chain that pins no model; an error when one is pinned and `model` is missing or is
-    /// not that checkpoint, so a node never starts unable to judge evidence its peers take.
-    pub fn for_genesis(genesis: &Genesis, model: Option<&Path>) -> Result<Option<ModelAnswers>> {
-        if genesis.models.is_empty() {
-            if let Some(dir) = model {
-                tracing::warn!(
-                    "--model {} is not used: this chain pins no model and takes no evidence",
-                    dir.display()
-                );
-            }
-            return Ok(None);
-        }
-        let Some(dir) = model else {
-            let ids: Vec<&str> = genesis.models.iter().map(|m| m.id.as_str()).collect();
-            bail!(
-                "this chain pins model {}: start the node with --model DIR holding that checkpoint, to check evidence",
-                ids.join(", ")
-            );
-        };
-        let answers = ModelAnswers::load(dir)
-            .with_context(|| format!("loading the checkpoint in {}", dir.display()))?;
-        match genesis.model(&answers.pin.id) {
-            Some(pinned) if *pinned == answers.pin => Ok(Some(answers)),
-            Some(pinned) => bail!(
-                "the checkpoint in {} has model id {} but not the weights this genesis pins (config {} / experts {}, pinned {} / {})",
-                dir.display(),
-                answers.pin.id,
-                answers.pin.config_hash,
-                answers.pin.experts_root,
-                pinned.config_hash,
-                pinned.experts_root
-            ),
-            None => bail!(
-                "the checkpoint in {} (model id {}) is not a model this genesis pins",
-                dir.display(),
-                answers.pin.id
-            ),
-        }
-    }
-
     pub fn pin(&self) -> &ModelPin {
         &self.pin
     }
@@ -93,6 +55,82 @@ impl ModelAnswers {
         let partials = self.experts.evaluate(request.layer as usize, &requests)?;
         let response = Response::from_partials(request, &partials)?;
         Ok(wire::response_body(&wire::Message::Response(response).encode()).to_vec())
+    }
+}
+
+/// Every model a genesis pins, each with its checkpoint: what a ledger node checks evidence
+/// with. All of them, or none: validators that could recompute different sets of models
+/// would disagree on which evidence is valid, and split the chain.
+pub struct PinnedAnswers {
+    models: BTreeMap<String, ModelAnswers>,
+}
+
+impl PinnedAnswers {
+    /// What a node of `genesis` checks evidence with, from its `--model` directories: nothing
+    /// for a chain that pins no model; an error unless `dirs` hold exactly the checkpoints
+    /// it pins, each once, so a node never starts unable to judge evidence its peers take.
+    pub fn for_genesis(genesis: &Genesis, dirs: &[PathBuf]) -> Result<Option<PinnedAnswers>> {
+        if genesis.models.is_empty() {
+            for dir in dirs {
+                tracing::warn!(
+                    "--model {} is not used: this chain pins no model and takes no evidence",
+                    dir.display()
+                );
+            }
+            return Ok(None);
+        }
+        let mut models = BTreeMap::new();
+        for dir in dirs {
+            let answers = ModelAnswers::load(dir)
+                .with_context(|| format!("loading the checkpoint in {}", dir.display()))?;
+            let id = answers.pin.id.clone();
+            match genesis.model(&id) {
+                Some(pinned) if *pinned == answers.pin => {}
+                Some(pinned) => bail!(
+                    "the checkpoint in {} has model id {id} but not the weights this genesis pins (config {} / experts {}, pinned {} / {})",
+                    dir.display(),
+                    answers.pin.config_hash,
+                    answers.pin.experts_root,
+                    pinned.config_hash,
+                    pinned.experts_root
+                ),
+                None => bail!(
+                    "the checkpoint in {} (model id {id}) is not a model this genesis pins",
+                    dir.display()
+                ),
+            }
+            if models.insert(id.clone(), answers).is_some() {
+                bail!("model {id} is given twice with --model");
+            }
+        }
+        let missing: Vec<&str> = genesis
+            .models
+            .iter()
+            .map(|m| m.id.as_str())
+            .filter(|id| !models.contains_key(*id))
+            .collect();
+        if !missing.is_empty() {
+            bail!(
+                "this chain pins model {}: start the node with --model DIR for each (missing {}), to check evidence",
+                genesis.models.iter().map(|m| m.id.as_str()).collect::<Vec<_>>().join(", "),
+                missing.join(", ")
+            );
+        }
+        Ok(Some(PinnedAnswers { models }))
+    }
+
+    /// As the chain's evidence check.
+    pub fn shared(answers: Option<PinnedAnswers>) -> Option<Arc<dyn AnswerCheck>> {
+        answers.map(|answers| Arc::new(answers) as Arc<dyn AnswerCheck>)
+    }
+}
+
+impl AnswerCheck for PinnedAnswers {
+    fn answer(&self, model: &ModelPin, request_body: &[u8]) -> Result<CorrectAnswer, String> {
+        match self.models.get(&model.id) {
+            Some(answers) => answers.answer(model, request_body),
+            None => Err(format!("this node recomputes no model {}", model.id)),
+        }
     }
 }
 
@@ -240,23 +278,34 @@ mod tests {
     }
 
     #[test]
-    fn a_node_refuses_to_start_without_the_pinned_checkpoint_or_with_another() {
+    fn a_node_refuses_to_start_without_every_pinned_checkpoint_or_with_another() {
         let dir = tiny_checkpoint();
         let mut genesis = Genesis::from_json(crate::commands::genesis::DEV_GENESIS).unwrap();
         genesis.models.clear();
-        assert!(ModelAnswers::for_genesis(&genesis, Some(&dir))
+        let given = [dir.clone()];
+        assert!(PinnedAnswers::for_genesis(&genesis, &given)
             .unwrap()
             .is_none());
         genesis.models.push(model_pin(&dir).unwrap());
-        assert!(ModelAnswers::for_genesis(&genesis, Some(&dir))
+        let answers = PinnedAnswers::for_genesis(&genesis, &given)
             .unwrap()
-            .is_some());
-        let missing = ModelAnswers::for_genesis(&genesis, None).err().unwrap();
-        assert!(missing.to_string().contains("--model"), "{missing}");
-        genesis.models[0].experts_root = kvasir_ledger::Hash([9; 32]);
-        let wrong = ModelAnswers::for_genesis(&genesis, Some(&dir))
-            .err()
             .unwrap();
+        let pin = genesis.models[0].clone();
+        assert!(answers.answer(&pin, b"garbage").is_err());
+        let missing = PinnedAnswers::for_genesis(&genesis, &[]).err().unwrap();
+        assert!(missing.to_string().contains("--model"), "{missing}");
+        let twice = PinnedAnswers::for_genesis(&genesis, &[dir.clone(), dir.clone()]);
+        assert!(twice.err().unwrap().to_string().contains("twice"));
+        // A second pinned model not given: the node would refuse evidence its peers take.
+        genesis.models.push(ModelPin {
+            id: "another".into(),
+            ..pin.clone()
+        });
+        let partial = PinnedAnswers::for_genesis(&genesis, &given).err().unwrap();
+        assert!(partial.to_string().contains("missing another"), "{partial}");
+        genesis.models.truncate(1);
+        genesis.models[0].experts_root = kvasir_ledger::Hash([9; 32]);
+        let wrong = PinnedAnswers::for_genesis(&genesis, &given).err().unwrap();
         assert!(wrong.to_string().contains("not the weights"), "{wrong}");
     }
 }

@@ -2,15 +2,13 @@
 //! genesis it is given (without one, the store's own genesis is trusted, with a warning).
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvasir_api::reports::VerifyReport;
-use kvasir_ledger::state::AnswerCheck;
 use kvasir_ledger::{verify_chain, Genesis, SledStore, Storage};
 
-use crate::answers::ModelAnswers;
+use crate::answers::PinnedAnswers;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -20,10 +18,10 @@ pub struct Args {
     /// The chain's genesis.json: a store holding another chain is refused.
     #[arg(long)]
     genesis: Option<PathBuf>,
-    /// The checkpoint the genesis pins, to recompute the chain's evidence with (a chain that
-    /// holds evidence does not verify without it).
-    #[arg(long)]
-    model: Option<PathBuf>,
+    /// A checkpoint the genesis pins, to recompute the chain's evidence with; repeat it for
+    /// each pinned model, all of them (a chain that holds evidence does not verify without).
+    #[arg(long = "model", value_name = "DIR")]
+    models: Vec<PathBuf>,
     /// Print the report as one JSON object.
     #[arg(long)]
     json: bool,
@@ -48,10 +46,10 @@ pub fn run(args: Args) -> Result<()> {
         ProgressStyle::with_template("verifying {bar:40} {pos}/{len} blocks {per_sec} eta {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let answers = match &args.model {
-        Some(dir) => ModelAnswers::for_genesis(&store.genesis()?, Some(dir))?
-            .map(|answers| Arc::new(answers) as Arc<dyn AnswerCheck>),
-        None => None,
+    let answers = if args.models.is_empty() {
+        None
+    } else {
+        PinnedAnswers::shared(PinnedAnswers::for_genesis(&store.genesis()?, &args.models)?)
     };
     let report = verify_chain(&store, trusted.as_ref(), answers, |done, _| {
         bar.set_position(done)

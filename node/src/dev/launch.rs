@@ -187,35 +187,36 @@ impl Drop for Loopback {
 
 impl Loopback {
     /// Starts hub and gateway with their files under `dir`, on the chain in `chain` (the
-    /// dev chain is installed there if it holds none). With `ledger`, the checkpoint that
-    /// the chain's evidence is checked against, also the ledger service (its data in
+    /// dev chain is installed there if it holds none). With `ledger`, the checkpoints that
+    /// the chain's evidence is checked against (every model it pins), also the ledger service (its data in
     /// `chain/ledger`; a chain that pins models refuses to run one without it): the gateway
     /// credits the hub's receipts to it and the hub admits only the workers it says are
     /// bonded.
-    pub fn start(dir: &Path, chain: &Path, ledger: Option<&Path>) -> Result<Loopback> {
+    pub fn start(dir: &Path, chain: &Path, ledger: Option<&[PathBuf]>) -> Result<Loopback> {
         if !genesis_path(chain).exists() {
             install_dev_chain(chain)?;
         }
         let genesis = text(&genesis_path(chain));
         let key = |role: &str| text(&key_path(chain, role));
         let mut roles = Vec::new();
-        let ledger_addr = if let Some(model) = ledger {
-            let mut ledger = Child::spawn(
-                &[
-                    "ledger",
-                    "--genesis",
-                    &genesis,
-                    "--data-dir",
-                    &text(&chain.join("ledger")),
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--key",
-                    &key("validator"),
-                    "--model",
-                    &text(model),
-                ]
-                .map(String::from),
-            )?;
+        let ledger_addr = if let Some(models) = ledger {
+            let mut args = [
+                "ledger",
+                "--genesis",
+                &genesis,
+                "--data-dir",
+                &text(&chain.join("ledger")),
+                "--listen",
+                "127.0.0.1:0",
+                "--key",
+                &key("validator"),
+            ]
+            .map(String::from)
+            .to_vec();
+            for model in models {
+                args.extend(["--model".to_string(), text(model)]);
+            }
+            let mut ledger = Child::spawn(&args)?;
             let addr = ledger.listening("ledger")?;
             roles.push(ledger);
             Some(addr)

@@ -24,12 +24,11 @@ use kvasir_inference::config::Config;
 use kvasir_inference::generate::Sampling;
 use kvasir_inference::synth::{preset, synthesize};
 use kvasir_ledger::fraction::Fraction;
-use kvasir_ledger::state::AnswerCheck;
 use kvasir_ledger::{verify_chain, Address, Genesis, Keypair, SledStore};
 
-use crate::answers::ModelAnswers;
+use crate::answers::PinnedAnswers;
 use crate::commands::genesis::{genesis_path, install_dev_chain, key_path};
-use crate::engine::{load_local, run_generation, Backend};
+use crate::engine::{load_local, model_id, run_generation, Backend};
 use launch::{bond_workers, Child, Loopback};
 
 #[derive(clap::Args)]
@@ -92,6 +91,33 @@ fn ensure_model(dir: &Path, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// The presets the dev chain pins (`genesis/dev`), the ones dev can serve.
+const DEV_CHAIN_PRESETS: [&str; 3] = ["tiny", "tiny-qwen2", "small"];
+
+/// The checkpoint of each model `genesis` pins, under `dir`, synthesized on first use. Dev
+/// synthesizes only the dev chain's presets, so a chain pinning anything else is refused.
+fn pinned_models(dir: &Path, genesis: &Genesis) -> Result<Vec<PathBuf>> {
+    let mut dirs = Vec::new();
+    let mut found = Vec::new();
+    for name in DEV_CHAIN_PRESETS {
+        let model_dir = dir.join(format!("model-{name}"));
+        ensure_model(&model_dir, name)?;
+        let id = model_id(&model_dir)?;
+        if genesis.model(&id).is_some() {
+            dirs.push(model_dir);
+            found.push(id);
+        }
+    }
+    if let Some(other) = genesis.models.iter().find(|m| !found.contains(&m.id)) {
+        bail!(
+            "this chain pins model {}, which is none of the presets dev synthesizes ({})",
+            other.id,
+            DEV_CHAIN_PRESETS.join(", ")
+        );
+    }
+    Ok(dirs)
+}
+
 /// `*:a-b` for worker `i` of `n`: contiguous, near-equal expert ranges.
 fn share(i: usize, n: usize, experts: usize) -> String {
     let (start, end) = (i * experts / n, (i + 1) * experts / n);
@@ -118,6 +144,15 @@ pub fn run(args: Args) -> Result<()> {
     };
     let model_dir = dir.join(format!("model-{}", args.preset));
     ensure_model(&model_dir, &args.preset)?;
+    // The ledger judges evidence with every model the chain pins, as any validator must.
+    let pinned_dirs = pinned_models(dir, &genesis)?;
+    if !pinned_dirs.contains(&model_dir) {
+        bail!(
+            "this chain does not pin the {} preset, so evidence against its workers could not be judged: serve one of {}",
+            args.preset,
+            DEV_CHAIN_PRESETS.join(", ")
+        );
+    }
     let config = Config::load(&model_dir)?;
     if args.workers > config.num_experts {
         bail!(
@@ -135,7 +170,7 @@ pub fn run(args: Args) -> Result<()> {
     );
 
     let run_dir = dir.join("swarm");
-    let mut swarm = Loopback::start(&run_dir, dir, Some(&model_dir))?;
+    let mut swarm = Loopback::start(&run_dir, dir, Some(&pinned_dirs))?;
     let ledger_url = format!(
         "http://{}",
         swarm.ledger_addr.context("the ledger did not start")?
@@ -341,8 +376,7 @@ pub fn run(args: Args) -> Result<()> {
     swarm.stop();
     let store = SledStore::open(&dir.join("ledger"))?;
     // Evidence in the chain is recomputed with the checkpoint the ledger judged it with.
-    let answers = ModelAnswers::for_genesis(&genesis, Some(&model_dir))?
-        .map(|answers| std::sync::Arc::new(answers) as std::sync::Arc<dyn AnswerCheck>);
+    let answers = PinnedAnswers::shared(PinnedAnswers::for_genesis(&genesis, &pinned_dirs)?);
     let verified = verify_chain(&store, Some(&genesis), answers, |_, _| {})?;
     println!(
         "chain re-verified from genesis: {} blocks, {} transactions, state root {}",
@@ -442,7 +476,21 @@ fn convictions(
 
 #[cfg(test)]
 mod tests {
-    use super::share;
+    use super::*;
+    use crate::commands::genesis::DEV_GENESIS;
+    use crate::engine::model_pin;
+
+    #[test]
+    fn the_dev_chain_pins_exactly_its_presets_and_dev_refuses_a_chain_pinning_another() {
+        let scratch = tempfile::tempdir().unwrap();
+        let mut genesis = Genesis::from_json(DEV_GENESIS).unwrap();
+        let dirs = pinned_models(scratch.path(), &genesis).unwrap();
+        let pins: Vec<_> = dirs.iter().map(|d| model_pin(d).unwrap()).collect();
+        assert_eq!(pins, genesis.models);
+        genesis.models[0].id = "another".into();
+        let refused = pinned_models(scratch.path(), &genesis).unwrap_err();
+        assert!(refused.to_string().contains("another"), "{refused}");
+    }
 
     #[test]
     fn expert_shares_cover_every_expert_once() {

@@ -27,7 +27,7 @@ use kvasir_ledger::{
     SledStore, State, Storage, TxError,
 };
 
-use crate::answers::ModelAnswers;
+use crate::answers::PinnedAnswers;
 use crate::link;
 use crate::listen::{Acceptor, Limits as ConnectionLimits};
 use crate::metrics::Histogram;
@@ -53,10 +53,11 @@ pub struct Args {
     /// total).
     #[arg(long, default_value_t = 4096)]
     max_connections: usize,
-    /// The checkpoint evidence is recomputed with: required when the genesis pins a model,
-    /// and it must be that model (the node refuses to start otherwise).
-    #[arg(long)]
-    model: Option<PathBuf>,
+    /// A checkpoint evidence is recomputed with; repeat it for each model the genesis pins.
+    /// Every pinned model is required, and nothing else (the node refuses to start
+    /// otherwise): validators judging evidence with different models would disagree.
+    #[arg(long = "model", value_name = "DIR")]
+    models: Vec<PathBuf>,
 }
 
 /// Why a submitted transaction was not admitted.
@@ -275,8 +276,7 @@ impl Ledger {
 pub fn run(args: Args) -> Result<()> {
     let genesis = Genesis::load(&args.genesis)?;
     let validator = kvasir_keyfile::open(&args.key)?;
-    let answers = ModelAnswers::for_genesis(&genesis, args.model.as_deref())?
-        .map(|answers| Arc::new(answers) as Arc<dyn AnswerCheck>);
+    let answers = PinnedAnswers::shared(PinnedAnswers::for_genesis(&genesis, &args.models)?);
     let ledger = Arc::new(
         Ledger::open(&genesis, &args.data_dir, validator, answers)
             .with_context(|| format!("opening the ledger in {}", args.data_dir.display()))?,
