@@ -6,6 +6,7 @@
 
 pub mod audit;
 mod hub_link;
+mod provable;
 mod remote;
 mod serve;
 

@@ -23,6 +23,7 @@ use tokio_tungstenite::tungstenite::Bytes;
 use super::audit::Auditor;
 use super::hub_link::{maintain_link, Answer, LinkState};
 use super::lock;
+use super::provable::{join_rows, provable_groups, split_rows, EVIDENCE_BODIES};
 use crate::bonds::BondCheck;
 use crate::engine::model_id;
 use crate::metrics::Histogram;
@@ -47,6 +48,9 @@ pub struct RemoteExperts {
     /// `check_bonds`); without, every session may.
     standing: Option<Arc<Mutex<HashMap<u64, bool>>>>,
     auditor: Auditor,
+    /// What a request's and its response's bodies may take together, so that any answer
+    /// fits in an evidence transaction (`provable`).
+    provable_bytes: usize,
     stats: Mutex<DispatchCounts>,
     /// From sending a request to its answer, for the answers that came.
     pub round_trip: Histogram,
@@ -271,6 +275,7 @@ impl RemoteExperts {
             caught: Mutex::new(HashSet::new()),
             standing: None,
             auditor: Auditor::new(0.0, 0, None),
+            provable_bytes: EVIDENCE_BODIES,
             stats: Mutex::new(DispatchCounts::default()),
             round_trip: Histogram::default(),
         }
@@ -367,7 +372,12 @@ impl RemoteExperts {
             }
         }
         let mut dispatches = Vec::new();
-        for (session, (worker, members)) in groups {
+        let groups = groups.into_iter().flat_map(|(session, (worker, members))| {
+            provable_groups(members, requests, self.hidden, self.provable_bytes)
+                .into_iter()
+                .map(move |members| (session, worker, members))
+        });
+        for (session, worker, members) in groups {
             link.next_id += 1;
             let id = link.next_id;
             let request =
@@ -500,6 +510,23 @@ impl ExpertExecutor for RemoteExperts {
         layer: usize,
         requests: &[ExpertRequest],
     ) -> Result<Vec<Vec<f32>>, ExpertError> {
+        match split_rows(requests, self.hidden, self.provable_bytes) {
+            None => self.evaluate_provable(layer, requests),
+            Some((pieces, origin)) => {
+                let partials = self.evaluate_provable(layer, &pieces)?;
+                Ok(join_rows(partials, &origin, requests.len()))
+            }
+        }
+    }
+}
+
+impl RemoteExperts {
+    /// `evaluate` of requests each small enough to go in one provable request.
+    fn evaluate_provable(
+        &self,
+        layer: usize,
+        requests: &[ExpertRequest],
+    ) -> Result<Vec<Vec<f32>>, ExpertError> {
         let deadline = Instant::now() + self.timeout;
         let (dispatches, local) = self.send(layer, requests);
         let mut results: Vec<Option<Vec<f32>>> = vec![None; requests.len()];
@@ -547,7 +574,7 @@ mod tests {
     use kvasir_ledger::answer::body_hash;
     use tokio::sync::mpsc;
 
-    use crate::wire::Response;
+    use crate::wire::{self, Response};
 
     const SESSION: u64 = 5;
     const MODEL: &str = "m";
@@ -762,6 +789,38 @@ mod tests {
         stop(&remote, worker);
         let stats = remote.stats();
         assert_eq!((stats.remote_evaluations, stats.fallbacks), (3, 0));
+    }
+
+    #[test]
+    fn long_rows_go_out_in_requests_small_enough_for_evidence_and_the_output_is_unchanged() {
+        let key = Keypair::from_seed(&[8; 32]);
+        let (mut remote, worker) = swarm(&key, Signing::Honest);
+        // Room for three tokens of one expert per request, at this model's width.
+        remote.provable_bytes = 72 + 3 * (8 * remote.hidden + 4);
+        let hidden = remote.hidden;
+        let row = |t: usize| (0..hidden).map(move |c| ((t + c) % 13) as f32 * 0.25 - 1.5);
+        let requests: Vec<ExpertRequest> = [(2, (0..10).collect()), (5, vec![3, 4])]
+            .into_iter()
+            .map(|(expert, tokens): (usize, Vec<usize>)| ExpertRequest {
+                expert,
+                rows: tokens.iter().flat_map(|&t| row(t)).collect(),
+                tokens,
+            })
+            .collect();
+        let local = remote.local.evaluate(0, &requests).unwrap();
+        assert_eq!(bits(&remote.evaluate(0, &requests).unwrap()), bits(&local));
+        let sent = stop(&remote, worker);
+        // Ten tokens in four pieces, and the other expert's two alone: five requests.
+        assert_eq!(sent.len(), 5);
+        for frame in &sent {
+            let Ok(Message::Request(request)) = Message::decode(frame) else {
+                panic!("not a request");
+            };
+            let response = Response::frame_len(request.response_values());
+            let bodies = request_body(frame).len() + response - wire::HEADER - wire::SIGNATURE;
+            assert!(bodies <= remote.provable_bytes, "{bodies}");
+        }
+        assert_eq!(remote.stats().fallbacks, 0);
     }
 
     #[test]
