@@ -86,12 +86,13 @@ pub trait AnswerCheck: Send + Sync {
     fn answer(&self, model: &ModelPin, request_body: &[u8]) -> Result<CorrectAnswer, String>;
 }
 
-/// What the request said it was, and the exact response body a correct worker sends.
+/// What the request said it was, and the hash (`answer::body_hash`) of the exact response
+/// body a correct worker sends: all a verdict needs, and small enough to keep.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CorrectAnswer {
     pub session: u64,
     pub request_id: u64,
-    pub response_body: Vec<u8>,
+    pub response_hash: Hash,
 }
 
 /// A metering session: receipts of one hub about one session id.

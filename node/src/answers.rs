@@ -8,17 +8,18 @@
 //! The room: the engine's experts and the wire format; it answers the ledger's
 //! `AnswerCheck` and touches nothing else of the chain.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use anyhow::{bail, Context, Result};
 use kvasir_inference::checkpoint::Checkpoint;
 use kvasir_inference::config::Config;
 use kvasir_inference::moe::{ExpertExecutor, LocalExperts};
+use kvasir_ledger::answer::body_hash;
 use kvasir_ledger::genesis::ModelPin;
 use kvasir_ledger::state::{AnswerCheck, CorrectAnswer};
-use kvasir_ledger::Genesis;
+use kvasir_ledger::{Genesis, Hash};
 
 use crate::engine::model_pin;
 use crate::wire::{self, Request, Response};
@@ -63,6 +64,36 @@ impl ModelAnswers {
 /// would disagree on which evidence is valid, and split the chain.
 pub struct PinnedAnswers {
     models: BTreeMap<String, ModelAnswers>,
+    /// Verdicts of the latest requests recomputed: evidence is checked at admission, again
+    /// in the block, and may be resubmitted; each check after the first is a lookup.
+    verdicts: Mutex<Verdicts>,
+}
+
+/// Recent correct answers by (model id, request body hash), the oldest dropped past `CAP`.
+#[derive(Default)]
+struct Verdicts {
+    by_request: HashMap<(String, Hash), CorrectAnswer>,
+    order: VecDeque<(String, Hash)>,
+}
+
+impl Verdicts {
+    /// About a hundred bytes each.
+    const CAP: usize = 4096;
+
+    fn get(&self, key: &(String, Hash)) -> Option<CorrectAnswer> {
+        self.by_request.get(key).cloned()
+    }
+
+    fn insert(&mut self, key: (String, Hash), answer: CorrectAnswer) {
+        if self.by_request.insert(key.clone(), answer).is_none() {
+            self.order.push_back(key);
+        }
+        while self.order.len() > Self::CAP {
+            if let Some(oldest) = self.order.pop_front() {
+                self.by_request.remove(&oldest);
+            }
+        }
+    }
 }
 
 impl PinnedAnswers {
@@ -116,7 +147,10 @@ impl PinnedAnswers {
                 missing.join(", ")
             );
         }
-        Ok(Some(PinnedAnswers { models }))
+        Ok(Some(PinnedAnswers {
+            models,
+            verdicts: Mutex::default(),
+        }))
     }
 
     /// As the chain's evidence check.
@@ -125,12 +159,25 @@ impl PinnedAnswers {
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl AnswerCheck for PinnedAnswers {
     fn answer(&self, model: &ModelPin, request_body: &[u8]) -> Result<CorrectAnswer, String> {
-        match self.models.get(&model.id) {
-            Some(answers) => answers.answer(model, request_body),
-            None => Err(format!("this node recomputes no model {}", model.id)),
+        let Some(answers) = self.models.get(&model.id) else {
+            return Err(format!("this node recomputes no model {}", model.id));
+        };
+        let key = (model.id.clone(), body_hash(request_body));
+        if let Some(known) = lock(&self.verdicts).get(&key) {
+            if *model == answers.pin {
+                return Ok(known);
+            }
         }
+        // Not under the lock: a recomputation takes long, and a lookup must not wait for it.
+        let correct = answers.answer(model, request_body)?;
+        lock(&self.verdicts).insert(key, correct.clone());
+        Ok(correct)
     }
 }
 
@@ -154,7 +201,7 @@ impl AnswerCheck for ModelAnswers {
         Ok(CorrectAnswer {
             session: request.session,
             request_id: request.id,
-            response_body,
+            response_hash: body_hash(&response_body),
         })
     }
 }
@@ -221,13 +268,13 @@ mod tests {
             let correct = answers.answer(&pin, wire::request_body(&frame)).unwrap();
             assert_eq!((correct.session, correct.request_id), (7, id));
             let honest = honest_body(&worker, &request);
-            assert_eq!(correct.response_body, honest, "request {id}");
+            assert_eq!(correct.response_hash, body_hash(&honest), "request {id}");
             if id % 1000 == 0 {
                 // One flipped bit anywhere in the partials is told apart.
                 let mut lie = honest.clone();
                 let at = 12 + rng.gen_range(0..lie.len() - 12);
                 lie[at] ^= 1 << rng.gen_range(0..8);
-                assert_ne!(correct.response_body, lie);
+                assert_ne!(correct.response_hash, body_hash(&lie));
             }
         }
     }
@@ -246,7 +293,10 @@ mod tests {
         let correct = answers
             .answer(answers.pin(), wire::request_body(&frame))
             .unwrap();
-        assert_eq!(correct.response_body, honest_body(&worker, &request));
+        assert_eq!(
+            correct.response_hash,
+            body_hash(&honest_body(&worker, &request))
+        );
         let requests = request.to_expert_requests().unwrap();
         let partials = worker.evaluate(request.layer as usize, &requests).unwrap();
         let nans: Vec<u32> = partials
@@ -260,6 +310,39 @@ mod tests {
             nans.iter().all(|&bits| bits == f32::NAN.to_bits()),
             "{nans:x?}"
         );
+    }
+
+    #[test]
+    fn a_verdict_is_kept_for_the_next_check_and_only_the_newest_are() {
+        let dir = tiny_checkpoint();
+        let mut genesis = Genesis::from_json(crate::commands::genesis::DEV_GENESIS).unwrap();
+        genesis.models = vec![model_pin(&dir).unwrap()];
+        let answers = PinnedAnswers::for_genesis(&genesis, &[dir])
+            .unwrap()
+            .unwrap();
+        let request = request(&mut StdRng::seed_from_u64(3), 9, 64, 8);
+        let frame = wire::Message::Request(request).encode();
+        let first = answers.answer(&genesis.models[0], wire::request_body(&frame));
+        assert_eq!(lock(&answers.verdicts).order.len(), 1);
+        let again = answers.answer(&genesis.models[0], wire::request_body(&frame));
+        assert_eq!(first, again);
+        assert_eq!(lock(&answers.verdicts).order.len(), 1);
+
+        let mut verdicts = Verdicts::default();
+        let verdict = first.unwrap();
+        for i in 0..Verdicts::CAP as u64 + 10 {
+            verdicts.insert(
+                ("m".into(), Hash::of_parts(&[&i.to_le_bytes()])),
+                verdict.clone(),
+            );
+        }
+        assert_eq!(verdicts.by_request.len(), Verdicts::CAP);
+        assert!(verdicts
+            .get(&("m".into(), Hash::of_parts(&[&0u64.to_le_bytes()])))
+            .is_none());
+        assert!(verdicts
+            .get(&("m".into(), Hash::of_parts(&[&20u64.to_le_bytes()])))
+            .is_some());
     }
 
     #[test]

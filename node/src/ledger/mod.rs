@@ -22,9 +22,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 use kvasir_ledger::mempool::{Limits, Mempool, MempoolError};
 use kvasir_ledger::state::AnswerCheck;
+use kvasir_ledger::tx::check_action;
 use kvasir_ledger::{
     check_clock, check_stateless, produce_block, BlockError, Genesis, Hash, Keypair, SignedTx,
-    SledStore, State, Storage, TxError,
+    SledStore, State, Storage, TxError, TxKind, VerifiedTx,
 };
 
 use crate::answers::PinnedAnswers;
@@ -115,6 +116,8 @@ pub struct Ledger {
     /// Signalled when the mempool holds a full block.
     full: Condvar,
     rejected: Mutex<Rejections>,
+    /// Held while evidence is recomputed at admission.
+    evidence: Mutex<()>,
     validator: Keypair,
     pub blocks_produced: std::sync::atomic::AtomicU64,
     /// Time between blocks made here.
@@ -171,6 +174,7 @@ impl Ledger {
             block_limit: genesis.params.max_block_txs as usize,
             full: Condvar::new(),
             rejected: Mutex::new(Rejections::new(REJECTIONS_KEPT)),
+            evidence: Mutex::new(()),
             validator,
             blocks_produced: Default::default(),
             block_interval: Histogram::default(),
@@ -187,7 +191,10 @@ impl Ledger {
     /// Admits each of `txs` to the mempool (signatures batch-verified in parallel); per
     /// transaction its hash or why it was refused.
     pub fn submit(&self, txs: Vec<SignedTx>) -> Vec<Result<Hash, Refusal>> {
-        let checked = check_stateless(self.state().genesis(), txs);
+        let checked = check_stateless(self.state().genesis(), txs)
+            .into_iter()
+            .map(|verified| self.recompute_evidence(verified?))
+            .collect::<Vec<_>>();
         // The state is read under the mempool lock, which `produce` holds from the store's
         // commit until both agree with it: a client that saw its last transaction committed
         // has its next nonces checked against that block, not the one before.
@@ -210,6 +217,18 @@ impl Ledger {
             self.full.notify_one();
         }
         verdicts
+    }
+
+    /// Evidence is judged by recomputing its experts, which can take a second: done first,
+    /// outside the mempool lock (admission of everything else goes on meanwhile) and one
+    /// piece at a time (evidence can take at most one core from the node). The verdict is
+    /// kept (`PinnedAnswers`), so the check at insertion and the block's are lookups.
+    fn recompute_evidence(&self, verified: VerifiedTx) -> Result<VerifiedTx, Refusal> {
+        if matches!(verified.tx().tx.kind, TxKind::Evidence(_)) {
+            let _one_at_a_time = lock(&self.evidence);
+            check_action(&self.state(), verified.tx()).map_err(Refusal::Invalid)?;
+        }
+        Ok(verified)
     }
 
     /// Waits until `deadline`, or less if a full block's worth of transactions is waiting.
