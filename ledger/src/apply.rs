@@ -10,7 +10,7 @@
 //! taking a proposal), never on replay: whether a block was acceptable when it was made
 //! cannot depend on when the chain is re-verified.
 
-use crate::block::{Block, BlockHeader, MAX_TIMESTAMP_MS};
+use crate::block::{Block, BlockHeader, BLOCK_OVERHEAD_BYTES, MAX_TIMESTAMP_MS};
 use crate::hash::Hash;
 use crate::intent::{self, Intent};
 use crate::keys::Keypair;
@@ -196,15 +196,21 @@ pub fn produce_block(
     let mut state = parent.clone();
     let mut txs = Vec::new();
     let mut rejected = Vec::new();
-    // Header, signature and length prefixes; generous so a full block never exceeds the limit.
-    let mut size = 512u64;
+    let mut size = BLOCK_OVERHEAD_BYTES;
+    // Senders with a transaction too big for what is left of this block: their later ones
+    // wait too (they would fail on the nonce), while smaller ones of others still fill it.
+    let mut deferred = std::collections::BTreeSet::new();
     for tx in candidates.iter().map(VerifiedTx::tx) {
         if txs.len() >= genesis.params.max_block_txs as usize {
             break;
         }
+        if deferred.contains(&tx.tx.sender) {
+            continue;
+        }
         let tx_size = tx.to_bytes().len() as u64;
         if size + tx_size > genesis.params.max_block_bytes {
-            break;
+            deferred.insert(tx.tx.sender);
+            continue;
         }
         match run_tx(&mut state, tx) {
             Ok(()) => {

@@ -16,6 +16,10 @@ use crate::tx::SignedTx;
 /// go back, so one such block would freeze the chain's clock for good.
 pub const MAX_TIMESTAMP_MS: u64 = 253_402_300_799_999;
 
+/// What a block takes beyond its transactions' bytes (header, signature, length prefixes),
+/// counted generously so that a block filled to `max_block_bytes` never exceeds it.
+pub const BLOCK_OVERHEAD_BYTES: u64 = 512;
+
 #[derive(Clone, Debug, PartialEq, Eq, BorshSerialize, BorshDeserialize)]
 pub struct BlockHeader {
     pub chain_id: String,

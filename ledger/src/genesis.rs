@@ -15,10 +15,11 @@ use borsh::BorshSerialize;
 use serde::{Deserialize, Serialize};
 
 use crate::amount::Amount;
-use crate::block::MAX_TIMESTAMP_MS;
+use crate::block::{BLOCK_OVERHEAD_BYTES, MAX_TIMESTAMP_MS};
 use crate::fraction::Fraction;
 use crate::hash::Hash;
 use crate::keys::Address;
+use crate::tx::{MAX_EVIDENCE_TX_BYTES, MAX_TX_BYTES};
 
 /// Longest accepted chain id, in bytes.
 pub const MAX_CHAIN_ID_LEN: usize = 64;
@@ -150,6 +151,8 @@ pub enum GenesisError {
     DuplicateModel(String),
     #[error("genesis model id {0:?} must be 1..=64 characters")]
     BadModelId(String),
+    #[error("genesis max_block_bytes ({limit}) cannot hold the largest transaction this chain takes: {needed} bytes with the block's own (evidence, when models are pinned)")]
+    BlockTooSmall { limit: u64, needed: u64 },
 }
 
 impl Genesis {
@@ -222,6 +225,19 @@ impl Genesis {
             return Err(GenesisError::UnbondingTooShort {
                 unbonding: p.unbonding_blocks,
                 window: p.challenge_window,
+            });
+        }
+        // A transaction that fits no block would wait in the mempool for ever.
+        let largest = if self.models.is_empty() {
+            MAX_TX_BYTES
+        } else {
+            MAX_EVIDENCE_TX_BYTES
+        };
+        let needed = BLOCK_OVERHEAD_BYTES + largest as u64;
+        if p.max_block_bytes < needed {
+            return Err(GenesisError::BlockTooSmall {
+                limit: p.max_block_bytes,
+                needed,
             });
         }
         let mut ids = BTreeSet::new();
@@ -524,6 +540,14 @@ pub(crate) mod tests {
             amount: Amount::ZERO,
         });
         assert!(matches!(g.validate(), Err(GenesisError::AllocationToPool)));
+        // A block must hold the biggest transaction: evidence, once models are pinned.
+        let mut g = genesis.clone();
+        g.params.max_block_bytes = 2048;
+        assert!(matches!(g.validate(), Err(GenesisError::BlockTooSmall { .. })));
+        let (mut g, _) = bonded_genesis();
+        assert!(g.validate().is_ok());
+        g.params.max_block_bytes = 4 << 20;
+        assert!(matches!(g.validate(), Err(GenesisError::BlockTooSmall { .. })));
         assert!(matches!(
             Genesis::from_json("{"),
             Err(GenesisError::Json(_))

@@ -484,6 +484,55 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn evidence_too_big_for_what_is_left_of_a_block_waits_for_the_next_while_others_fill_it() {
+        let (mut genesis, keys) = bonded_genesis();
+        let wrong_answer = evidence(&keys, &keys.worker, 1, 7, vec![0; 4000], "kvasir-test");
+        let size = |tx: &SignedTx| tx.to_bytes().len() as u64;
+        let probe =
+            TxKind::Evidence(Box::new(wrong_answer.clone())).signed("kvasir-test", &keys.alice, 0);
+        // Room for the evidence alone, not beside a transfer.
+        genesis.params.max_block_bytes = crate::block::BLOCK_OVERHEAD_BYTES + size(&probe) + 50;
+        let (state, keys) = bonded_and_credited_on(
+            State::from_genesis(genesis).with_answer_check(Arc::new(HashCheck)),
+            keys,
+        );
+        let pay = |from: &Keypair| {
+            let to = keys.validator.address();
+            signed(
+                &state,
+                from,
+                TxKind::Transfer {
+                    to,
+                    amount: kvr("1"),
+                },
+            )
+        };
+        let (first, evidence_tx, last) = (
+            pay(&keys.bob),
+            reported(&keys, &state, wrong_answer),
+            pay(&keys.worker),
+        );
+        let candidates = crate::apply::tests::verified(
+            &state,
+            vec![first.clone(), evidence_tx.clone(), last.clone()],
+        );
+        let produced = crate::apply::produce_block(
+            &state,
+            &candidates,
+            &keys.validator,
+            state.timestamp_ms() + 1000,
+        )
+        .unwrap();
+        assert_eq!(produced.block.txs, vec![first, last]);
+        assert!(produced.rejected.is_empty(), "deferred, not dropped");
+        let state = block_of(&produced.state, &keys, vec![evidence_tx]);
+        assert_eq!(
+            state.account(&keys.worker.address()).jailed_until,
+            state.height() + 4
+        );
+    }
+
+    #[test]
     fn evidence_after_settlement_still_slashes_what_is_unbonding() {
         let (mut state, keys) = bonded_and_credited();
         let w = keys.worker.address();
