@@ -411,6 +411,8 @@ pub struct ConvictionView {
     pub reporter: Address,
     /// The session's pending rewards, returned to the rewards pool.
     pub cancelled: AmountView,
+    /// The worker's owed claims (credits the pool could not cover yet), dropped.
+    pub owed_forfeited: AmountView,
     /// Taken from the worker's bond and unbonding amounts.
     pub slashed: AmountView,
     /// The part of `slashed` paid to the reporter; the rest was burned.
@@ -426,6 +428,7 @@ impl From<&Conviction> for ConvictionView {
             request_id: conviction.request_id,
             reporter: conviction.reporter,
             cancelled: conviction.cancelled.into(),
+            owed_forfeited: conviction.owed_forfeited.into(),
             slashed: conviction.slashed.into(),
             reporter_paid: conviction.reporter_paid.into(),
             jailed_until: conviction.jailed_until,

@@ -543,11 +543,17 @@ pub(crate) mod tests {
         // A block must hold the biggest transaction: evidence, once models are pinned.
         let mut g = genesis.clone();
         g.params.max_block_bytes = 2048;
-        assert!(matches!(g.validate(), Err(GenesisError::BlockTooSmall { .. })));
+        assert!(matches!(
+            g.validate(),
+            Err(GenesisError::BlockTooSmall { .. })
+        ));
         let (mut g, _) = bonded_genesis();
         assert!(g.validate().is_ok());
         g.params.max_block_bytes = 4 << 20;
-        assert!(matches!(g.validate(), Err(GenesisError::BlockTooSmall { .. })));
+        assert!(matches!(
+            g.validate(),
+            Err(GenesisError::BlockTooSmall { .. })
+        ));
         assert!(matches!(
             Genesis::from_json("{"),
             Err(GenesisError::Json(_))

@@ -156,6 +156,9 @@ pub struct Conviction {
     pub reporter: Address,
     /// The session's pending rewards, returned to the rewards pool.
     pub cancelled: Amount,
+    /// The worker's owed claims (credits the pool could not cover yet), dropped: they carry
+    /// no session, so any of them may be for the answers proven wrong.
+    pub owed_forfeited: Amount,
     /// Taken from the worker's bond and unbonding amounts.
     pub slashed: Amount,
     /// The part of `slashed` paid to the reporter; the rest was burned.

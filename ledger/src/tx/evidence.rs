@@ -5,10 +5,11 @@
 //! compares bits. Kernels are bit-exact, so a correct answer has one value: evidence that
 //! recomputes to the worker's answer is refused, and an honest worker can never be slashed.
 //!
-//! Accepted evidence cancels the session's pending rewards (back to the rewards pool),
-//! slashes `slash_fraction` of the worker's bond, bonded then unbonding (`reporter_share` of
-//! it to the reporter, the rest burned), jails the key for `jail_blocks` and marks the
-//! session convicted: it is paid nothing more and no second evidence about it is taken.
+//! Accepted evidence cancels the session's pending rewards (back to the rewards pool) and
+//! the worker's owed claims, slashes `slash_fraction` of the worker's bond, bonded then
+//! unbonding (`reporter_share` of it to the reporter, the rest burned), jails the key for
+//! `jail_blocks` and marks the session convicted: it is paid nothing more and no second
+//! evidence about it is taken.
 
 use borsh::{BorshDeserialize, BorshSerialize};
 
@@ -143,6 +144,8 @@ pub(super) fn execute(
     let (cancelled, kept): (Vec<_>, Vec<_>) =
         worker.pending.into_iter().partition(|p| p.session == key);
     worker.pending = kept;
+    // Owed claims are not money (supply is unchanged) but would be paid once the pool refills.
+    let owed_forfeited = std::mem::replace(&mut worker.owed, Amount::ZERO);
     let returned = cancelled
         .iter()
         .try_fold(Amount::ZERO, |sum, p| sum.checked_add(p.amount))
@@ -195,6 +198,7 @@ pub(super) fn execute(
         request_id: evidence.request_id,
         reporter: *reporter,
         cancelled: returned,
+        owed_forfeited,
         slashed,
         reporter_paid: reward,
         jailed_until,
@@ -530,6 +534,39 @@ pub(crate) mod tests {
             state.account(&keys.worker.address()).jailed_until,
             state.height() + 4
         );
+    }
+
+    #[test]
+    fn a_conviction_drops_the_owed_claims_the_empty_pool_could_not_pay_yet() {
+        let (mut genesis, keys) = bonded_genesis();
+        genesis.params.rewards_pool = kvr("0.05");
+        let (state, keys) = bonded_and_credited_on(
+            State::from_genesis(genesis).with_answer_check(Arc::new(HashCheck)),
+            keys,
+        );
+        let w = keys.worker.address();
+        // 0.21 KVR earned, 0.05 paid from the pool, the rest owed until it refills.
+        assert_eq!(state.account(&w).owed, kvr("0.16"));
+        let supply = state.total_money();
+        let state = block_of(
+            &state,
+            &keys,
+            vec![reported(&keys, &state, wrong(&keys, 2))],
+        );
+        assert_eq!(state.account(&w).owed, Amount::ZERO);
+        assert_eq!(state.total_owed(), 0);
+        assert_eq!(state.total_money(), supply);
+        let key = SessionKey {
+            hub: keys.hub.address(),
+            session_id: 2,
+        };
+        let conviction = state
+            .receipt_mark(&key)
+            .unwrap()
+            .conviction
+            .clone()
+            .unwrap();
+        assert_eq!(conviction.owed_forfeited, kvr("0.16"));
     }
 
     #[test]
