@@ -279,6 +279,22 @@ impl Swarm {
 
     /// As `start_with`, the hub also given `hub_extra` (e.g. `--idle-timeout-ms 1000`).
     pub fn start_with_hub_args(preset: &str, crediting: bool, hub_extra: &[&str]) -> Swarm {
+        Swarm::start_on(preset, crediting, hub_extra, None)
+    }
+
+    /// A crediting swarm whose chain keeps credits pending for `blocks` (the template's
+    /// challenge window otherwise, ten seconds of blocks): for tests that must see a
+    /// conviction cancel a session's pay however slowly the machine runs.
+    pub fn start_with_challenge_window(preset: &str, blocks: u64) -> Swarm {
+        Swarm::start_on(preset, true, &[], Some(blocks))
+    }
+
+    fn start_on(
+        preset: &str,
+        crediting: bool,
+        hub_extra: &[&str],
+        challenge_window: Option<u64>,
+    ) -> Swarm {
         let mut hub_extra: Vec<String> = hub_extra.iter().map(|a| a.to_string()).collect();
         let dir = tempfile::tempdir().unwrap();
         let model = synth_model(dir.path(), preset);
@@ -287,6 +303,16 @@ impl Swarm {
         let mut init_args = vec!["genesis", "init", "--out", path_str(&chain)];
         if crediting {
             init_args.extend(["--model", path_str(&model)]);
+        }
+        let template = dir.path().join("template.json");
+        if let Some(blocks) = challenge_window {
+            let mut json: serde_json::Value =
+                serde_json::from_str(include_str!("../../genesis/template.json")).unwrap();
+            json["params"]["challenge_window"] = blocks.into();
+            // Unbonding must outlast the window.
+            json["params"]["unbonding_blocks"] = (blocks + 10).into();
+            std::fs::write(&template, json.to_string()).unwrap();
+            init_args.extend(["--template", path_str(&template)]);
         }
         let init = run("kvasir-node", &init_args);
         assert!(init.status.success(), "{}", stderr(&init));
