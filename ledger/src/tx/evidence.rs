@@ -289,6 +289,16 @@ pub(crate) mod tests {
         kind.signed("kvasir-test", key, state.account(&key.address()).nonce)
     }
 
+    /// What the conviction of the hub's `session` did.
+    fn conviction_of(state: &State, keys: &TestKeys, session_id: u64) -> Conviction {
+        let key = SessionKey {
+            hub: keys.hub.address(),
+            session_id,
+        };
+        let mark = state.receipt_mark(&key).expect("a mark");
+        mark.conviction.clone().expect("a conviction")
+    }
+
     fn kvr(text: &str) -> Amount {
         Amount::parse(text).unwrap()
     }
@@ -342,16 +352,7 @@ pub(crate) mod tests {
         assert_eq!(burned, kvr("9"));
         assert_eq!(state.total_money(), supply);
         assert_eq!(after.jailed_until, state.height() + 4);
-        let key = SessionKey {
-            hub: keys.hub.address(),
-            session_id: 1,
-        };
-        let conviction = state
-            .receipt_mark(&key)
-            .unwrap()
-            .conviction
-            .clone()
-            .unwrap();
+        let conviction = conviction_of(&state, &keys, 1);
         assert_eq!(
             (
                 conviction.cancelled,
@@ -556,16 +557,7 @@ pub(crate) mod tests {
         assert_eq!(state.account(&w).owed, Amount::ZERO);
         assert_eq!(state.total_owed(), 0);
         assert_eq!(state.total_money(), supply);
-        let key = SessionKey {
-            hub: keys.hub.address(),
-            session_id: 2,
-        };
-        let conviction = state
-            .receipt_mark(&key)
-            .unwrap()
-            .conviction
-            .clone()
-            .unwrap();
+        let conviction = conviction_of(&state, &keys, 2);
         assert_eq!(conviction.owed_forfeited, kvr("0.16"));
     }
 
