@@ -152,6 +152,9 @@ pub struct AccountView {
     /// Whether the key is barred in the next block (head height + 1 < `jailed_until`): the
     /// height a credit submitted now would be judged at.
     pub jailed: bool,
+    /// Accepted evidence of the key's wrong answers, oldest first.
+    #[serde(default)]
+    pub convictions: Vec<ConvictionView>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -393,15 +396,17 @@ pub struct SessionMark {
     #[schema(value_type = Option<AddressText>)]
     pub worker: Option<Address>,
     pub cumulative_bytes: u64,
-    /// What accepted evidence of a wrong answer in this session did; absent while it has
-    /// none (a session is convicted at most once).
+    /// What accepted evidence of a wrong answer by the session's worker in it did; absent
+    /// while it has none (a worker is convicted at most once per session).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conviction: Option<ConvictionView>,
 }
 
-/// The outcome of accepted evidence against a session, as the ledger keeps it.
+/// The outcome of accepted evidence of a worker's wrong answer, as the ledger keeps it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ConvictionView {
+    /// The session the wrong answer was given in: it pays the worker nothing more.
+    pub session: SessionRef,
     /// The height of the block that accepted the evidence.
     pub height: u64,
     /// The request the wrong answer was given to.
@@ -424,6 +429,10 @@ pub struct ConvictionView {
 impl From<&Conviction> for ConvictionView {
     fn from(conviction: &Conviction) -> ConvictionView {
         ConvictionView {
+            session: SessionRef {
+                hub: conviction.session.hub,
+                session_id: conviction.session.session_id,
+            },
             height: conviction.height,
             request_id: conviction.request_id,
             reporter: conviction.reporter,
@@ -539,6 +548,7 @@ mod tests {
             unbonding_total: Amount::from_base_units(total).into(),
             jailed_until,
             jailed,
+            convictions: Vec::new(),
         }
     }
 

@@ -32,6 +32,11 @@ pub struct Account {
     pub unbonding: Vec<Unbonding>,
     /// The key is barred from serving and from being paid below this height.
     pub jailed_until: u64,
+    /// What accepted evidence of its wrong answers did, one per session at most, oldest
+    /// first. Kept with the worker, not the session: the hub's receipts alone say whose a
+    /// session is, and evidence (which anyone can make name any session) never touches them.
+    /// Each conviction needs a full stake and slashes part of it, so the list stays short.
+    pub convictions: Vec<Conviction>,
 }
 
 /// Credited rewards of one metering session, inside their challenge window: accepted
@@ -50,6 +55,11 @@ pub struct Unbonding {
 }
 
 impl Account {
+    /// Whether evidence of a wrong answer by this key in `session` was accepted.
+    pub fn is_convicted_in(&self, session: &SessionKey) -> bool {
+        self.convictions.iter().any(|c| c.session == *session)
+    }
+
     pub fn pending_total(&self) -> Amount {
         sum(self.pending.iter().map(|p| p.amount))
     }
@@ -128,29 +138,13 @@ impl SessionKey {
 pub struct ReceiptMark {
     pub worker: Address,
     pub cumulative_bytes: u64,
-    /// Accepted evidence showed a wrong answer in this session: it is paid nothing more, and
-    /// no further evidence about it is taken (one conviction per session).
-    pub conviction: Option<Conviction>,
 }
 
-impl ReceiptMark {
-    pub fn is_convicted(&self) -> bool {
-        self.conviction.is_some()
-    }
-
-    /// Whether a hub's receipt has said whose session this is. Evidence can come before the
-    /// session's first credit, and its mark then names the key that signed the wrong answer,
-    /// which anyone can make name any session: until a receipt credits bytes, the first
-    /// receipt for another worker takes the session, so a bonded key cannot squat an honest
-    /// worker's session (and its pay) by convicting itself in it.
-    pub fn is_hub_confirmed(&self) -> bool {
-        self.cumulative_bytes > 0
-    }
-}
-
-/// What accepted evidence against a session did, kept with the session for anyone to read.
+/// What accepted evidence of a worker's wrong answer in a session did: that session pays the
+/// worker nothing more, and no further evidence of its answers in it is taken.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, BorshSerialize, BorshDeserialize)]
 pub struct Conviction {
+    pub session: SessionKey,
     pub height: u64,
     pub request_id: u64,
     pub reporter: Address,

@@ -85,7 +85,7 @@ pub(super) fn check_stateful(
         return Err(TxError::NotAHub(r.hub));
     }
     if let Some(mark) = state.receipt_mark(&SessionKey::of(r)) {
-        if mark.worker != r.worker && mark.is_hub_confirmed() {
+        if mark.worker != r.worker {
             return Err(TxError::SessionWorkerMismatch {
                 stored: mark.worker,
                 got: r.worker,
@@ -107,10 +107,8 @@ pub(super) fn check_stateful(
 /// Whether the worker of a session may be paid now: not convicted in it, not jailed, and
 /// bonded as the chain asks.
 fn may_be_paid(state: &State, receipt: &Receipt) -> bool {
-    let convicted = state
-        .receipt_mark(&SessionKey::of(receipt))
-        .is_some_and(|mark| mark.worker == receipt.worker && mark.is_convicted());
     let worker = state.account(&receipt.worker);
+    let convicted = worker.is_convicted_in(&SessionKey::of(receipt));
     let genesis = state.genesis();
     let bonded = !genesis.bonds_required() || worker.bonded >= genesis.params.min_bond;
     // The block being built is the one after the head.
@@ -123,13 +121,9 @@ fn may_be_paid(state: &State, receipt: &Receipt) -> bool {
 pub(super) fn execute(staged: &mut Staged, receipt: &Receipt) -> Result<(), TxError> {
     let key = SessionKey::of(receipt);
     let state = staged.state();
-    // Only the session's own worker's conviction stays: one that named another key was made
-    // before any receipt said whose session it is (see `ReceiptMark::is_hub_confirmed`).
     let old = state
         .receipt_mark(&key)
-        .filter(|mark| mark.worker == receipt.worker);
-    let conviction = old.and_then(|mark| mark.conviction.clone());
-    let old = old.map_or(0, |mark| mark.cumulative_bytes);
+        .map_or(0, |mark| mark.cumulative_bytes);
     let earned = |bytes| state.genesis().earned(bytes).ok_or(TxError::Overflow);
     let mut delta = earned(receipt.cumulative_bytes)?
         .checked_sub(earned(old)?)
@@ -147,7 +141,6 @@ pub(super) fn execute(staged: &mut Staged, receipt: &Receipt) -> Result<(), TxEr
     let mark = ReceiptMark {
         worker: receipt.worker,
         cumulative_bytes: receipt.cumulative_bytes,
-        conviction,
     };
     staged.set_receipt_mark(key, mark);
     Ok(())

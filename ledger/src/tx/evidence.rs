@@ -18,7 +18,7 @@ use crate::answer::{body_hash, AnswerClaim};
 use crate::genesis::Genesis;
 use crate::intent::{self, Intent};
 use crate::keys::{Address, Signature, SignatureCheck};
-use crate::state::{Conviction, ReceiptMark, SessionKey, Staged, State};
+use crate::state::{Conviction, SessionKey, Staged, State};
 
 use super::{TxError, TxSignature};
 
@@ -80,8 +80,8 @@ pub(super) fn check_stateless(
     }])
 }
 
-/// The session is the worker's and not convicted yet, and recomputing the request gives
-/// other bits than the worker answered.
+/// The session is not another worker's (as the hub's receipts say) and the worker is not
+/// convicted in it yet, and recomputing the request gives other bits than it answered.
 pub(super) fn check_stateful(state: &State, evidence: &Evidence) -> Result<(), TxError> {
     let key = evidence.session_key();
     if let Some(mark) = state.receipt_mark(&key) {
@@ -91,16 +91,16 @@ pub(super) fn check_stateful(state: &State, evidence: &Evidence) -> Result<(), T
                 got: evidence.worker,
             });
         }
-        if mark.is_convicted() {
-            return Err(TxError::AlreadyConvicted);
-        }
+    }
+    let worker = state.account(&evidence.worker);
+    if worker.is_convicted_in(&key) {
+        return Err(TxError::AlreadyConvicted);
     }
     // Evidence costs validators a recomputation and a block room: it is taken only when it
     // can take something real (pending rewards of the session, or at least a full bond,
     // bonded or unbonding), so a key with a token bond cannot flood the chain with proofs
     // against itself, and each bonded key can be convicted only until its stake falls
     // below `min_bond`.
-    let worker = state.account(&evidence.worker);
     let session_pending = worker.pending.iter().any(|p| p.session == key);
     let stake = worker
         .bonded
@@ -192,8 +192,8 @@ pub(super) fn execute(
     burned.balance = burned.balance.checked_add(burn).ok_or(TxError::Overflow)?;
     staged.set_account(burn_address, burned);
 
-    let cumulative_bytes = state.receipt_mark(&key).map_or(0, |m| m.cumulative_bytes);
     let conviction = Conviction {
+        session: key,
         height: staged.height_after(0)?,
         request_id: evidence.request_id,
         reporter: *reporter,
@@ -203,14 +203,10 @@ pub(super) fn execute(
         reporter_paid: reward,
         jailed_until,
     };
-    staged.set_receipt_mark(
-        key,
-        ReceiptMark {
-            worker: evidence.worker,
-            cumulative_bytes,
-            conviction: Some(conviction),
-        },
-    );
+    // Read again: the worker may be its own reporter.
+    let mut convicted = staged.account(&evidence.worker);
+    convicted.convictions.push(conviction);
+    staged.set_account(evidence.worker, convicted);
     Ok(())
 }
 
@@ -289,14 +285,15 @@ pub(crate) mod tests {
         kind.signed("kvasir-test", key, state.account(&key.address()).nonce)
     }
 
-    /// What the conviction of the hub's `session` did.
+    /// What the worker's conviction in the hub's `session` did.
     fn conviction_of(state: &State, keys: &TestKeys, session_id: u64) -> Conviction {
         let key = SessionKey {
             hub: keys.hub.address(),
             session_id,
         };
-        let mark = state.receipt_mark(&key).expect("a mark");
-        mark.conviction.clone().expect("a conviction")
+        let worker = state.account(&keys.worker.address());
+        let found = worker.convictions.iter().find(|c| c.session == key);
+        found.expect("a conviction").clone()
     }
 
     fn kvr(text: &str) -> Amount {
@@ -476,15 +473,59 @@ pub(crate) mod tests {
             hub: keys.hub.address(),
             session_id: 5,
         };
-        let mark = state.receipt_mark(&key).unwrap();
-        assert_eq!((mark.worker, mark.is_convicted()), (w, false));
-        // Bob's evidence cannot be used again, now that the session is known to be the worker's.
+        assert_eq!(state.receipt_mark(&key).unwrap().worker, w);
+        assert!(!state.account(&w).is_convicted_in(&key));
+        assert!(state.account(&bob).is_convicted_in(&key));
+        // Bob's evidence cannot be used again.
         assert_eq!(
             rejection(&state, &keys, reported(&keys, &state, squat)),
             TxError::SessionWorkerMismatch {
                 stored: w,
                 got: bob
             }
+        );
+    }
+
+    #[test]
+    fn an_accomplice_convicted_first_in_a_session_does_not_shield_its_worker() {
+        let (state, keys) = bonded_and_credited();
+        let (w, bob) = (keys.worker.address(), keys.bob.address());
+        let gift = TxKind::Transfer {
+            to: bob,
+            amount: kvr("20"),
+        };
+        let state = block_of(&state, &keys, vec![signed(&state, &keys.worker, gift)]);
+        let bond = signed(&state, &keys.bob, TxKind::Bond { amount: kvr("20") });
+        let state = block_of(&state, &keys, vec![bond]);
+        // Bob convicts himself in the worker's session 6 before it is credited...
+        let first = evidence(&keys, &keys.bob, 6, 7, vec![0; 32], "kvasir-test");
+        let state = block_of(&state, &keys, vec![reported(&keys, &state, first.clone())]);
+        // ...and the same evidence is not taken twice, even with his bond still full.
+        assert_eq!(state.account(&bob).bonded, kvr("10"));
+        assert_eq!(
+            rejection(&state, &keys, reported(&keys, &state, first)),
+            TxError::AlreadyConvicted
+        );
+        // The worker's own lie in session 6 is still judged, and the session pays it nothing.
+        let state = block_of(
+            &state,
+            &keys,
+            vec![reported(&keys, &state, wrong(&keys, 6))],
+        );
+        assert_eq!(conviction_of(&state, &keys, 6).slashed, kvr("10"));
+        let pending = state.account(&w).pending_total();
+        let credit = credit_from(&keys.gateway, 2, &keys.hub, 6, w, 10_000_000);
+        let state = block_of(&state, &keys, vec![credit]);
+        assert_eq!(state.account(&w).pending_total(), pending);
+        assert_eq!(
+            state
+                .receipt_mark(&SessionKey {
+                    hub: keys.hub.address(),
+                    session_id: 6
+                })
+                .unwrap()
+                .worker,
+            w
         );
     }
 

@@ -419,7 +419,7 @@ fn worker_keys(ledger: &Client, dir: &Path, n: usize) -> Result<Vec<(PathBuf, Ke
 }
 
 /// Prints what the backbone's audits found and, for each worker caught, what the ledger did
-/// about it, read from the session's conviction. The backbone's report waited for each
+/// about it, read from the worker's conviction in that session. The backbone's report waited for each
 /// Evidence transaction to be committed, so a catch without a conviction is an error.
 fn convictions(
     ledger: &Client,
@@ -444,8 +444,10 @@ fn convictions(
             );
         }
         let conviction = ledger
-            .session(&catch.hub, catch.session_id)?
-            .conviction
+            .account(&catch.worker)?
+            .convictions
+            .into_iter()
+            .find(|c| c.session.hub == catch.hub && c.session.session_id == catch.session_id)
             .with_context(|| {
                 format!(
                     "the evidence against session {} was committed but the ledger holds no conviction of it",

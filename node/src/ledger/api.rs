@@ -244,6 +244,11 @@ async fn account(
         jailed_until: account.jailed_until,
         // As credits judge it (`tx::credit`): the block being built is the one after the head.
         jailed: account.is_jailed(state.height().saturating_add(1)),
+        convictions: account
+            .convictions
+            .iter()
+            .map(ConvictionView::from)
+            .collect(),
     }))
 }
 
@@ -520,15 +525,19 @@ async fn session(
     let session_id: u64 = decimal(&session, U64_DIGITS)
         .ok_or_else(|| bad_request(format!("{session:?} is not a session id")))?;
     let state = ledger.state();
-    let mark = state.receipt_mark(&SessionKey { hub, session_id });
+    let key = SessionKey { hub, session_id };
+    let mark = state.receipt_mark(&key);
+    let conviction = mark.and_then(|m| {
+        let worker = state.account(&m.worker);
+        let found = worker.convictions.iter().find(|c| c.session == key);
+        found.map(ConvictionView::from)
+    });
     Ok(Json(SessionMark {
         hub,
         session_id,
         worker: mark.map(|m| m.worker),
         cumulative_bytes: mark.map_or(0, |m| m.cumulative_bytes),
-        conviction: mark
-            .and_then(|m| m.conviction.as_ref())
-            .map(ConvictionView::from),
+        conviction,
     }))
 }
 
