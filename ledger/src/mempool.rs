@@ -107,6 +107,36 @@ impl Mempool {
     /// Admits a transaction that passed the stateless check, judged against `state`, the
     /// state at the head: the cheap bounds first, then the stateful checks.
     pub fn insert(&mut self, state: &State, tx: VerifiedTx) -> Result<Hash, MempoolError> {
+        self.bounds(state, &tx)?;
+        let (nonce, next) = (tx.tx().tx.nonce, state.account(&tx.tx().tx.sender).nonce);
+        if nonce <= next {
+            check_stateful(state, tx.tx())?;
+        } else {
+            check_action(state, tx.tx())?;
+        }
+        Ok(self.keep(tx))
+    }
+
+    /// As `insert`, for a transaction whose action the caller has just checked against a
+    /// state no older than `state` (`check_action`): evidence, whose check recomputes
+    /// experts and must not run while the mempool is held. Only its nonce is checked here;
+    /// the block producer checks everything again.
+    pub fn insert_checked(&mut self, state: &State, tx: VerifiedTx) -> Result<Hash, MempoolError> {
+        self.bounds(state, &tx)?;
+        let sender = state.account(&tx.tx().tx.sender);
+        if tx.tx().tx.nonce < sender.nonce {
+            return Err(TxError::NonceMismatch {
+                expected: sender.nonce,
+                got: tx.tx().tx.nonce,
+            }
+            .into());
+        }
+        Ok(self.keep(tx))
+    }
+
+    /// Whether `tx` would fit: not waiting already, its nonce free and within its sender's
+    /// window, room left. Cheap, so it comes before any costly check.
+    pub fn bounds(&self, state: &State, tx: &VerifiedTx) -> Result<(), MempoolError> {
         let hash = tx.tx().hash();
         if self.slot_of.contains_key(&hash) {
             return Err(MempoolError::Duplicate(hash));
@@ -135,14 +165,15 @@ impl Mempool {
         if self.len() >= self.limits.capacity {
             return Err(MempoolError::Full(self.limits.capacity));
         }
-        if nonce <= next {
-            check_stateful(state, tx.tx())?;
-        } else {
-            check_action(state, tx.tx())?;
-        }
+        Ok(())
+    }
+
+    fn keep(&mut self, tx: VerifiedTx) -> Hash {
+        let hash = tx.tx().hash();
+        let (sender, nonce) = (tx.tx().tx.sender, tx.tx().tx.nonce);
         self.slot_of.insert(hash, (sender, nonce));
         self.senders.entry(sender).or_default().insert(nonce, tx);
-        Ok(hash)
+        hash
     }
 
     /// Up to `limit` transactions for the next block: round-robin across senders in address

@@ -91,18 +91,17 @@ fn sum(mut amounts: impl Iterator<Item = Amount>) -> Amount {
 /// The node implements it over a checkpoint whose identity matches a genesis `models` entry;
 /// it must be a pure function of its inputs, as every validator must reach the same verdict.
 pub trait AnswerCheck: Send + Sync {
-    /// The correct answer to `request_body` (a dispatch request as the worker received it)
-    /// under `model`, or why the request cannot be answered (malformed, not for this model).
-    fn answer(&self, model: &ModelPin, request_body: &[u8]) -> Result<CorrectAnswer, String>;
-}
-
-/// What the request said it was, and the hash (`answer::body_hash`) of the exact response
-/// body a correct worker sends: all a verdict needs, and small enough to keep.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CorrectAnswer {
-    pub session: u64,
-    pub request_id: u64,
-    pub response_hash: Hash,
+    /// The hash (`answer::body_hash`) of the exact response body a correct worker sends to
+    /// `request_body` (a dispatch request as the worker received it) under `model`; or why
+    /// there is none: malformed, not for this model, or not request `request_id` of
+    /// `session` (found before anything is computed, as a recomputation is costly).
+    fn response_hash(
+        &self,
+        model: &ModelPin,
+        session: u64,
+        request_id: u64,
+        request_body: &[u8],
+    ) -> Result<Hash, String>;
 }
 
 /// A metering session: receipts of one hub about one session id.

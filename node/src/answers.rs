@@ -18,7 +18,7 @@ use kvasir_inference::config::Config;
 use kvasir_inference::moe::{ExpertExecutor, LocalExperts};
 use kvasir_ledger::answer::body_hash;
 use kvasir_ledger::genesis::ModelPin;
-use kvasir_ledger::state::{AnswerCheck, CorrectAnswer};
+use kvasir_ledger::state::AnswerCheck;
 use kvasir_ledger::{Genesis, Hash};
 
 use crate::engine::model_pin;
@@ -69,22 +69,23 @@ pub struct PinnedAnswers {
     verdicts: Mutex<Verdicts>,
 }
 
-/// Recent correct answers by (model id, request body hash), the oldest dropped past `CAP`.
+/// Recent correct response hashes by (model id, request body hash), the oldest dropped past
+/// `CAP`. A verdict is a pure function of its key, so keeping one changes no outcome.
 #[derive(Default)]
 struct Verdicts {
-    by_request: HashMap<(String, Hash), CorrectAnswer>,
+    by_request: HashMap<(String, Hash), Hash>,
     order: VecDeque<(String, Hash)>,
 }
 
 impl Verdicts {
-    /// About a hundred bytes each.
+    /// At most about 250 bytes each (the key is kept twice): a megabyte in all.
     const CAP: usize = 4096;
 
-    fn get(&self, key: &(String, Hash)) -> Option<CorrectAnswer> {
-        self.by_request.get(key).cloned()
+    fn get(&self, key: &(String, Hash)) -> Option<Hash> {
+        self.by_request.get(key).copied()
     }
 
-    fn insert(&mut self, key: (String, Hash), answer: CorrectAnswer) {
+    fn insert(&mut self, key: (String, Hash), answer: Hash) {
         if self.by_request.insert(key.clone(), answer).is_none() {
             self.order.push_back(key);
         }
@@ -164,25 +165,38 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl AnswerCheck for PinnedAnswers {
-    fn answer(&self, model: &ModelPin, request_body: &[u8]) -> Result<CorrectAnswer, String> {
+    fn response_hash(
+        &self,
+        model: &ModelPin,
+        session: u64,
+        request_id: u64,
+        request_body: &[u8],
+    ) -> Result<Hash, String> {
         let Some(answers) = self.models.get(&model.id) else {
             return Err(format!("this node recomputes no model {}", model.id));
         };
+        let request = answers.disputed(model, session, request_id, request_body)?;
         let key = (model.id.clone(), body_hash(request_body));
         if let Some(known) = lock(&self.verdicts).get(&key) {
-            if *model == answers.pin {
-                return Ok(known);
-            }
+            return Ok(known);
         }
         // Not under the lock: a recomputation takes long, and a lookup must not wait for it.
-        let correct = answers.answer(model, request_body)?;
-        lock(&self.verdicts).insert(key, correct.clone());
+        let correct = answers.correct_hash(&request)?;
+        lock(&self.verdicts).insert(key, correct);
         Ok(correct)
     }
 }
 
-impl AnswerCheck for ModelAnswers {
-    fn answer(&self, model: &ModelPin, request_body: &[u8]) -> Result<CorrectAnswer, String> {
+impl ModelAnswers {
+    /// The request `request_body` is, if it is request `request_id` of `session` for this
+    /// model: everything about evidence that is cheap to check.
+    fn disputed(
+        &self,
+        model: &ModelPin,
+        session: u64,
+        request_id: u64,
+        request_body: &[u8],
+    ) -> Result<Request, String> {
         if *model != self.pin {
             return Err(format!(
                 "this node recomputes model {}, the evidence names {}",
@@ -190,19 +204,25 @@ impl AnswerCheck for ModelAnswers {
             ));
         }
         let request = wire::decode_request_body(request_body).map_err(|e| e.to_string())?;
+        if (request.session, request.id) != (session, request_id) {
+            return Err(format!(
+                "the request body is request {} of session {}, the evidence names request {request_id} of session {session}",
+                request.id, request.session
+            ));
+        }
+        Ok(request)
+    }
+
+    /// The hash of the correct response body to `request`.
+    fn correct_hash(&self, request: &Request) -> Result<Hash, String> {
         // Evidence comes from anyone: a kernel bug it could reach must cost the evidence, not
         // the validator (whose block producer would die with it, on every validator alike).
-        let recomputed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.response_body(&request)
-        }));
+        let recomputed =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.response_body(request)));
         let response_body = recomputed
             .map_err(|_| "recomputing this request failed inside the kernels".to_string())?
             .map_err(|e| format!("{e:#}"))?;
-        Ok(CorrectAnswer {
-            session: request.session,
-            request_id: request.id,
-            response_hash: body_hash(&response_body),
-        })
+        Ok(body_hash(&response_body))
     }
 }
 
@@ -244,6 +264,18 @@ mod tests {
         Request::from_expert_requests(7, id, 0, hidden, &requests, &members).unwrap()
     }
 
+    /// What a validator holding only `answers` judges a request body to: its correct
+    /// response's hash.
+    fn correct(
+        answers: &ModelAnswers,
+        model: &ModelPin,
+        session: u64,
+        id: u64,
+        body: &[u8],
+    ) -> Result<Hash, String> {
+        answers.correct_hash(&answers.disputed(model, session, id, body)?)
+    }
+
     /// What an honest worker answers: its own experts, through the worker's translation.
     fn honest_body(worker: &LocalExperts, request: &Request) -> Vec<u8> {
         let requests = request.to_expert_requests().unwrap();
@@ -265,16 +297,15 @@ mod tests {
         for id in 0..10_000 {
             let request = request(&mut rng, id, config.hidden_size, config.num_experts);
             let frame = wire::Message::Request(request.clone()).encode();
-            let correct = answers.answer(&pin, wire::request_body(&frame)).unwrap();
-            assert_eq!((correct.session, correct.request_id), (7, id));
+            let correct = correct(&answers, &pin, 7, id, wire::request_body(&frame)).unwrap();
             let honest = honest_body(&worker, &request);
-            assert_eq!(correct.response_hash, body_hash(&honest), "request {id}");
+            assert_eq!(correct, body_hash(&honest), "request {id}");
             if id % 1000 == 0 {
                 // One flipped bit anywhere in the partials is told apart.
                 let mut lie = honest.clone();
                 let at = 12 + rng.gen_range(0..lie.len() - 12);
                 lie[at] ^= 1 << rng.gen_range(0..8);
-                assert_ne!(correct.response_hash, body_hash(&lie));
+                assert_ne!(correct, body_hash(&lie));
             }
         }
     }
@@ -290,13 +321,8 @@ mod tests {
         // A negative NaN with a payload, as x86 makes them: it reaches every output value.
         request.rows[0] = f32::from_bits(0xffc0_0001);
         let frame = wire::Message::Request(request.clone()).encode();
-        let correct = answers
-            .answer(answers.pin(), wire::request_body(&frame))
-            .unwrap();
-        assert_eq!(
-            correct.response_hash,
-            body_hash(&honest_body(&worker, &request))
-        );
+        let correct = correct(&answers, answers.pin(), 7, 1, wire::request_body(&frame)).unwrap();
+        assert_eq!(correct, body_hash(&honest_body(&worker, &request)));
         let requests = request.to_expert_requests().unwrap();
         let partials = worker.evaluate(request.layer as usize, &requests).unwrap();
         let nans: Vec<u32> = partials
@@ -322,19 +348,21 @@ mod tests {
             .unwrap();
         let request = request(&mut StdRng::seed_from_u64(3), 9, 64, 8);
         let frame = wire::Message::Request(request).encode();
-        let first = answers.answer(&genesis.models[0], wire::request_body(&frame));
+        let body = wire::request_body(&frame);
+        let pin = &genesis.models[0];
+        let first = answers.response_hash(pin, 7, 9, body);
         assert_eq!(lock(&answers.verdicts).order.len(), 1);
-        let again = answers.answer(&genesis.models[0], wire::request_body(&frame));
+        let again = answers.response_hash(pin, 7, 9, body);
         assert_eq!(first, again);
         assert_eq!(lock(&answers.verdicts).order.len(), 1);
+        // A kept verdict is still only given for the request the body is.
+        assert!(answers.response_hash(pin, 7, 10, body).is_err());
+        assert!(answers.response_hash(pin, 8, 9, body).is_err());
 
         let mut verdicts = Verdicts::default();
         let verdict = first.unwrap();
         for i in 0..Verdicts::CAP as u64 + 10 {
-            verdicts.insert(
-                ("m".into(), Hash::of_parts(&[&i.to_le_bytes()])),
-                verdict.clone(),
-            );
+            verdicts.insert(("m".into(), Hash::of_parts(&[&i.to_le_bytes()])), verdict);
         }
         assert_eq!(verdicts.by_request.len(), Verdicts::CAP);
         assert!(verdicts
@@ -350,13 +378,13 @@ mod tests {
         let answers = ModelAnswers::load(&tiny_checkpoint()).unwrap();
         let pin = answers.pin().clone();
         for body in [&b""[..], b"garbage", &[0xff; 64]] {
-            assert!(answers.answer(&pin, body).is_err());
+            assert!(correct(&answers, &pin, 0, 0, body).is_err());
         }
         let other = ModelPin {
             id: "another".into(),
             ..pin
         };
-        let error = answers.answer(&other, b"").unwrap_err();
+        let error = correct(&answers, &other, 0, 0, b"").unwrap_err();
         assert!(error.contains("another"), "{error}");
     }
 
@@ -374,7 +402,7 @@ mod tests {
             .unwrap()
             .unwrap();
         let pin = genesis.models[0].clone();
-        assert!(answers.answer(&pin, b"garbage").is_err());
+        assert!(answers.response_hash(&pin, 0, 0, b"garbage").is_err());
         let missing = PinnedAnswers::for_genesis(&genesis, &[]).err().unwrap();
         assert!(missing.to_string().contains("--model"), "{missing}");
         let twice = PinnedAnswers::for_genesis(&genesis, &[dir.clone(), dir.clone()]);

@@ -1,7 +1,7 @@
 //! The credit action: a genesis gateway submits a hub's signed receipt, and the worker it
 //! names is paid for the bytes relayed since the session's last credited receipt. Receipts
-//! are cumulative, so a replay or a duplicate pays nothing. A receipt for a convicted
-//! session, a jailed worker, or (on a chain with bonds) a worker bonded below `min_bond`
+//! are cumulative, so a replay or a duplicate pays nothing. A receipt for a session its
+//! worker is convicted in, a jailed worker, or (on a chain with bonds) a worker bonded below `min_bond`
 //! is taken, raising the session's mark, but pays nothing: such a key cannot be paid, and
 //! the gateway's crediting need not treat it as an error. Its three stages, as `tx`
 //! dispatches them, and the receipt itself.

@@ -8,8 +8,10 @@
 //! Accepted evidence cancels the session's pending rewards (back to the rewards pool) and
 //! the worker's owed claims, slashes `slash_fraction` of the worker's bond, bonded then
 //! unbonding (`reporter_share` of it to the reporter, the rest burned), jails the key for
-//! `jail_blocks` and marks the session convicted: it is paid nothing more and no second
-//! evidence about it is taken.
+//! `jail_blocks` and records the conviction with the key (`Account::convictions`): that
+//! session pays it nothing more and no second evidence of its answers there is taken. The
+//! session's receipt mark is the hub's alone: evidence, which anyone can make name any
+//! session, never writes it.
 
 use borsh::{BorshDeserialize, BorshSerialize};
 
@@ -116,15 +118,14 @@ pub(super) fn check_stateful(state: &State, evidence: &Evidence) -> Result<(), T
         .model(&evidence.model_id)
         .ok_or_else(|| TxError::UnpinnedModel(evidence.model_id.clone()))?;
     let correct = check
-        .answer(model, &evidence.request_body)
+        .response_hash(
+            model,
+            evidence.session,
+            evidence.request_id,
+            &evidence.request_body,
+        )
         .map_err(TxError::EvidenceRequest)?;
-    if (correct.session, correct.request_id) != (evidence.session, evidence.request_id) {
-        return Err(TxError::EvidenceRequest(format!(
-            "the request body is request {} of session {}, the evidence names request {} of session {}",
-            correct.request_id, correct.session, evidence.request_id, evidence.session
-        )));
-    }
-    if correct.response_hash == body_hash(&evidence.response_body) {
+    if correct == body_hash(&evidence.response_body) {
         return Err(TxError::AnswerWasCorrect);
     }
     Ok(())
@@ -218,8 +219,9 @@ pub(crate) mod tests {
     use crate::apply::tests::{block_of, credit_from, rejection};
     use crate::genesis::tests::{bonded_genesis, TestKeys};
     use crate::genesis::ModelPin;
+    use crate::hash::Hash;
     use crate::keys::Keypair;
-    use crate::state::{AnswerCheck, CorrectAnswer};
+    use crate::state::AnswerCheck;
     use crate::tx::{SignedTx, TxKind};
 
     /// A stand-in for the model, deterministic as the real one is: a request body is its
@@ -228,16 +230,21 @@ pub(crate) mod tests {
     pub(crate) struct HashCheck;
 
     impl AnswerCheck for HashCheck {
-        fn answer(&self, model: &ModelPin, body: &[u8]) -> Result<CorrectAnswer, String> {
+        fn response_hash(
+            &self,
+            model: &ModelPin,
+            session: u64,
+            request_id: u64,
+            body: &[u8],
+        ) -> Result<Hash, String> {
             if model.id != "m" || body.len() < 16 {
                 return Err("not a request of model m".into());
             }
             let word = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().unwrap());
-            Ok(CorrectAnswer {
-                session: word(0),
-                request_id: word(8),
-                response_hash: body_hash(blake3::hash(&body[16..]).as_bytes()),
-            })
+            if (word(0), word(8)) != (session, request_id) {
+                return Err("another request".into());
+            }
+            Ok(body_hash(blake3::hash(&body[16..]).as_bytes()))
         }
     }
 

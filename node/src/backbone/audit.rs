@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kvasir_api::generation::{AuditReport, CaughtWorker};
 use kvasir_api::Client;
@@ -234,8 +234,20 @@ fn submit(reporting: &Reporting, evidence: Evidence) -> Submitted {
     // Through the batch route: its body limit fits an Evidence transaction, the single
     // route's (sized for plain transactions) does not.
     let hash = tx.hash();
-    for verdict in ledger.submit_batch(&[tx]).map_err(|e| failed(None, e))? {
-        verdict.map_err(|e| (None, e.message))?;
+    // A validator recomputes one piece of evidence at a time and refuses others meanwhile:
+    // try again until the commit timeout, as the challenge window is longer than that.
+    let start = Instant::now();
+    loop {
+        let verdicts = ledger
+            .submit_batch(std::slice::from_ref(&tx))
+            .map_err(|e| failed(None, e))?;
+        match verdicts.into_iter().next() {
+            Some(Err(e)) if e.error == "evidence_busy" && start.elapsed() < COMMIT_TIMEOUT => {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Some(Err(e)) => return Err((None, e.message)),
+            Some(Ok(_)) | None => break,
+        }
     }
     let height = ledger
         .wait_committed(&hash, COMMIT_TIMEOUT)

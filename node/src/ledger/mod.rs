@@ -68,6 +68,8 @@ pub enum Refusal {
     Invalid(#[from] TxError),
     #[error(transparent)]
     Mempool(#[from] MempoolError),
+    #[error("another piece of evidence is being recomputed; submit this one again shortly")]
+    EvidenceBusy,
 }
 
 /// What became of a transaction that left the mempool without being committed.
@@ -193,7 +195,7 @@ impl Ledger {
     pub fn submit(&self, txs: Vec<SignedTx>) -> Vec<Result<Hash, Refusal>> {
         let checked = check_stateless(self.state().genesis(), txs)
             .into_iter()
-            .map(|verified| self.recompute_evidence(verified?))
+            .map(|verified| self.judge_evidence(verified?))
             .collect::<Vec<_>>();
         // The state is read under the mempool lock, which `produce` holds from the store's
         // commit until both agree with it: a client that saw its last transaction committed
@@ -202,13 +204,17 @@ impl Ledger {
         let state = self.state();
         let verdicts: Vec<Result<Hash, Refusal>> = checked
             .into_iter()
-            .map(|verified| Ok(mempool.insert(&state, verified?)?))
+            .map(|judged| match judged? {
+                (verified, true) => Ok(mempool.insert_checked(&state, verified)?),
+                (verified, false) => Ok(mempool.insert(&state, verified)?),
+            })
             .collect();
         let mut refusals = lock(&self.refusals);
         for refusal in verdicts.iter().filter_map(|v| v.as_ref().err()) {
             let why = match refusal {
                 Refusal::Invalid(e) => reason(e),
                 Refusal::Mempool(e) => reason(e),
+                Refusal::EvidenceBusy => reason(refusal),
             };
             *refusals.entry(why).or_default() += 1;
         }
@@ -219,16 +225,22 @@ impl Ledger {
         verdicts
     }
 
-    /// Evidence is judged by recomputing its experts, which can take a second: done first,
-    /// outside the mempool lock (admission of everything else goes on meanwhile) and one
-    /// piece at a time (evidence can take at most one core from the node). The verdict is
-    /// kept (`PinnedAnswers`), so the check at insertion and the block's are lookups.
-    fn recompute_evidence(&self, verified: VerifiedTx) -> Result<VerifiedTx, Refusal> {
-        if matches!(verified.tx().tx.kind, TxKind::Evidence(_)) {
-            let _one_at_a_time = lock(&self.evidence);
-            check_action(&self.state(), verified.tx()).map_err(Refusal::Invalid)?;
+    /// Evidence is judged by recomputing its experts, which can take a second: after the
+    /// mempool's cheap bounds (a duplicate or a full sender costs nothing), outside the
+    /// mempool lock (admission of everything else goes on meanwhile, and the insertion then
+    /// takes the verdict as given), and one piece at a time: evidence arriving while another
+    /// is recomputed is refused at once (`EvidenceBusy`, resubmitted by its reporter) rather
+    /// than parking a thread. With it, whether the transaction's action was checked.
+    fn judge_evidence(&self, verified: VerifiedTx) -> Result<(VerifiedTx, bool), Refusal> {
+        if !matches!(verified.tx().tx.kind, TxKind::Evidence(_)) {
+            return Ok((verified, false));
         }
-        Ok(verified)
+        lock(&self.mempool).bounds(&self.state(), &verified)?;
+        let Ok(_one_at_a_time) = self.evidence.try_lock() else {
+            return Err(Refusal::EvidenceBusy);
+        };
+        check_action(&self.state(), verified.tx())?;
+        Ok((verified, true))
     }
 
     /// Waits until `deadline`, or less if a full block's worth of transactions is waiting.
@@ -385,6 +397,61 @@ mod tests {
             })
             .collect();
         assert!(ledger.submit(txs).iter().all(Result::is_ok));
+    }
+
+    #[test]
+    fn evidence_is_refused_at_once_while_another_is_recomputed_and_never_reaches_a_full_sender() {
+        use kvasir_ledger::genesis::ModelPin;
+        use kvasir_ledger::keys::Signature;
+        use kvasir_ledger::tx::Evidence;
+        let dir = tempfile::tempdir().unwrap();
+        let pin = ModelPin {
+            id: "m".into(),
+            config_hash: Hash([1; 32]),
+            experts_root: Hash([2; 32]),
+        };
+        let (ledger, faucet) = ledger_with(dir.path(), |genesis| genesis.models.push(pin));
+        let genesis = ledger.state().genesis().clone();
+        let chain_id = genesis.params.chain_id.clone();
+        let worker = Keypair::generate();
+        let mut evidence = Evidence {
+            worker: worker.address(),
+            hub: genesis.authorities.hubs[0],
+            session: 1,
+            request_id: 2,
+            model_id: "m".into(),
+            request_body: vec![7; 64],
+            response_body: vec![0; 64],
+            signature: Signature([0; 64]),
+        };
+        evidence.signature = evidence.claim().sign(&chain_id, &worker);
+        let report = |from: &Keypair, nonce| {
+            TxKind::Evidence(Box::new(evidence.clone())).signed(&chain_id, from, nonce)
+        };
+        // While a recomputation holds the gate, evidence is refused without waiting.
+        let gate = lock(&ledger.evidence);
+        let busy = ledger.submit(vec![report(&faucet, 0)]);
+        assert!(matches!(busy[..], [Err(Refusal::EvidenceBusy)]), "{busy:?}");
+        // A sender's full window refuses it before any recomputation is tried.
+        transfers(&ledger, &faucet, 0..16);
+        let full = ledger.submit(vec![report(&faucet, 16)]);
+        assert!(
+            matches!(
+                full[..],
+                [Err(Refusal::Mempool(MempoolError::NonceTooFarAhead { .. }))]
+            ),
+            "{full:?}"
+        );
+        drop(gate);
+        // Free again, it is judged: this worker has nothing at stake.
+        let judged = ledger.submit(vec![report(&Keypair::generate(), 0)]);
+        assert!(
+            matches!(
+                judged[..],
+                [Err(Refusal::Invalid(TxError::NothingAtStake(_)))]
+            ),
+            "{judged:?}"
+        );
     }
 
     #[test]
