@@ -148,7 +148,9 @@ pub fn run(args: Args) -> Result<()> {
     let pinned_dirs = pinned_models(dir, &genesis)?;
     if !pinned_dirs.contains(&model_dir) {
         bail!(
-            "this chain does not pin the {} preset, so evidence against its workers could not be judged: serve one of {}",
+            "the chain in {} (genesis {}) does not pin the {} preset, so evidence against its workers could not be judged: serve one of {}, or, if that directory holds an older dev chain, start afresh with another --data-dir",
+            dir.display(),
+            genesis.hash(),
             args.preset,
             DEV_CHAIN_PRESETS.join(", ")
         );
