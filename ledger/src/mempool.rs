@@ -18,7 +18,7 @@ use crate::genesis::Genesis;
 use crate::hash::Hash;
 use crate::keys::Address;
 use crate::state::State;
-use crate::tx::{check_action, check_stateful, TxError, VerifiedTx};
+use crate::tx::{check_action, check_stateful, TxError, TxKind, VerifiedTx};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MempoolError {
@@ -180,6 +180,14 @@ impl Mempool {
     /// order, each sender's in nonce order.
     pub fn candidates(&self, limit: usize) -> Vec<VerifiedTx> {
         let mut queues: Vec<_> = self.senders.values().map(BTreeMap::values).collect();
+        // A sender whose next transaction is evidence goes first (the sort is stable, so
+        // address order otherwise): evidence is megabytes where others are bytes, and behind
+        // enough small senders it would be deferred block after block, past the challenge
+        // window of the pay it should cancel.
+        queues.sort_by_key(|queue| {
+            let next = queue.clone().next();
+            !next.is_some_and(|tx| matches!(tx.tx().tx.kind, TxKind::Evidence(_)))
+        });
         let mut candidates = Vec::with_capacity(limit.min(self.len()));
         while candidates.len() < limit && !queues.is_empty() {
             queues.retain_mut(|queue| {
@@ -271,6 +279,43 @@ mod tests {
             per_sender,
             per_gateway,
         }
+    }
+
+    #[test]
+    fn evidence_is_offered_first_whatever_its_senders_address() {
+        let (genesis, keys) = crate::genesis::tests::bonded_genesis();
+        let state = State::from_genesis(genesis);
+        let mut mempool = Mempool::new(limits(16, 16));
+        let mut senders = [&keys.alice, &keys.bob, &keys.worker];
+        senders.sort_by_key(|k| k.address());
+        // The reporter sorts last: in address order its evidence would come last.
+        let [first, second, reporter] = senders;
+        let payee = Keypair::from_seed(&[77; 32]).address();
+        for key in [first, second] {
+            let tx = verified(state.genesis(), transfer(key, 0, payee, "0.000000001"));
+            mempool.insert(&state, tx).unwrap();
+        }
+        let wrong = crate::tx::evidence::tests::evidence(
+            &keys,
+            &keys.worker,
+            1,
+            7,
+            vec![0; 32],
+            "kvasir-test",
+        );
+        let tx = TxKind::Evidence(Box::new(wrong)).signed("kvasir-test", reporter, 0);
+        mempool
+            .insert_checked(&state, verified(state.genesis(), tx))
+            .unwrap();
+        let order: Vec<Address> = mempool
+            .candidates(10)
+            .iter()
+            .map(|tx| tx.tx().tx.sender)
+            .collect();
+        assert_eq!(
+            order,
+            vec![reporter.address(), first.address(), second.address()]
+        );
     }
 
     #[test]
