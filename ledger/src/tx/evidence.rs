@@ -292,6 +292,20 @@ pub(crate) mod tests {
         kind.signed("kvasir-test", key, state.account(&key.address()).nonce)
     }
 
+    /// `state` after the worker gives bob `amount` KVR and bob bonds all of it.
+    fn bob_bonds(state: State, keys: &TestKeys, amount: &str) -> State {
+        let to = keys.bob.address();
+        let gift = TxKind::Transfer {
+            to,
+            amount: kvr(amount),
+        };
+        let state = block_of(&state, keys, vec![signed(&state, &keys.worker, gift)]);
+        let bond = TxKind::Bond {
+            amount: kvr(amount),
+        };
+        block_of(&state, keys, vec![signed(&state, &keys.bob, bond)])
+    }
+
     /// What the worker's conviction in the hub's `session` did.
     fn conviction_of(state: &State, keys: &TestKeys, session_id: u64) -> Conviction {
         let key = SessionKey {
@@ -454,14 +468,7 @@ pub(crate) mod tests {
     fn a_key_convicting_itself_in_another_workers_uncredited_session_does_not_take_its_pay() {
         let (state, keys) = bonded_and_credited();
         let (w, bob) = (keys.worker.address(), keys.bob.address());
-        let gift = TxKind::Transfer {
-            to: bob,
-            amount: kvr("10"),
-        };
-        let gift = signed(&state, &keys.worker, gift);
-        let state = block_of(&state, &keys, vec![gift]);
-        let bond = signed(&state, &keys.bob, TxKind::Bond { amount: kvr("10") });
-        let state = block_of(&state, &keys, vec![bond]);
+        let state = bob_bonds(state, &keys, "10");
         // Bob signs a wrong answer naming session 5, which the hub gave the worker and has
         // not credited yet, and reports it: he is slashed, as for any wrong answer he signs.
         let squat = evidence(&keys, &keys.bob, 5, 7, vec![0; 32], "kvasir-test");
@@ -497,13 +504,7 @@ pub(crate) mod tests {
     fn an_accomplice_convicted_first_in_a_session_does_not_shield_its_worker() {
         let (state, keys) = bonded_and_credited();
         let (w, bob) = (keys.worker.address(), keys.bob.address());
-        let gift = TxKind::Transfer {
-            to: bob,
-            amount: kvr("20"),
-        };
-        let state = block_of(&state, &keys, vec![signed(&state, &keys.worker, gift)]);
-        let bond = signed(&state, &keys.bob, TxKind::Bond { amount: kvr("20") });
-        let state = block_of(&state, &keys, vec![bond]);
+        let state = bob_bonds(state, &keys, "20");
         // Bob convicts himself in the worker's session 6 before it is credited...
         let first = evidence(&keys, &keys.bob, 6, 7, vec![0; 32], "kvasir-test");
         let state = block_of(&state, &keys, vec![reported(&keys, &state, first.clone())]);
