@@ -8,9 +8,15 @@
 //! - a sender may use only the next `Limits::per_sender` nonces and have at most that many
 //!   waiting; a genesis gateway, which submits one credit per metered session, gets
 //!   `per_gateway`; everyone together, `capacity`;
+//! - all waiting transactions together hold at most `Limits::max_bytes`;
+//! - evidence waits only at its sender's next nonce (so it is always ready for the next block
+//!   and no gap in its sender's nonces can park it), and at most one piece per (worker, hub,
+//!   session): one conviction is all a session's lie can bring, so copies under other
+//!   reporters' keys are refused before anyone recomputes them;
 //! - block candidates are taken round-robin across senders (in address order, each sender's
 //!   transactions in nonce order), so a block is shared among everyone waiting however many
-//!   transactions one of them has queued. The order is deterministic.
+//!   transactions one of them has queued; waiting evidence alone goes before that. The order
+//!   is deterministic.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -26,6 +32,16 @@ pub enum MempoolError {
     Invalid(#[from] TxError),
     #[error("mempool is full ({0} transactions)")]
     Full(usize),
+    #[error("mempool is full ({0} bytes)")]
+    FullBytes(usize),
+    #[error("evidence against {worker} in session {session} of hub {hub} is already waiting")]
+    EvidenceWaiting {
+        worker: Address,
+        hub: Address,
+        session: u64,
+    },
+    #[error("evidence must carry its sender's next nonce ({next}), not {nonce}")]
+    EvidenceNotNext { nonce: u64, next: u64 },
     #[error("transaction {0} is already in the mempool")]
     Duplicate(Hash),
     #[error("sender {0} already has a transaction with nonce {1} waiting")]
@@ -52,16 +68,20 @@ pub struct Limits {
     pub per_sender: usize,
     /// The same for a genesis gateway.
     pub per_gateway: usize,
+    /// Bytes of transactions waiting, all senders together.
+    pub max_bytes: usize,
 }
 
 impl Default for Limits {
     /// A hundred thousand waiting; 16 per sender (a wallet waits for a block after that);
-    /// half the mempool for a gateway, so its credits never fill it alone.
+    /// half the mempool for a gateway, so its credits never fill it alone; 256 MiB in all
+    /// (forty-odd pieces of evidence at their largest, two hundred thousand credits).
     fn default() -> Self {
         Limits {
             capacity: 100_000,
             per_sender: 16,
             per_gateway: 50_000,
+            max_bytes: 256 << 20,
         }
     }
 }
@@ -76,11 +96,33 @@ impl Limits {
     }
 }
 
+/// The (worker, hub, session) a piece of evidence is against.
+type EvidenceKey = (Address, Address, u64);
+
+/// Where a waiting transaction is, and what it holds.
+struct Slot {
+    sender: Address,
+    nonce: u64,
+    bytes: usize,
+    evidence: Option<EvidenceKey>,
+}
+
 pub struct Mempool {
     limits: Limits,
     /// Each sender's waiting transactions by nonce.
     senders: BTreeMap<Address, BTreeMap<u64, VerifiedTx>>,
-    slot_of: HashMap<Hash, (Address, u64)>,
+    slot_of: HashMap<Hash, Slot>,
+    /// Bytes of every waiting transaction.
+    bytes: usize,
+    /// The one waiting piece of evidence against each (worker, hub, session).
+    evidence: HashMap<EvidenceKey, Hash>,
+}
+
+fn evidence_key(tx: &VerifiedTx) -> Option<EvidenceKey> {
+    match &tx.tx().tx.kind {
+        TxKind::Evidence(e) => Some((e.worker, e.hub, e.session)),
+        _ => None,
+    }
 }
 
 impl Mempool {
@@ -89,6 +131,8 @@ impl Mempool {
             limits,
             senders: BTreeMap::new(),
             slot_of: HashMap::new(),
+            bytes: 0,
+            evidence: HashMap::new(),
         }
     }
 
@@ -135,7 +179,8 @@ impl Mempool {
     }
 
     /// Whether `tx` would fit: not waiting already, its nonce free and within its sender's
-    /// window, room left. Cheap, so it comes before any costly check.
+    /// window (evidence: its sender's next, and none against the same session waiting), room
+    /// left. Cheap, so it comes before any costly check.
     pub fn bounds(&self, state: &State, tx: &VerifiedTx) -> Result<(), MempoolError> {
         let hash = tx.tx().hash();
         if self.slot_of.contains_key(&hash) {
@@ -156,6 +201,18 @@ impl Mempool {
                 window,
             });
         }
+        if let Some(key @ (worker, hub, session)) = evidence_key(tx) {
+            if nonce != next {
+                return Err(MempoolError::EvidenceNotNext { nonce, next });
+            }
+            if self.evidence.contains_key(&key) {
+                return Err(MempoolError::EvidenceWaiting {
+                    worker,
+                    hub,
+                    session,
+                });
+            }
+        }
         if waiting >= window {
             return Err(MempoolError::SenderFull {
                 sender,
@@ -165,30 +222,52 @@ impl Mempool {
         if self.len() >= self.limits.capacity {
             return Err(MempoolError::Full(self.limits.capacity));
         }
+        if self.bytes + tx.tx().to_bytes().len() > self.limits.max_bytes {
+            return Err(MempoolError::FullBytes(self.limits.max_bytes));
+        }
         Ok(())
     }
 
     fn keep(&mut self, tx: VerifiedTx) -> Hash {
         let hash = tx.tx().hash();
-        let (sender, nonce) = (tx.tx().tx.sender, tx.tx().tx.nonce);
-        self.slot_of.insert(hash, (sender, nonce));
-        self.senders.entry(sender).or_default().insert(nonce, tx);
+        let slot = Slot {
+            sender: tx.tx().tx.sender,
+            nonce: tx.tx().tx.nonce,
+            bytes: tx.tx().to_bytes().len(),
+            evidence: evidence_key(&tx),
+        };
+        self.bytes += slot.bytes;
+        if let Some(key) = slot.evidence {
+            self.evidence.insert(key, hash);
+        }
+        self.senders
+            .entry(slot.sender)
+            .or_default()
+            .insert(slot.nonce, tx);
+        self.slot_of.insert(hash, slot);
         hash
     }
 
-    /// Up to `limit` transactions for the next block: round-robin across senders in address
-    /// order, each sender's in nonce order.
+    /// Up to `limit` transactions for the next block: first each sender's waiting evidence
+    /// (megabytes where others are bytes: behind enough small senders it would be deferred
+    /// block after block, past the challenge window of the pay it should cancel), then
+    /// round-robin across senders in address order, each sender's in nonce order. Only the
+    /// evidence goes first, not its sender's later transactions.
     pub fn candidates(&self, limit: usize) -> Vec<VerifiedTx> {
-        let mut queues: Vec<_> = self.senders.values().map(BTreeMap::values).collect();
-        // A sender whose next transaction is evidence goes first (the sort is stable, so
-        // address order otherwise): evidence is megabytes where others are bytes, and behind
-        // enough small senders it would be deferred block after block, past the challenge
-        // window of the pay it should cancel.
-        queues.sort_by_key(|queue| {
-            let next = queue.clone().next();
-            !next.is_some_and(|tx| matches!(tx.tx().tx.kind, TxKind::Evidence(_)))
-        });
+        let mut queues: Vec<_> = self
+            .senders
+            .values()
+            .map(|queue| queue.values().peekable())
+            .collect();
         let mut candidates = Vec::with_capacity(limit.min(self.len()));
+        for queue in &mut queues {
+            if candidates.len() >= limit {
+                return candidates;
+            }
+            if let Some(evidence) = queue.next_if(|tx| evidence_key(tx).is_some()) {
+                candidates.push(evidence.clone());
+            }
+        }
         while candidates.len() < limit && !queues.is_empty() {
             queues.retain_mut(|queue| {
                 if candidates.len() >= limit {
@@ -203,13 +282,17 @@ impl Mempool {
     /// Drops transactions that were included or rejected.
     pub fn remove(&mut self, hashes: impl IntoIterator<Item = Hash>) {
         for hash in hashes {
-            let Some((sender, nonce)) = self.slot_of.remove(&hash) else {
+            let Some(slot) = self.slot_of.remove(&hash) else {
                 continue;
             };
-            if let Some(queue) = self.senders.get_mut(&sender) {
-                queue.remove(&nonce);
+            self.bytes -= slot.bytes;
+            if let Some(key) = slot.evidence {
+                self.evidence.remove(&key);
+            }
+            if let Some(queue) = self.senders.get_mut(&slot.sender) {
+                queue.remove(&slot.nonce);
                 if queue.is_empty() {
-                    self.senders.remove(&sender);
+                    self.senders.remove(&slot.sender);
                 }
             }
         }
@@ -278,11 +361,25 @@ mod tests {
             capacity: 1000,
             per_sender,
             per_gateway,
+            max_bytes: 1 << 30,
         }
     }
 
+    /// Evidence against the bonded test worker in `session`, reported by `reporter`.
+    fn evidence_tx(keys: &TestKeys, reporter: &Keypair, nonce: u64, session: u64) -> SignedTx {
+        let wrong = crate::tx::evidence::tests::evidence(
+            keys,
+            &keys.worker,
+            session,
+            7,
+            vec![0; 32],
+            "kvasir-test",
+        );
+        TxKind::Evidence(Box::new(wrong)).signed("kvasir-test", reporter, nonce)
+    }
+
     #[test]
-    fn evidence_is_offered_first_whatever_its_senders_address() {
+    fn evidence_alone_is_offered_first_whatever_its_senders_address() {
         let (genesis, keys) = crate::genesis::tests::bonded_genesis();
         let state = State::from_genesis(genesis);
         let mut mempool = Mempool::new(limits(16, 16));
@@ -295,27 +392,78 @@ mod tests {
             let tx = verified(state.genesis(), transfer(key, 0, payee, "0.000000001"));
             mempool.insert(&state, tx).unwrap();
         }
-        let wrong = crate::tx::evidence::tests::evidence(
-            &keys,
-            &keys.worker,
-            1,
-            7,
-            vec![0; 32],
-            "kvasir-test",
-        );
-        let tx = TxKind::Evidence(Box::new(wrong)).signed("kvasir-test", reporter, 0);
+        let tx = evidence_tx(&keys, reporter, 0, 1);
         mempool
             .insert_checked(&state, verified(state.genesis(), tx))
             .unwrap();
-        let order: Vec<Address> = mempool
+        // The reporter's later transfer takes its turn like anyone's.
+        let later = verified(state.genesis(), transfer(reporter, 1, payee, "0.000000001"));
+        mempool.insert(&state, later).unwrap();
+        let order: Vec<(Address, u64)> = mempool
             .candidates(10)
             .iter()
-            .map(|tx| tx.tx().tx.sender)
+            .map(|tx| (tx.tx().tx.sender, tx.tx().tx.nonce))
             .collect();
+        let [r, a, b] = [reporter, first, second].map(Keypair::address);
+        assert_eq!(order, vec![(r, 0), (a, 0), (b, 0), (r, 1)]);
+    }
+
+    #[test]
+    fn one_piece_of_evidence_per_session_waits_and_only_at_its_senders_next_nonce() {
+        let (genesis, keys) = crate::genesis::tests::bonded_genesis();
+        let state = State::from_genesis(genesis);
+        let mut mempool = Mempool::new(limits(16, 16));
+        let admit = |mempool: &mut Mempool, tx| {
+            mempool.insert_checked(&state, verified(state.genesis(), tx))
+        };
+        let first = admit(&mut mempool, evidence_tx(&keys, &keys.alice, 0, 1)).unwrap();
+        // The same proof under another reporter's key is a copy: refused, however many keys.
+        let copy = admit(&mut mempool, evidence_tx(&keys, &keys.bob, 0, 1));
         assert_eq!(
-            order,
-            vec![reporter.address(), first.address(), second.address()]
+            copy,
+            Err(MempoolError::EvidenceWaiting {
+                worker: keys.worker.address(),
+                hub: keys.hub.address(),
+                session: 1
+            })
         );
+        // Another session's is not a copy.
+        admit(&mut mempool, evidence_tx(&keys, &keys.bob, 0, 2)).unwrap();
+        // Parked behind a gap in its sender's nonces it could block the session forever.
+        let stranger = Keypair::from_seed(&[90; 32]);
+        assert_eq!(
+            admit(&mut mempool, evidence_tx(&keys, &stranger, 3, 3)),
+            Err(MempoolError::EvidenceNotNext { nonce: 3, next: 0 })
+        );
+        // Once the first leaves the mempool, the session's slot is free again.
+        mempool.remove([first]);
+        admit(&mut mempool, evidence_tx(&keys, &stranger, 0, 1)).unwrap();
+        assert_eq!(mempool.len(), 2);
+    }
+
+    #[test]
+    fn the_mempool_holds_at_most_its_bytes() {
+        let (genesis, keys) = crate::genesis::tests::bonded_genesis();
+        let state = State::from_genesis(genesis);
+        let evidence = verified(state.genesis(), evidence_tx(&keys, &keys.alice, 0, 1));
+        let size = evidence.tx().to_bytes().len();
+        let mut mempool = Mempool::new(Limits {
+            max_bytes: size + 100,
+            ..limits(16, 16)
+        });
+        mempool.insert_checked(&state, evidence).unwrap();
+        let second = verified(state.genesis(), evidence_tx(&keys, &keys.bob, 0, 2));
+        assert_eq!(
+            mempool.insert_checked(&state, second.clone()),
+            Err(MempoolError::FullBytes(size + 100))
+        );
+        let hashes: Vec<Hash> = mempool
+            .candidates(10)
+            .iter()
+            .map(|t| t.tx().hash())
+            .collect();
+        mempool.remove(hashes);
+        mempool.insert_checked(&state, second).unwrap();
     }
 
     #[test]
@@ -447,6 +595,7 @@ mod tests {
             capacity: 3,
             per_sender: 16,
             per_gateway: 16,
+            max_bytes: 1 << 30,
         });
         let alice = Keypair::from_seed(&[4; 32]);
         for nonce in 0..3 {

@@ -85,6 +85,13 @@ pub(super) fn check_stateless(
 /// The session is not another worker's (as the hub's receipts say) and the worker is not
 /// convicted in it yet, and recomputing the request gives other bits than it answered.
 pub(super) fn check_stateful(state: &State, evidence: &Evidence) -> Result<(), TxError> {
+    check_standing(state, evidence)?;
+    check_recomputed(state, evidence)
+}
+
+/// Everything `check_stateful` asks but the recomputation: cheap, so a validator asks it
+/// before it lets evidence wait for its turn to recompute.
+pub fn check_standing(state: &State, evidence: &Evidence) -> Result<(), TxError> {
     let key = evidence.session_key();
     if let Some(mark) = state.receipt_mark(&key) {
         if mark.worker != evidence.worker {
@@ -112,6 +119,11 @@ pub(super) fn check_stateful(state: &State, evidence: &Evidence) -> Result<(), T
     if !session_pending && (stake.is_zero() || stake < min_bond) {
         return Err(TxError::NothingAtStake(evidence.worker));
     }
+    Ok(())
+}
+
+/// Recomputing the request with the pinned model gives other bits than the worker answered.
+fn check_recomputed(state: &State, evidence: &Evidence) -> Result<(), TxError> {
     let check = state.answer_check().ok_or(TxError::CannotCheckEvidence)?;
     let model = state
         .genesis()

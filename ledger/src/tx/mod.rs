@@ -21,7 +21,7 @@ use borsh::{BorshDeserialize, BorshSerialize};
 use rayon::prelude::*;
 
 pub use credit::{Receipt, SignedReceipt};
-pub use evidence::Evidence;
+pub use evidence::{check_standing as check_evidence_standing, Evidence};
 
 use crate::amount::Amount;
 use crate::genesis::Genesis;

@@ -225,7 +225,14 @@ type Submitted = Result<(kvasir_ledger::Hash, u64), (Option<kvasir_ledger::Hash>
 fn submit(reporting: &Reporting, evidence: Evidence) -> Submitted {
     let failed = |hash, e: kvasir_api::ClientError| (hash, e.to_string());
     let ledger = &reporting.ledger;
-    let chain_id = ledger.head().map_err(|e| failed(None, e))?.chain_id;
+    let params = ledger.params().map_err(|e| failed(None, e))?;
+    let chain_id = params.chain_id;
+    // Busy validators are asked again until the pay this evidence should cancel could have
+    // settled: the challenge window, at the chain's block interval.
+    let window = params
+        .challenge_window
+        .saturating_mul(params.block_interval_ms);
+    let retry_until = COMMIT_TIMEOUT.max(Duration::from_millis(window));
     let nonce = ledger
         .account(&reporting.key.address())
         .map_err(|e| failed(None, e))?
@@ -234,15 +241,15 @@ fn submit(reporting: &Reporting, evidence: Evidence) -> Submitted {
     // Through the batch route: its body limit fits an Evidence transaction, the single
     // route's (sized for plain transactions) does not.
     let hash = tx.hash();
-    // A validator recomputes one piece of evidence at a time and refuses others meanwhile:
-    // try again until the commit timeout, as the challenge window is longer than that.
+    // A validator recomputes one piece of evidence at a time, in turn, and refuses what
+    // cannot take its turn soon.
     let start = Instant::now();
     loop {
         let verdicts = ledger
             .submit_batch(std::slice::from_ref(&tx))
             .map_err(|e| failed(None, e))?;
         match verdicts.into_iter().next() {
-            Some(Err(e)) if e.error == "evidence_busy" && start.elapsed() < COMMIT_TIMEOUT => {
+            Some(Err(e)) if e.error == "evidence_busy" && start.elapsed() < retry_until => {
                 std::thread::sleep(Duration::from_millis(200));
             }
             Some(Err(e)) => return Err((None, e.message)),

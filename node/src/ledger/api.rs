@@ -431,21 +431,26 @@ fn refusal(refusal: Refusal) -> ApiError {
         Refusal::Invalid(_) | Refusal::Mempool(MempoolError::Invalid(_)) => {
             (StatusCode::UNPROCESSABLE_ENTITY, "invalid_tx")
         }
-        Refusal::Mempool(MempoolError::Full(_)) => {
+        Refusal::Mempool(MempoolError::EvidenceNotNext { .. }) => {
+            (StatusCode::UNPROCESSABLE_ENTITY, "invalid_tx")
+        }
+        Refusal::Mempool(MempoolError::Full(_) | MempoolError::FullBytes(_)) => {
             (StatusCode::SERVICE_UNAVAILABLE, "mempool_full")
         }
         Refusal::Mempool(
             MempoolError::NonceTooFarAhead { .. } | MempoolError::SenderFull { .. },
         ) => (StatusCode::TOO_MANY_REQUESTS, "sender_limit"),
-        Refusal::Mempool(MempoolError::Duplicate(_) | MempoolError::NonceTaken(..)) => {
-            (StatusCode::CONFLICT, "conflict")
-        }
+        Refusal::Mempool(
+            MempoolError::Duplicate(_)
+            | MempoolError::NonceTaken(..)
+            | MempoolError::EvidenceWaiting { .. },
+        ) => (StatusCode::CONFLICT, "conflict"),
         Refusal::EvidenceBusy => (StatusCode::TOO_MANY_REQUESTS, "evidence_busy"),
     };
     ApiError(status, kind, refusal.to_string())
 }
 
-#[utoipa::path(post, path = "/txs", description = "Submit one signed transaction: {\"tx\": hex of its borsh bytes}.", request_body = Submission, responses((status = 202, description = "Admitted to the mempool", body = Submitted), (status = 400, description = "Not JSON, not hex, or not a canonical signed transaction", body = ErrorBody), (status = 409, description = "Already pending, or its nonce is taken", body = ErrorBody), (status = 413, description = "Body over 64 KiB", body = ErrorBody), (status = 415, description = "Not application/json", body = ErrorBody), (status = 422, description = "JSON of another shape, or a transaction failing a check (signature, nonce, funds, authority, ...)", body = ErrorBody), (status = 429, description = "Its sender has as many transactions waiting as it may, or its nonce is further ahead than that; or it is evidence and another is being recomputed (evidence_busy: submit it again)", body = ErrorBody), (status = 500, body = ErrorBody), (status = 503, description = "The mempool is full", body = ErrorBody)))]
+#[utoipa::path(post, path = "/txs", description = "Submit one signed transaction: {\"tx\": hex of its borsh bytes}.", request_body = Submission, responses((status = 202, description = "Admitted to the mempool", body = Submitted), (status = 400, description = "Not JSON, not hex, or not a canonical signed transaction", body = ErrorBody), (status = 409, description = "Already pending, or its nonce is taken, or evidence against the same session is already waiting", body = ErrorBody), (status = 413, description = "Body over 64 KiB", body = ErrorBody), (status = 415, description = "Not application/json", body = ErrorBody), (status = 422, description = "JSON of another shape, or a transaction failing a check (signature, nonce, funds, authority, ...)", body = ErrorBody), (status = 429, description = "Its sender has as many transactions waiting as it may, or its nonce is further ahead than that; or it is evidence that could not take its turn to be recomputed soon (evidence_busy: submit it again)", body = ErrorBody), (status = 500, body = ErrorBody), (status = 503, description = "The mempool is full", body = ErrorBody)))]
 async fn submit(
     State(ledger): State<Arc<Ledger>>,
     body: Result<Json<Object<Submission>>, JsonRejection>,
