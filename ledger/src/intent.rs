@@ -20,6 +20,12 @@ pub enum Intent {
     SwarmHello = 4,
     /// A worker's statement of what it answered to one dispatch request (`answer`).
     Answer = 5,
+    /// A validator's prevote or precommit (`certificate::Vote`).
+    Vote = 6,
+    /// A proposer's proposal of a block at a height and round (`certificate::Proposal`).
+    Proposal = 7,
+    /// A validator's binding of its consensus key to its network peer id.
+    ValidatorProof = 8,
 }
 
 /// The exact bytes that are signed for `payload` under `intent` on chain `chain_id`.

@@ -12,6 +12,7 @@ pub mod amount;
 pub mod answer;
 pub mod apply;
 pub mod block;
+pub mod certificate;
 pub mod fraction;
 pub mod genesis;
 pub mod hash;
@@ -29,6 +30,7 @@ pub use apply::{
     apply_block, check_clock, produce_block, BlockError, Produced, MAX_CLOCK_DRIFT_MS,
 };
 pub use block::{Block, BlockHeader};
+pub use certificate::{Certificate, CertificateError};
 pub use genesis::Genesis;
 pub use hash::Hash;
 pub use keys::{Address, Keypair};

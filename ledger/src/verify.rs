@@ -1,11 +1,12 @@
 //! Re-verification: replays a stored chain from genesis, checking every hash link,
-//! signature, transaction root and state root, then compares the stored state with the
-//! replay. What a validator runs to trust nothing it did not check itself: given the genesis
+//! signature, transaction root and state root, and every block's commit certificate against
+//! the genesis validator set, then compares the stored state with the replay. What a validator runs to trust nothing it did not check itself: given the genesis
 //! it trusts, it also refuses a store that holds another chain (a store's own genesis proves
 //! nothing about which chain it is).
 
 use crate::apply::apply_block;
 use crate::block::{genesis_block, Block};
+use crate::certificate::Certificate;
 use crate::genesis::Genesis;
 use crate::hash::Hash;
 use std::sync::Arc;
@@ -60,7 +61,7 @@ pub fn verify_chain(
         return Err(bad(0, "block 0 does not match the stored genesis".into()));
     }
     let max_bytes = genesis.params.max_block_bytes;
-    let mut state = State::from_genesis(genesis);
+    let mut state = State::from_genesis(genesis.clone());
     if let Some(answers) = answers {
         state = state.with_answer_check(answers);
     }
@@ -71,6 +72,12 @@ pub fn verify_chain(
             .ok_or_else(|| bad(height, "missing".into()))?;
         let block = Block::from_bytes(&bytes, max_bytes).map_err(|e| bad(height, e.to_string()))?;
         let (next, _) = apply_block(&state, &block).map_err(|e| bad(height, e.to_string()))?;
+        let certificate = store
+            .certificate_bytes(height)?
+            .ok_or_else(|| bad(height, "no commit certificate is stored for it".into()))?;
+        Certificate::from_bytes(&certificate, &genesis)
+            .and_then(|c| c.verify(&genesis, height, &block.hash()))
+            .map_err(|e| bad(height, e.to_string()))?;
         if store.height_of(&block.hash())? != Some(height) {
             return Err(bad(
                 height,
@@ -102,6 +109,28 @@ mod tests {
     use super::*;
     use crate::genesis::tests::test_genesis;
     use crate::store::MemoryStore;
+
+    #[test]
+    fn every_block_needs_a_certificate_of_the_genesis_validators() {
+        let (genesis, keys) = test_genesis();
+        let state = State::from_genesis(genesis.clone());
+        let produced = crate::apply::produce_block(&state, &[], &keys.validator, 10).unwrap();
+        let verify = |signer: &crate::Keypair| {
+            let store = MemoryStore::new(&genesis).unwrap();
+            let certificate = Certificate::for_block(&produced.block, 0, &[signer]);
+            store
+                .commit(&produced.block, &produced.changes, &certificate)
+                .unwrap();
+            verify_chain(&store, Some(&genesis), None, |_, _| {})
+        };
+        assert_eq!(verify(&keys.validator).unwrap().blocks, 1);
+        match verify(&keys.alice) {
+            Err(VerifyError::BadBlock { height: 1, reason }) => {
+                assert!(reason.contains("not a validator"), "{reason}")
+            }
+            other => panic!("expected a bad certificate, got {other:?}"),
+        }
+    }
 
     #[test]
     fn a_store_of_another_genesis_is_refused_when_one_is_given() {

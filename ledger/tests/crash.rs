@@ -15,8 +15,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use kvasir_ledger::{
-    check_stateless, produce_block, verify_chain, Address, Amount, Genesis, Hash, Keypair, Receipt,
-    SledStore, Storage, StoreError, TxKind,
+    check_stateless, produce_block, verify_chain, Address, Amount, Certificate, Genesis, Hash,
+    Keypair, Receipt, SledStore, Storage, StoreError, TxKind,
 };
 use rand::{Rng, SeedableRng};
 
@@ -88,7 +88,10 @@ fn crash_child_commits_blocks_forever() {
             .collect();
         let produced = produce_block(&state, &candidates, &validator, height).unwrap();
         assert!(produced.rejected.is_empty(), "{:?}", produced.rejected);
-        store.commit(&produced.block, &produced.changes).unwrap();
+        let certificate = Certificate::for_block(&produced.block, 0, &[&validator]);
+        store
+            .commit(&produced.block, &produced.changes, &certificate)
+            .unwrap();
         state = produced.state;
         println!("committed {} {}", state.height(), state.root());
     }

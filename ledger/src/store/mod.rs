@@ -22,6 +22,7 @@ use borsh::BorshDeserialize;
 pub use self::memory::MemoryStore;
 pub use self::sled::SledStore;
 use crate::block::{genesis_block, Block};
+use crate::certificate::Certificate;
 use crate::genesis::Genesis;
 use crate::hash::Hash;
 use crate::keys::Address;
@@ -36,6 +37,7 @@ const ACCOUNT: &[u8] = b"a/";
 const RECEIPT: &[u8] = b"r/";
 const TX: &[u8] = b"t/";
 const HISTORY: &[u8] = b"x/";
+const CERTIFICATE: &[u8] = b"c/";
 /// Present once every stored block is in the HISTORY index (stores written before it existed
 /// are indexed when opened).
 const HISTORY_INDEXED: &[u8] = b"m/history-indexed";
@@ -52,6 +54,8 @@ pub enum StoreError {
     GenesisMismatch { stored: Hash, given: Hash },
     #[error("block {got} does not follow the stored head {head}")]
     OutOfOrder { head: u64, got: u64 },
+    #[error("the certificate given is for block {certified} at height {height}, not this block")]
+    CertificateMismatch { height: u64, certified: Hash },
     #[error("storage is corrupt: {0}")]
     Corrupt(String),
     #[error("ledger at {0} is in use by another process")]
@@ -135,6 +139,11 @@ pub trait Storage {
 
     fn block(&self, height: u64) -> Result<Option<Block>, StoreError>;
 
+    /// The stored bytes of the certificate that committed block `height` (none for block 0).
+    fn certificate_bytes(&self, height: u64) -> Result<Option<Vec<u8>>, StoreError>;
+
+    fn certificate(&self, height: u64) -> Result<Option<Certificate>, StoreError>;
+
     /// The height of the block with this hash.
     fn height_of(&self, hash: &Hash) -> Result<Option<u64>, StoreError>;
 
@@ -153,8 +162,15 @@ pub trait Storage {
     /// The committed state at the head, checked against the head's state root.
     fn load_state(&self) -> Result<State, StoreError>;
 
-    /// Commits the next block and its state changes atomically and durably.
-    fn commit(&self, block: &Block, changes: &ChangeSet) -> Result<(), StoreError>;
+    /// Commits the next block, its state changes and the certificate that committed it,
+    /// atomically and durably. The certificate must name the block; checking its signatures
+    /// is the caller's business.
+    fn commit(
+        &self,
+        block: &Block,
+        changes: &ChangeSet,
+        certificate: &Certificate,
+    ) -> Result<(), StoreError>;
 }
 
 impl<K: KeyValue> Storage for K {
@@ -181,6 +197,16 @@ impl<K: KeyValue> Storage for K {
     fn block(&self, height: u64) -> Result<Option<Block>, StoreError> {
         self.block_bytes(height)?
             .map(|bytes| decode("block", &bytes))
+            .transpose()
+    }
+
+    fn certificate_bytes(&self, height: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        self.get(&key(CERTIFICATE, &height.to_be_bytes()))
+    }
+
+    fn certificate(&self, height: u64) -> Result<Option<Certificate>, StoreError> {
+        self.certificate_bytes(height)?
+            .map(|bytes| decode("certificate", &bytes))
             .transpose()
     }
 
@@ -270,16 +296,29 @@ impl<K: KeyValue> Storage for K {
         Ok(state)
     }
 
-    fn commit(&self, block: &Block, changes: &ChangeSet) -> Result<(), StoreError> {
+    fn commit(
+        &self,
+        block: &Block,
+        changes: &ChangeSet,
+        certificate: &Certificate,
+    ) -> Result<(), StoreError> {
         let head = self.head()?;
-        if block.header.height != head + 1 {
-            return Err(StoreError::OutOfOrder {
-                head,
-                got: block.header.height,
+        let height = block.header.height;
+        if height != head + 1 {
+            return Err(StoreError::OutOfOrder { head, got: height });
+        }
+        if certificate.height != height || certificate.block != block.hash() {
+            return Err(StoreError::CertificateMismatch {
+                height: certificate.height,
+                certified: certificate.block,
             });
         }
         let mut batch = Batch::default();
         write_block(&mut batch, block, changes);
+        batch.insert(
+            key(CERTIFICATE, &height.to_be_bytes()),
+            certificate.to_bytes(),
+        );
         self.write(batch)
     }
 }
@@ -446,7 +485,10 @@ mod tests {
             let timestamp = state.timestamp_ms() + 10;
             let produced = produce_block(&state, &checked, &keys.validator, timestamp).unwrap();
             assert!(produced.rejected.is_empty());
-            store.commit(&produced.block, &produced.changes).unwrap();
+            let certificate = Certificate::for_block(&produced.block, 0, &[&keys.validator]);
+            store
+                .commit(&produced.block, &produced.changes, &certificate)
+                .unwrap();
             state = produced.state;
         }
         state
@@ -486,10 +528,13 @@ mod tests {
         assert_eq!(store.block(4).unwrap(), None);
         // The same block again, or one skipping a height, is refused.
         let again = ChangeSet::default();
+        let certificate = store.certificate(3).unwrap().unwrap();
+        assert_eq!(certificate.block, last.hash());
         assert!(matches!(
-            store.commit(&last, &again),
+            store.commit(&last, &again, &certificate),
             Err(StoreError::OutOfOrder { head: 3, got: 3 })
         ));
+        assert_eq!(store.certificate(4).unwrap(), None);
         let loaded = store.load_state().unwrap();
         assert_eq!(loaded.root(), state.root());
         assert!(loaded.accounts().eq(state.accounts()));

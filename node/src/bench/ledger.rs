@@ -10,8 +10,8 @@ use kvasir_ledger::fraction::Fraction;
 use kvasir_ledger::genesis::{Allocation, Authorities, ChainParams};
 use kvasir_ledger::intent::{signing_message, Intent};
 use kvasir_ledger::{
-    check_stateless, produce_block, Address, Amount, Genesis, Keypair, SignedTx, SledStore, State,
-    Storage, TxKind, VerifiedTx,
+    check_stateless, produce_block, Address, Amount, Certificate, Genesis, Keypair, SignedTx,
+    SledStore, State, Storage, TxKind, VerifiedTx,
 };
 use rayon::prelude::*;
 
@@ -170,7 +170,8 @@ fn commit_all(
             if let Some((_, error)) = produced.rejected.first() {
                 bail!("benchmark transaction rejected: {error}");
             }
-            store.commit(&produced.block, &produced.changes)?;
+            let certificate = Certificate::for_block(&produced.block, 0, &[validator]);
+            store.commit(&produced.block, &produced.changes, &certificate)?;
             times.push(start.elapsed());
             *state = produced.state;
         }
@@ -220,14 +221,15 @@ fn commit_times_at(
             bail!("benchmark transaction rejected: {error}");
         }
         state = block.state;
-        produced.push((block.block, block.changes));
+        let certificate = Certificate::for_block(&block.block, 0, &[validator]);
+        produced.push((block.block, block.changes, certificate));
     }
     let dir = tempfile::tempdir()?;
     let store = SledStore::create(dir.path(), &genesis)?;
     let mut sled_commit = Vec::new();
-    for (block, changes) in &produced {
+    for (block, changes, certificate) in &produced {
         let start = Instant::now();
-        store.commit(block, changes)?;
+        store.commit(block, changes, certificate)?;
         sled_commit.push(start.elapsed());
     }
     let median = |mut times: Vec<Duration>| {

@@ -11,6 +11,7 @@
 //! It may touch the ledger crate and its store; nothing of the swarm.
 
 mod api;
+mod evidence_gate;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -22,12 +23,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 use kvasir_ledger::mempool::{Limits, Mempool, MempoolError};
 use kvasir_ledger::state::AnswerCheck;
-use kvasir_ledger::tx::check_action;
+use kvasir_ledger::tx::{check_action, check_evidence_standing};
 use kvasir_ledger::{
-    check_clock, check_stateless, produce_block, BlockError, Genesis, Hash, Keypair, SignedTx,
-    SledStore, State, Storage, TxError, TxKind, VerifiedTx,
+    check_clock, check_stateless, produce_block, BlockError, Certificate, Genesis, Hash, Keypair,
+    SignedTx, SledStore, State, Storage, TxError, TxKind, VerifiedTx,
 };
 
+use self::evidence_gate::EvidenceGate;
 use crate::answers::PinnedAnswers;
 use crate::link;
 use crate::listen::{Acceptor, Limits as ConnectionLimits};
@@ -35,6 +37,9 @@ use crate::metrics::Histogram;
 
 /// Rejections remembered for `GET /txs/{hash}`; beyond, the oldest are forgotten.
 const REJECTIONS_KEPT: usize = 100_000;
+/// Evidence waiting for its recomputation, at most, and for how long.
+const EVIDENCE_LINE: usize = 32;
+const EVIDENCE_PATIENCE: Duration = Duration::from_secs(10);
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -68,7 +73,7 @@ pub enum Refusal {
     Invalid(#[from] TxError),
     #[error(transparent)]
     Mempool(#[from] MempoolError),
-    #[error("another piece of evidence is being recomputed; submit this one again shortly")]
+    #[error("too much evidence is waiting to be recomputed; submit this one again shortly")]
     EvidenceBusy,
 }
 
@@ -118,8 +123,8 @@ pub struct Ledger {
     /// Signalled when the mempool holds a full block.
     full: Condvar,
     rejected: Mutex<Rejections>,
-    /// Held while evidence is recomputed at admission.
-    evidence: Mutex<()>,
+    /// The line evidence waits in to be recomputed at admission.
+    evidence: EvidenceGate,
     validator: Keypair,
     pub blocks_produced: std::sync::atomic::AtomicU64,
     /// Time between blocks made here.
@@ -176,7 +181,7 @@ impl Ledger {
             block_limit: genesis.params.max_block_txs as usize,
             full: Condvar::new(),
             rejected: Mutex::new(Rejections::new(REJECTIONS_KEPT)),
-            evidence: Mutex::new(()),
+            evidence: EvidenceGate::new(EVIDENCE_LINE, EVIDENCE_PATIENCE),
             validator,
             blocks_produced: Default::default(),
             block_interval: Histogram::default(),
@@ -226,17 +231,19 @@ impl Ledger {
     }
 
     /// Evidence is judged by recomputing its experts, which can take a second: after the
-    /// mempool's cheap bounds (a duplicate or a full sender costs nothing), outside the
-    /// mempool lock (admission of everything else goes on meanwhile, and the insertion then
-    /// takes the verdict as given), and one piece at a time: evidence arriving while another
-    /// is recomputed is refused at once (`EvidenceBusy`, resubmitted by its reporter) rather
-    /// than parking a thread. With it, whether the transaction's action was checked.
+    /// mempool's cheap bounds (a duplicate, a copy or a full sender costs nothing) and the
+    /// cheap stateful checks (a worker with nothing at stake), outside the mempool lock
+    /// (admission of everything else goes on meanwhile, and the insertion then takes the
+    /// verdict as given), and one piece at a time, in turn (`EvidenceGate`): evidence that
+    /// cannot take its turn soon is refused (`EvidenceBusy`, resubmitted by its reporter).
+    /// With it, whether the transaction's action was checked.
     fn judge_evidence(&self, verified: VerifiedTx) -> Result<(VerifiedTx, bool), Refusal> {
-        if !matches!(verified.tx().tx.kind, TxKind::Evidence(_)) {
+        let TxKind::Evidence(evidence) = &verified.tx().tx.kind else {
             return Ok((verified, false));
-        }
+        };
         lock(&self.mempool).bounds(&self.state(), &verified)?;
-        let Ok(_one_at_a_time) = self.evidence.try_lock() else {
+        check_evidence_standing(&self.state(), evidence)?;
+        let Ok(_turn) = self.evidence.enter(evidence.worker) else {
             return Err(Refusal::EvidenceBusy);
         };
         check_action(&self.state(), verified.tx())?;
@@ -277,12 +284,15 @@ impl Ledger {
     /// this machine's clock for a new block to be stamped honestly.
     pub fn produce(&self) -> Result<()> {
         let state = self.state();
-        let candidates = lock(&self.mempool).candidates(self.block_limit);
+        // Twice a block's worth: candidates that fail in the block leave room for others.
+        let candidates = lock(&self.mempool).candidates(self.block_limit.saturating_mul(2));
         let now = now_ms();
         let produced = produce_block(&state, &candidates, &self.validator, now)?;
         check_clock(&produced.block.header, now)?;
         let mut mempool = lock(&self.mempool);
-        self.store.commit(&produced.block, &produced.changes)?;
+        let certificate = Certificate::for_block(&produced.block, 0, &[&self.validator]);
+        self.store
+            .commit(&produced.block, &produced.changes, &certificate)?;
         let included = produced.block.txs.iter().map(SignedTx::hash);
         let dropped: Vec<Hash> = produced.rejected.iter().map(|(h, _)| *h).collect();
         mempool.remove(included.chain(dropped.iter().copied()));
@@ -400,7 +410,7 @@ mod tests {
     }
 
     #[test]
-    fn evidence_is_refused_at_once_while_another_is_recomputed_and_never_reaches_a_full_sender() {
+    fn evidence_waits_its_turn_only_when_worth_a_recomputation_and_never_from_a_full_sender() {
         use kvasir_ledger::genesis::ModelPin;
         use kvasir_ledger::keys::Signature;
         use kvasir_ledger::tx::Evidence;
@@ -428,13 +438,38 @@ mod tests {
         let report = |from: &Keypair, nonce| {
             TxKind::Evidence(Box::new(evidence.clone())).signed(&chain_id, from, nonce)
         };
-        // While a recomputation holds the gate, evidence is refused without waiting.
-        let gate = lock(&ledger.evidence);
-        let busy = ledger.submit(vec![report(&faucet, 0)]);
+        // Evidence against a worker with nothing at stake is refused before it waits for
+        // anything, even while the gate is taken.
+        let other = ledger
+            .evidence
+            .enter(Keypair::generate().address())
+            .unwrap();
+        let judged = ledger.submit(vec![report(&Keypair::generate(), 0)]);
+        assert!(
+            matches!(
+                judged[..],
+                [Err(Refusal::Invalid(TxError::NothingAtStake(_)))]
+            ),
+            "{judged:?}"
+        );
+        drop(other);
+        // Bonded, it is worth a recomputation: while this worker's evidence is being
+        // recomputed, another piece against it is refused without waiting.
+        let to = worker.address();
+        let amount = Amount::parse("20").unwrap();
+        let fund = TxKind::Transfer { to, amount }.signed(&chain_id, &faucet, 0);
+        assert!(ledger.submit(vec![fund])[0].is_ok());
+        ledger.produce().unwrap();
+        let amount = genesis.params.min_bond;
+        let bond = TxKind::Bond { amount }.signed(&chain_id, &worker, 0);
+        assert!(ledger.submit(vec![bond])[0].is_ok(), "bond");
+        ledger.produce().unwrap();
+        let gate = ledger.evidence.enter(worker.address()).unwrap();
+        let busy = ledger.submit(vec![report(&Keypair::generate(), 0)]);
         assert!(matches!(busy[..], [Err(Refusal::EvidenceBusy)]), "{busy:?}");
         // A sender's full window refuses it before any recomputation is tried.
-        transfers(&ledger, &faucet, 0..16);
-        let full = ledger.submit(vec![report(&faucet, 16)]);
+        transfers(&ledger, &faucet, 1..17);
+        let full = ledger.submit(vec![report(&faucet, 17)]);
         assert!(
             matches!(
                 full[..],
@@ -443,12 +478,12 @@ mod tests {
             "{full:?}"
         );
         drop(gate);
-        // Free again, it is judged: this worker has nothing at stake.
+        // Its turn come, it is recomputed: this ledger has no model to do it with.
         let judged = ledger.submit(vec![report(&Keypair::generate(), 0)]);
         assert!(
             matches!(
                 judged[..],
-                [Err(Refusal::Invalid(TxError::NothingAtStake(_)))]
+                [Err(Refusal::Invalid(TxError::CannotCheckEvidence))]
             ),
             "{judged:?}"
         );
