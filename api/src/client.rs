@@ -2,8 +2,13 @@
 //! and of the hub's registry. Every reply is decoded into its typed body; errors name what
 //! went wrong in one line: the node unreachable, a reply that is not the documented body, or
 //! the API's own `{error, message}`.
+//!
+//! A client may be given several nodes of one chain, comma-separated
+//! (`http://a:7200,http://b:7200`): a request that cannot reach one is sent to the next, and
+//! the client stays with the node that answered.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use kvasir_ledger::{Address, Hash, SignedTx};
@@ -49,13 +54,16 @@ pub fn tx_hex(tx: &SignedTx) -> String {
 }
 
 pub struct Client {
-    base: String,
+    /// The nodes, in the order they are tried.
+    bases: Vec<String>,
+    /// The one that answered last.
+    current: AtomicUsize,
     agent: ureq::Agent,
 }
 
 impl Client {
-    /// A client of the API at `base`, e.g. `http://127.0.0.1:7200`; an `https://` base is
-    /// verified against the public web roots.
+    /// A client of the API at `base`, e.g. `http://127.0.0.1:7200`, or of any of several
+    /// comma-separated nodes; an `https://` base is verified against the public web roots.
     pub fn new(base: &str) -> Client {
         Client::with_agent(base, ureq::Agent::config_builder())
     }
@@ -99,19 +107,58 @@ impl Client {
             .build()
             .into();
         Client {
-            base: base.trim_end_matches('/').to_string(),
+            bases: base
+                .split(',')
+                .map(|b| b.trim().trim_end_matches('/').to_string())
+                .filter(|b| !b.is_empty())
+                .collect(),
+            current: AtomicUsize::new(0),
             agent,
         }
     }
 
-    /// The reply's body as `T` on a 2xx status, else the API's error.
-    fn reply<T: DeserializeOwned>(
+    /// The node answering now.
+    fn base(&self) -> &str {
+        let current = self.current.load(Ordering::Relaxed);
+        self.bases.get(current).map_or("", String::as_str)
+    }
+
+    /// Sends `call` (given the agent and the full URL of `path`) to the current node, and to
+    /// each next one while a node cannot be reached; the reply's body as text on a 2xx
+    /// status, else the API's error.
+    fn send(
         &self,
-        url: &str,
-        response: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
-    ) -> Result<T, ClientError> {
-        let text = self.reply_text(url, response)?;
-        serde_json::from_str(&text).map_err(|e| ClientError::BadReply {
+        path: &str,
+        call: impl Fn(&ureq::Agent, &str) -> Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    ) -> Result<String, ClientError> {
+        let first = self.current.load(Ordering::Relaxed);
+        let mut unreachable = None;
+        for offset in 0..self.bases.len().max(1) {
+            let index = (first + offset) % self.bases.len().max(1);
+            let base = self.bases.get(index).map_or("", String::as_str);
+            let url = format!("{base}{path}");
+            match call(&self.agent, &url) {
+                Ok(response) => {
+                    self.current.store(index, Ordering::Relaxed);
+                    return self.reply_text(&url, response);
+                }
+                Err(e) => {
+                    unreachable = Some(ClientError::Unreachable {
+                        url: base.to_string(),
+                        reason: e.to_string(),
+                    })
+                }
+            }
+        }
+        Err(unreachable.unwrap_or_else(|| ClientError::Unreachable {
+            url: String::new(),
+            reason: "no node URL given".into(),
+        }))
+    }
+
+    /// The reply `text` of `url` as `T`.
+    fn decode<T: DeserializeOwned>(url: &str, text: &str) -> Result<T, ClientError> {
+        serde_json::from_str(text).map_err(|e| ClientError::BadReply {
             url: url.to_string(),
             reason: format!("{e}: {}", text.chars().take(200).collect::<String>()),
         })
@@ -121,12 +168,8 @@ impl Client {
     fn reply_text(
         &self,
         url: &str,
-        response: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+        mut response: ureq::http::Response<ureq::Body>,
     ) -> Result<String, ClientError> {
-        let mut response = response.map_err(|e| ClientError::Unreachable {
-            url: self.base.clone(),
-            reason: e.to_string(),
-        })?;
         let status = response.status().as_u16();
         let bad = |reason: String| ClientError::BadReply {
             url: url.to_string(),
@@ -157,9 +200,8 @@ impl Client {
 
     /// `GET path`, decoded as `T`.
     pub fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
-        let url = format!("{}{path}", self.base);
-        let response = self.agent.get(&url).call();
-        self.reply(&url, response)
+        let text = self.send(path, |agent, url| agent.get(url).call())?;
+        Client::decode(&format!("{}{path}", self.base()), &text)
     }
 
     /// `POST path` with a JSON body, the reply decoded as `T`.
@@ -168,16 +210,13 @@ impl Client {
         path: &str,
         body: &B,
     ) -> Result<T, ClientError> {
-        let url = format!("{}{path}", self.base);
-        let response = self.agent.post(&url).send_json(body);
-        self.reply(&url, response)
+        let text = self.send(path, |agent, url| agent.post(url).send_json(body))?;
+        Client::decode(&format!("{}{path}", self.base()), &text)
     }
 
     /// `GET /metrics`: Prometheus text.
     pub fn metrics(&self) -> Result<String, ClientError> {
-        let url = format!("{}/metrics", self.base);
-        let response = self.agent.get(&url).call();
-        self.reply_text(&url, response)
+        self.send("/metrics", |agent, url| agent.get(url).call())
     }
 
     pub fn head(&self) -> Result<Head, ClientError> {
@@ -256,7 +295,7 @@ impl Client {
                 .is_some_and(|next| next <= after || Some(next) < last);
             if stalls || page.receipts.first().is_some_and(|r| r.session_id <= after) {
                 return Err(ClientError::BadReply {
-                    url: format!("{}/receipts", self.base),
+                    url: format!("{}/receipts", self.base()),
                     reason: format!("the page after {after} goes back"),
                 });
             }
@@ -296,7 +335,7 @@ impl Client {
         let verdicts: BatchVerdicts = self.post("/txs/batch", &batch)?;
         if verdicts.results.len() != txs.len() {
             return Err(ClientError::BadReply {
-                url: format!("{}/txs/batch", self.base),
+                url: format!("{}/txs/batch", self.base()),
                 reason: format!(
                     "{} verdicts for {} transactions",
                     verdicts.results.len(),
@@ -319,7 +358,7 @@ impl Client {
     fn own_hash(&self, tx: &SignedTx, hash: Hash) -> Result<Hash, ClientError> {
         if hash != tx.hash() {
             return Err(ClientError::BadReply {
-                url: self.base.clone(),
+                url: self.base().to_string(),
                 reason: format!("admitted {} as {hash}", tx.hash()),
             });
         }

@@ -6,7 +6,9 @@ use kvasir_ledger::{Address, Amount, Hash};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::schema::{AddressText, BaseUnitsText, FractionText, HashText, KvrText, TxHexText};
+use crate::schema::{
+    AddressText, BaseUnitsText, FractionText, HashText, KvrText, SignatureText, TxHexText,
+};
 
 /// An amount: base units (10^-9 KVR) as a decimal string, exact in every JSON reader, and the
 /// same amount in KVR as exact decimal text. Read back, the two must agree: a reply that says
@@ -90,6 +92,44 @@ pub struct Head {
     #[schema(value_type = HashText)]
     pub state_root: Hash,
     pub timestamp_ms: u64,
+    /// The validators whose precommits commit the head block (none for block 0).
+    #[serde(default)]
+    #[schema(value_type = Vec<AddressText>)]
+    pub signers: Vec<Address>,
+}
+
+/// `GET /validators`: the chain's validator set, from genesis.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ValidatorsView {
+    /// In ascending address order (the order proposers rotate in).
+    pub validators: Vec<ValidatorView>,
+    pub total_voting_power: u64,
+    /// The voting power a commit certificate needs: more than 2/3 of the total.
+    pub quorum: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ValidatorView {
+    #[schema(value_type = AddressText)]
+    pub address: Address,
+    pub voting_power: u64,
+}
+
+/// The commit certificate of a block: precommits of more than 2/3 of the voting power.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct CertificateView {
+    /// The consensus round the block was committed in.
+    pub round: u32,
+    pub signatures: Vec<CommitSignatureView>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct CommitSignatureView {
+    #[schema(value_type = AddressText)]
+    pub validator: Address,
+    /// Its precommit signature, hex.
+    #[schema(value_type = SignatureText)]
+    pub signature: String,
 }
 
 /// `GET /params`: the rules the chain's genesis set, so that a client can read what a bond
@@ -323,6 +363,9 @@ pub struct BlockView {
     /// The hashes of its transactions, in order.
     #[schema(value_type = Vec<HashText>)]
     pub txs: Vec<Hash>,
+    /// What committed it (none for block 0).
+    #[serde(default)]
+    pub certificate: Option<CertificateView>,
 }
 
 /// `POST /txs`.

@@ -11,6 +11,7 @@ use utoipa::{PartialSchema, ToSchema};
 /// bech32m with the `kvr` prefix and a 32-byte key: 58 data characters after `kvr1`.
 pub const ADDRESS_PATTERN: &str = "^kvr1[02-9ac-hj-np-z]{58}$";
 pub const HASH_PATTERN: &str = "^[0-9a-fA-F]{64}$";
+pub const SIGNATURE_PATTERN: &str = "^[0-9a-f]{128}$";
 /// A u64 of base units, in decimal.
 pub const BASE_UNITS_PATTERN: &str = "^[0-9]{1,20}$";
 /// Whole bytes of hex, at most a transaction's 2,048 bytes.
@@ -64,6 +65,14 @@ text_schema!(
     HASH_PATTERN,
     "A blake3 hash (of a block or a transaction): 64 hex digits.",
     "556f12c3b3a8d1e55b6c2f0e4d7a9b8c1f2e3d4c5b6a79880f1e2d3c4b5a6978"
+);
+text_schema!(
+    SignatureText,
+    "Signature",
+    "kvr-signature",
+    SIGNATURE_PATTERN,
+    "An ed25519 signature: 128 hex digits.",
+    "5c0ffee05c0ffee05c0ffee05c0ffee05c0ffee05c0ffee05c0ffee05c0ffee05c0ffee05c0ffee05c0ffee05c0ffee05c0ffee05c0ffee05c0ffee05c0ffee0"
 );
 text_schema!(
     BaseUnitsText,

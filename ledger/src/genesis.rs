@@ -139,6 +139,8 @@ pub enum GenesisError {
     AllocationToPool,
     #[error("genesis total supply overflows")]
     SupplyOverflow,
+    #[error("genesis names validator {0} twice")]
+    DuplicateValidator(Address),
     #[error("genesis names no validator")]
     NoValidator,
     #[error("genesis authority {0} is not a usable ed25519 key")]
@@ -214,6 +216,15 @@ impl Genesis {
         }
         if self.authorities.validators.is_empty() {
             return Err(GenesisError::NoValidator);
+        }
+        let mut validators = BTreeSet::new();
+        if let Some(twice) = self
+            .authorities
+            .validators
+            .iter()
+            .find(|v| !validators.insert(**v))
+        {
+            return Err(GenesisError::DuplicateValidator(*twice));
         }
         let a = &self.authorities;
         for key in a.validators.iter().chain(&a.gateways).chain(&a.hubs) {
@@ -532,6 +543,9 @@ pub(crate) mod tests {
         g.genesis_time_ms = u64::MAX;
         assert!(matches!(g.validate(), Err(GenesisError::TimeOutOfRange(_))));
         let mut g = genesis.clone();
+        let twice = g.authorities.validators[0];
+        g.authorities.validators.push(twice);
+        assert!(matches!(g.validate(), Err(GenesisError::DuplicateValidator(a)) if a == twice));
         g.authorities.validators.clear();
         assert!(matches!(g.validate(), Err(GenesisError::NoValidator)));
         let mut g = genesis.clone();

@@ -68,11 +68,21 @@ enum GenesisCommand {
         /// Seal the key files under a passphrase (KVASIR_PASSPHRASE, or typed twice).
         #[arg(long)]
         encrypt: bool,
+        /// Validators in the chain's set, one vote each (keys/validator.key, then
+        /// keys/validator-1.key, ...); 4 tolerate one failing.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=genesis::MAX_VALIDATORS as i64))]
+        validators: u16,
         /// Print the result as one JSON object.
         #[arg(long)]
         json: bool,
     },
 }
+
+/// Our own logs at info; the consensus engine's and its network's only when they warn (at
+/// info they narrate every step of every round).
+const DEFAULT_LOG: &str = "info,arc_malachitebft_core_consensus=warn,arc_malachitebft_engine=warn,\
+arc_malachitebft_network=warn,arc_malachitebft_discovery=warn,arc_malachitebft_sync=warn,\
+arc_malachitebft_wal=warn,libp2p_swarm=warn,libp2p_gossipsub=warn,ractor=warn";
 
 fn main() -> ExitCode {
     kvasir_node::dev::launch::follow_parent();
@@ -82,7 +92,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG)),
         )
         .init();
     let result = match cli.command {
@@ -92,8 +102,16 @@ fn main() -> ExitCode {
             template,
             model,
             encrypt,
+            validators,
             json,
-        }) => genesis::init_command(&out, template.as_deref(), &model, encrypt, json),
+        }) => genesis::init_command(
+            &out,
+            template.as_deref(),
+            &model,
+            encrypt,
+            validators.into(),
+            json,
+        ),
         Command::Model(command) => model::run(command),
         Command::Generate(args) => model::generate_command(args),
         Command::VerifyChain(args) => verify::run(args),

@@ -71,4 +71,5 @@ pub fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
+pub mod network;
 pub mod swarm;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use kvasir_api::ledger::{AccountView, Direction, History, HistoryEvent, TxState};
+use kvasir_api::ledger::{AccountView, Direction, History, HistoryEvent, TxState, ValidatorsView};
 use kvasir_api::{Client, ClientError, ErrorBody};
 use kvasir_ledger::{Amount, Genesis, Keypair, Receipt, SignedTx, TxKind};
 use kvasir_tests::swarm::{http, start_ledger, Proc};
@@ -150,6 +150,16 @@ fn credits_and_transfers_commit_and_bad_ones_change_nothing() {
     let block = chain.client.block(height).unwrap();
     assert!(block.txs.contains(&hash));
     assert_eq!(chain.client.block_by_hash(&block.hash).unwrap(), block);
+    // Committed by the one validator's precommit, as the validator set says it must be.
+    let validators: ValidatorsView = chain.client.get("/validators").unwrap();
+    assert_eq!((validators.total_voting_power, validators.quorum), (1, 1));
+    let validator = validators.validators[0].address;
+    let certificate = block.certificate.expect("a certificate");
+    assert_eq!(certificate.signatures.len(), 1);
+    assert_eq!(certificate.signatures[0].validator, validator);
+    assert_eq!(certificate.signatures[0].signature.len(), 128);
+    assert_eq!(chain.client.head().unwrap().signers, vec![validator]);
+    assert_eq!(chain.client.block(0).unwrap().certificate, None);
 
     // Unauthorised or stale credits: refused, nothing changes.
     let stranger = Keypair::generate();
@@ -384,6 +394,7 @@ fn every_route_and_body_is_in_the_openapi_document() {
         ("GET", "/healthz"),
         ("GET", "/head"),
         ("GET", "/params"),
+        ("GET", "/validators"),
         ("GET", "/accounts/{address}"),
         ("GET", "/accounts/{address}/history"),
         ("GET", "/blocks/{height}"),
@@ -426,6 +437,8 @@ fn every_route_and_body_is_in_the_openapi_document() {
     for schema in [
         "AccountView",
         "ParamsView",
+        "ValidatorsView",
+        "CertificateView",
         "UnbondingView",
         "History",
         "TxStatus",

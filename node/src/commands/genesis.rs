@@ -88,8 +88,21 @@ pub fn refuse_exposed_dev_chain(
     .into())
 }
 
-/// The roles whose keys a fresh chain generates, each written to `keys/<role>.key`.
+/// The roles whose keys a fresh chain generates, each written to `keys/<role>.key`; a chain
+/// of several validators has more validator keys (`validator_role`).
 pub const ROLES: [&str; 4] = ["validator", "gateway", "hub", "faucet"];
+
+/// The most validators `genesis init` writes keys for.
+pub const MAX_VALIDATORS: usize = 100;
+
+/// The role name of the chain's validator number `index` (from 0): `validator`, then
+/// `validator-1`, `validator-2`, ...
+pub fn validator_role(index: usize) -> String {
+    match index {
+        0 => "validator".into(),
+        i => format!("validator-{i}"),
+    }
+}
 
 pub fn key_path(dir: &Path, role: &str) -> PathBuf {
     dir.join("keys").join(format!("{role}.key"))
@@ -116,17 +129,21 @@ fn write_role_key(
 
 /// Writes `genesis.json` and one key file per role into `out`, refusing to overwrite.
 pub fn init(out: &Path, template: &Template) -> Result<Genesis> {
-    init_sealed(out, template, None, Vec::new())
+    init_sealed(out, template, None, Vec::new(), 1)
 }
 
 /// `init`, with every key file sealed under `passphrase` when one is given, pinning `models`
-/// (the checkpoints evidence will be recomputed with).
+/// (the checkpoints evidence will be recomputed with), with `validators` validator keys.
 pub fn init_sealed(
     out: &Path,
     template: &Template,
     passphrase: Option<&str>,
     models: Vec<ModelPin>,
+    validators: usize,
 ) -> Result<Genesis> {
+    if !(1..=MAX_VALIDATORS).contains(&validators) {
+        bail!("a chain has 1 to {MAX_VALIDATORS} validators, not {validators}");
+    }
     let genesis_file = genesis_path(out);
     if genesis_file.exists() {
         bail!(
@@ -141,6 +158,12 @@ pub fn init_sealed(
         write_role_key(out, role, keypair, passphrase)?;
     }
     let [validator, gateway, hub, faucet] = keys.map(|k| k.address());
+    let mut validator_set = vec![validator];
+    for index in 1..validators {
+        let keypair = Keypair::generate();
+        write_role_key(out, &validator_role(index), &keypair, passphrase)?;
+        validator_set.push(keypair.address());
+    }
     let genesis_time_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
@@ -152,7 +175,7 @@ pub fn init_sealed(
             amount: template.faucet,
         }],
         authorities: Authorities {
-            validators: vec![validator],
+            validators: validator_set,
             gateways: vec![gateway],
             hubs: vec![hub],
         },
@@ -172,6 +195,7 @@ pub fn init_command(
     template: Option<&Path>,
     models: &[PathBuf],
     encrypt: bool,
+    validators: usize,
     json: bool,
 ) -> Result<()> {
     let template = load_template(template)?;
@@ -188,13 +212,19 @@ pub fn init_command(
         &template,
         passphrase.as_deref().map(String::as_str),
         pins,
+        validators,
     )?;
+    let roles = ROLES
+        .iter()
+        .map(|role| role.to_string())
+        .chain((1..validators).map(validator_role));
+    let keys: Vec<PathBuf> = roles.map(|role| key_path(out, &role)).collect();
     if json {
         let report = GenesisReport {
             chain_id: genesis.params.chain_id.clone(),
             genesis_hash: genesis.hash(),
             genesis: genesis_path(out),
-            keys: ROLES.iter().map(|role| key_path(out, role)).collect(),
+            keys,
         };
         println!("{}", serde_json::to_string(&report)?);
     } else {
@@ -205,11 +235,8 @@ pub fn init_command(
         );
         println!("wrote {}", genesis_path(out).display());
         let sealed = if encrypt { ", sealed" } else { "" };
-        for role in ROLES {
-            println!(
-                "wrote {} (mode 0600{sealed})",
-                key_path(out, role).display()
-            );
+        for key in keys {
+            println!("wrote {} (mode 0600{sealed})", key.display());
         }
     }
     Ok(())
@@ -274,6 +301,22 @@ mod tests {
             kvasir_keyfile::read(&path, None).unwrap();
         }
         assert!(init(dir.path(), &template).is_err());
+    }
+
+    #[test]
+    fn init_writes_one_key_per_validator_and_names_them_all_in_genesis() {
+        let dir = tempfile::tempdir().unwrap();
+        let template = load_template(None).unwrap();
+        let genesis = init_sealed(dir.path(), &template, None, Vec::new(), 4).unwrap();
+        assert_eq!(genesis.authorities.validators.len(), 4);
+        for index in 0..4 {
+            let path = key_path(dir.path(), &validator_role(index));
+            let key = kvasir_keyfile::read(&path, None).unwrap();
+            assert!(genesis.is_validator(&key.address()), "{}", path.display());
+        }
+        let other = dir.path().join("none");
+        assert!(init_sealed(&other, &template, None, Vec::new(), 0).is_err());
+        assert!(!other.exists());
     }
 
     #[test]

@@ -20,7 +20,7 @@ use kvasir_ledger::keys::{Address, Keypair};
 use kvasir_ledger::mempool::Limits;
 use kvasir_ledger::{Amount, SignedTx, TxKind};
 
-use crate::commands::genesis::{genesis_path, install_dev_chain, key_path};
+use crate::commands::genesis::{genesis_path, install_dev_chain, key_path, validator_role};
 use crate::engine::Backend;
 
 const START_TIMEOUT: Duration = Duration::from_secs(120);
@@ -173,7 +173,8 @@ pub struct Loopback {
     pub hub_addr: SocketAddr,
     pub registry_addr: SocketAddr,
     pub gateway_addr: SocketAddr,
-    pub ledger_addr: Option<SocketAddr>,
+    /// The REST API of each validator, in the chain's validator order.
+    pub ledger_addrs: Vec<SocketAddr>,
     pub cert: PathBuf,
     pub backbone: Keypair,
     roles: Vec<Child>,
@@ -199,30 +200,11 @@ impl Loopback {
         let genesis = text(&genesis_path(chain));
         let key = |role: &str| text(&key_path(chain, role));
         let mut roles = Vec::new();
-        let ledger_addr = if let Some(models) = ledger {
-            let mut args = [
-                "ledger",
-                "--genesis",
-                &genesis,
-                "--data-dir",
-                &text(&chain.join("ledger")),
-                "--listen",
-                "127.0.0.1:0",
-                "--key",
-                &key("validator"),
-            ]
-            .map(String::from)
-            .to_vec();
-            for model in models {
-                args.extend(["--model".to_string(), text(model)]);
-            }
-            let mut ledger = Child::spawn(&args)?;
-            let addr = ledger.listening("ledger")?;
-            roles.push(ledger);
-            Some(addr)
-        } else {
-            None
+        let ledger_addrs = match ledger {
+            Some(models) => start_validators(chain, models, &mut roles)?,
+            None => Vec::new(),
         };
+        let ledger_url = ledger_url(&ledger_addrs);
         let backbone = Keypair::generate();
         let mut hub_args = [
             "hub",
@@ -241,8 +223,8 @@ impl Loopback {
         ]
         .map(String::from)
         .to_vec();
-        if let Some(ledger) = ledger_addr {
-            hub_args.extend(["--ledger".to_string(), format!("http://{ledger}")]);
+        if let Some(ledger) = &ledger_url {
+            hub_args.extend(["--ledger".to_string(), ledger.clone()]);
         }
         let mut hub = Child::spawn(&hub_args)?;
         let hub_addr = hub.listening("hub")?;
@@ -261,11 +243,11 @@ impl Loopback {
         ]
         .map(String::from)
         .to_vec();
-        if let Some(ledger) = ledger_addr {
+        if let Some(ledger) = &ledger_url {
             gateway_args.extend(
                 [
                     "--ledger",
-                    &format!("http://{ledger}"),
+                    ledger,
                     "--registry",
                     &format!("http://{registry_addr}"),
                     "--key",
@@ -284,11 +266,17 @@ impl Loopback {
             hub_addr,
             registry_addr,
             gateway_addr,
-            ledger_addr,
+            ledger_addrs,
             cert,
             backbone,
             roles,
         })
+    }
+
+    /// Every validator's REST API, comma-separated, as clients take it (they fail over from
+    /// one to the next); none without a ledger.
+    pub fn ledger_url(&self) -> Option<String> {
+        ledger_url(&self.ledger_addrs)
     }
 
     /// An error naming the first role that has exited: every role runs until stopped, so one
@@ -351,6 +339,76 @@ impl Loopback {
         self.roles.push(worker);
         Ok(key.address())
     }
+}
+
+fn ledger_url(addrs: &[SocketAddr]) -> Option<String> {
+    let urls: Vec<String> = addrs.iter().map(|a| format!("http://{a}")).collect();
+    (!urls.is_empty()).then(|| urls.join(","))
+}
+
+/// Where validator `index` of a dev chain keeps its blocks: `ledger`, then `ledger-1`, ...
+pub fn ledger_dir(chain: &Path, index: usize) -> PathBuf {
+    match index {
+        0 => chain.join("ledger"),
+        i => chain.join(format!("ledger-{i}")),
+    }
+}
+
+/// A loopback port free now, for a role that must be told its peers' ports before any of
+/// them starts (a validator's consensus listener, its REST API for forwarding).
+fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// Starts one validator per validator key of the chain in `chain` (`keys/validator.key`,
+/// `keys/validator-1.key`, ...), each with every pinned checkpoint in `models`, each dialling
+/// the others' consensus listeners and forwarding transactions to their REST APIs; pushes
+/// them onto `roles` and returns their REST addresses.
+fn start_validators(
+    chain: &Path,
+    models: &[PathBuf],
+    roles: &mut Vec<Child>,
+) -> Result<Vec<SocketAddr>> {
+    let genesis = kvasir_ledger::Genesis::load(&genesis_path(chain))?;
+    let count = genesis.authorities.validators.len();
+    let p2p: Vec<u16> = (0..count).map(|_| free_port()).collect::<Result<_>>()?;
+    let rest: Vec<u16> = (0..count).map(|_| free_port()).collect::<Result<_>>()?;
+    let mut started = Vec::with_capacity(count);
+    for index in 0..count {
+        let mut args = [
+            "ledger",
+            "--genesis",
+            &text(&genesis_path(chain)),
+            "--data-dir",
+            &text(&ledger_dir(chain, index)),
+            "--listen",
+            &format!("127.0.0.1:{}", rest[index]),
+            "--key",
+            &text(&key_path(chain, &validator_role(index))),
+            "--p2p-listen",
+            &format!("127.0.0.1:{}", p2p[index]),
+        ]
+        .map(String::from)
+        .to_vec();
+        for other in (0..count).filter(|o| *o != index) {
+            args.extend(["--peer".into(), format!("127.0.0.1:{}", p2p[other])]);
+            args.extend([
+                "--forward".into(),
+                format!("http://127.0.0.1:{}", rest[other]),
+            ]);
+        }
+        for model in models {
+            args.extend(["--model".to_string(), text(model)]);
+        }
+        started.push(Child::spawn(&args)?);
+    }
+    let mut addrs = Vec::with_capacity(count);
+    for mut validator in started {
+        addrs.push(validator.listening("ledger")?);
+        roles.push(validator);
+    }
+    Ok(addrs)
 }
 
 /// How long one funding or bonding transaction may take to be committed.

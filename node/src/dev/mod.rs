@@ -27,9 +27,11 @@ use kvasir_ledger::fraction::Fraction;
 use kvasir_ledger::{verify_chain, Address, Genesis, Keypair, SledStore};
 
 use crate::answers::PinnedAnswers;
-use crate::commands::genesis::{genesis_path, install_dev_chain, key_path};
-use crate::engine::{load_local, model_id, run_generation, Backend};
-use launch::{bond_workers, Child, Loopback};
+use crate::commands::genesis::{
+    genesis_path, init_sealed, install_dev_chain, key_path, load_template, MAX_VALIDATORS,
+};
+use crate::engine::{load_local, model_id, model_pin, run_generation, Backend};
+use launch::{bond_workers, ledger_dir, Child, Loopback};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -39,6 +41,11 @@ pub struct Args {
     /// Workers to start; the experts are split between them.
     #[arg(long, default_value_t = 2)]
     workers: usize,
+    /// Validators to run the chain with, each a ledger process, agreeing through consensus.
+    /// One runs the published dev chain; more make a chain of their own in --data-dir on
+    /// first use (with that many validator keys), and a later run must ask the same number.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=MAX_VALIDATORS as i64))]
+    validators: u16,
     #[arg(long, default_value = "The capital of France is")]
     prompt: String,
     #[arg(long, default_value_t = 32)]
@@ -137,11 +144,21 @@ pub fn run(args: Args) -> Result<()> {
     }
     let dir = &args.data_dir;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let validators = usize::from(args.validators);
     let genesis = if genesis_path(dir).exists() {
         Genesis::load(&genesis_path(dir))?
-    } else {
+    } else if validators == 1 {
         install_dev_chain(dir)?
+    } else {
+        new_dev_chain(dir, validators)?
     };
+    let has = genesis.authorities.validators.len();
+    if has != validators {
+        bail!(
+            "the chain in {} has {has} validators, not {validators}: run with --validators {has}, or another --data-dir",
+            dir.display()
+        );
+    }
     let model_dir = dir.join(format!("model-{}", args.preset));
     ensure_model(&model_dir, &args.preset)?;
     // The ledger judges evidence with every model the chain pins, as any validator must.
@@ -173,13 +190,10 @@ pub fn run(args: Args) -> Result<()> {
 
     let run_dir = dir.join("swarm");
     let mut swarm = Loopback::start(&run_dir, dir, Some(&pinned_dirs))?;
-    let ledger_url = format!(
-        "http://{}",
-        swarm.ledger_addr.context("the ledger did not start")?
-    );
+    let ledger_url = swarm.ledger_url().context("the ledger did not start")?;
     println!(
-        "ledger http://{}, hub {} (registry http://{}), gateway wss://localhost:{}",
-        swarm.ledger_addr.map(|a| a.to_string()).unwrap_or_default(),
+        "ledger {ledger_url} ({validators} validator{}), hub {} (registry http://{}), gateway wss://localhost:{}",
+        if validators == 1 { "" } else { "s" },
         swarm.hub_addr,
         swarm.registry_addr,
         swarm.gateway_addr.port()
@@ -376,15 +390,36 @@ pub fn run(args: Args) -> Result<()> {
     }
     drop(backbone);
     swarm.stop();
-    let store = SledStore::open(&dir.join("ledger"))?;
     // Evidence in the chain is recomputed with the checkpoint the ledger judged it with.
     let answers = PinnedAnswers::shared(PinnedAnswers::for_genesis(&genesis, &pinned_dirs)?);
-    let verified = verify_chain(&store, Some(&genesis), answers, |_, _| {})?;
-    println!(
-        "chain re-verified from genesis: {} blocks, {} transactions, state root {}",
-        verified.blocks, verified.transactions, verified.state_root
-    );
+    for index in 0..validators {
+        let store = SledStore::open(&ledger_dir(dir, index))?;
+        let verified = verify_chain(&store, Some(&genesis), answers.clone(), |_, _| {})?;
+        let whose = if validators == 1 {
+            String::new()
+        } else {
+            format!(" (validator {})", index + 1)
+        };
+        println!(
+            "chain re-verified from genesis{whose}: {} blocks, {} transactions, every certificate checked, state root {}",
+            verified.blocks, verified.transactions, verified.state_root
+        );
+    }
     Ok(())
+}
+
+/// A fresh chain for `validators` validators in `dir`: the dev chain's parameters and pinned
+/// presets, with new keys (the published dev chain has one validator).
+fn new_dev_chain(dir: &Path, validators: usize) -> Result<Genesis> {
+    let mut pins = Vec::new();
+    for name in DEV_CHAIN_PRESETS {
+        let model_dir = dir.join(format!("model-{name}"));
+        ensure_model(&model_dir, name)?;
+        pins.push(model_pin(&model_dir)?);
+    }
+    let mut template = load_template(None)?;
+    template.params.chain_id = format!("kvasir-dev-{validators}v");
+    init_sealed(dir, &template, None, pins, validators)
 }
 
 /// The key of each of `n` workers, from `DIR/keys/worker-N.key`, created on first use. A key

@@ -8,6 +8,7 @@
 //! `MAX_REQUEST` (`read_body`): a client trickling its body gets a 408 and the connection is
 //! closed; one sending too much gets a 413.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,54 +38,83 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// A request body must arrive in full within this of its head (the head's own limit).
 const BODY_TIMEOUT: Duration = super::HEAD_TIMEOUT;
 
-/// The ledger behind the gateway: where it is and the pooled client that reaches it.
+/// The ledger nodes behind the gateway and the pooled client that reaches them. A request
+/// that cannot reach one node (no connection) goes to the next; the gateway stays with the
+/// node that answered.
 pub(super) struct Upstream {
-    /// `http://host:port`, without a trailing slash.
-    base: String,
+    /// `http://host:port` of each node, without a trailing slash.
+    bases: Vec<String>,
+    /// The one that answered last.
+    current: AtomicUsize,
     client: Client<HttpConnector, Full<Bytes>>,
     /// A whole exchange (answer read to its end) longer than this is given up on.
     timeout: Duration,
 }
 
 impl Upstream {
-    /// The ledger at `url`: plain HTTP, as on the LAN behind the gateway.
-    pub(super) fn new(url: &str, timeout: Duration) -> Result<Upstream> {
-        let base = url.trim_end_matches('/').to_string();
-        let uri: Uri = base.parse().with_context(|| format!("--ledger {url}"))?;
-        if uri.scheme_str() != Some("http") || uri.authority().is_none() {
-            bail!("--ledger {url}: the relay reaches the ledger over plain http://HOST:PORT");
+    /// The ledger nodes at `urls` (comma-separated): plain HTTP, as on the LAN behind the
+    /// gateway.
+    pub(super) fn new(urls: &str, timeout: Duration) -> Result<Upstream> {
+        let mut bases = Vec::new();
+        for url in urls.split(',').map(str::trim) {
+            let base = url.trim_end_matches('/').to_string();
+            let uri: Uri = base.parse().with_context(|| format!("--ledger {url}"))?;
+            if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+                bail!("--ledger {url}: the relay reaches the ledger over plain http://HOST:PORT");
+            }
+            bases.push(base);
         }
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
         connector.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new()).build(connector);
         Ok(Upstream {
-            base,
+            bases,
+            current: AtomicUsize::new(0),
             client,
             timeout,
         })
     }
 
-    /// One exchange with the ledger: its status, content type and body.
+    /// One exchange with a ledger node: its status, content type and body.
     async fn exchange(
         &self,
         method: Method,
         path: &str,
         body: Bytes,
     ) -> Result<(StatusCode, Option<HeaderValue>, Bytes)> {
-        let request = Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", self.base))
-            .header(CONTENT_TYPE, "application/json")
-            .body(Full::new(body))?;
-        let response = self.client.request(request).await?;
-        let (parts, body) = response.into_parts();
-        let body = Limited::new(body, MAX_ANSWER)
-            .collect()
-            .await
-            .map_err(|e| anyhow::anyhow!("reading the answer: {e}"))?
-            .to_bytes();
-        Ok((parts.status, parts.headers.get(CONTENT_TYPE).cloned(), body))
+        let first = self.current.load(Ordering::Relaxed);
+        let mut last_error = None;
+        for offset in 0..self.bases.len() {
+            let index = (first + offset) % self.bases.len();
+            let request = Request::builder()
+                .method(method.clone())
+                .uri(format!("{}{path}", self.bases[index]))
+                .header(CONTENT_TYPE, "application/json")
+                .body(Full::new(body.clone()))?;
+            let response = match self.client.request(request).await {
+                Ok(response) => response,
+                // Only a node that took no connection is passed over: one that took the
+                // request may have acted on it.
+                Err(e) if e.is_connect() => {
+                    last_error = Some(e);
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            self.current.store(index, Ordering::Relaxed);
+            let (parts, body) = response.into_parts();
+            let body = Limited::new(body, MAX_ANSWER)
+                .collect()
+                .await
+                .map_err(|e| anyhow::anyhow!("reading the answer: {e}"))?
+                .to_bytes();
+            return Ok((parts.status, parts.headers.get(CONTENT_TYPE).cloned(), body));
+        }
+        match last_error {
+            Some(e) => Err(e.into()),
+            None => bail!("no ledger node configured"),
+        }
     }
 }
 

@@ -4,12 +4,13 @@
 //! canonical, size-checked decoder.
 //!
 //! - `GET  /healthz`
-//! - `GET  /head`
+//! - `GET  /head`: the head block, and which validators' precommits committed it
 //! - `GET  /params`: the genesis parameters (rewards, challenge window, bonds, slashing)
+//! - `GET  /validators`: the validator set, its voting power and the quorum
 //! - `GET  /accounts/{address}`: settled balance, pending rewards with settle heights and
 //!   sessions, nonce, bond, unbonding amounts with release heights, jail
 //! - `GET  /accounts/{address}/history`: the account's transfers and credits, newest first
-//! - `GET  /blocks/{height}`, `GET /blocks/by-hash/{hash}`
+//! - `GET  /blocks/{height}`, `GET /blocks/by-hash/{hash}`: with its commit certificate
 //! - `POST /txs` `{"tx": hex of the borsh-encoded signed transaction}` -> `{"hash"}`
 //! - `POST /txs/batch` `{"txs": [hex, ...]}` -> `{"results": [{"hash"} or {"error", "message"}]}`
 //! - `GET  /txs/{hash}`: pending, committed (height, index) or rejected (reason)
@@ -28,17 +29,19 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use kvasir_api::ledger::{
-    AccountView, Batch, BatchVerdicts, BlockView, ConvictionView, CreditedSession, Direction,
-    ErrorBody, Head, History, HistoryEntry, HistoryEvent, HubSessions, PageQuery, ParamsView,
-    PendingView, SessionMark, SessionRef, Submission, Submitted, TxState, TxStatus, UnbondingView,
+    AccountView, Batch, BatchVerdicts, BlockView, CertificateView, CommitSignatureView,
+    ConvictionView, CreditedSession, Direction, ErrorBody, Head, History, HistoryEntry,
+    HistoryEvent, HubSessions, PageQuery, ParamsView, PendingView, SessionMark, SessionRef,
+    Submission, Submitted, TxState, TxStatus, UnbondingView, ValidatorView, ValidatorsView,
     Verdict,
 };
 use kvasir_api::schema::{AddressText, HashText};
 use kvasir_api::Object;
+use kvasir_ledger::certificate::ValidatorSet;
 use kvasir_ledger::mempool::MempoolError;
 use kvasir_ledger::state::SessionKey;
 use kvasir_ledger::store::{Storage, TxLocation};
-use kvasir_ledger::{Address, Block, Hash, SignedTx, TxKind};
+use kvasir_ledger::{Address, Block, Certificate, Hash, SignedTx, TxKind};
 use utoipa::OpenApi;
 
 use super::{Ledger, Refusal};
@@ -55,6 +58,7 @@ use crate::metrics::Exposition;
         healthz,
         head,
         params,
+        validators,
         account,
         block_by_height,
         block_by_hash,
@@ -136,6 +140,7 @@ pub fn router(ledger: Arc<Ledger>) -> Router {
         .route("/healthz", get(healthz))
         .route("/head", get(head))
         .route("/params", get(params))
+        .route("/validators", get(validators))
         .route("/accounts/{address}", get(account))
         .route("/accounts/{address}/history", get(history))
         .route("/blocks/{height}", get(block_by_height))
@@ -167,15 +172,38 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
-#[utoipa::path(get, path = "/head", description = "The head block: chain id, height, hash, state root.", responses((status = 200, body = Head)))]
-async fn head(State(ledger): State<Arc<Ledger>>) -> Json<Head> {
+#[utoipa::path(get, path = "/head", description = "The head block: chain id, height, hash, state root, and the validators whose precommits committed it.", responses((status = 200, body = Head), (status = 500, body = ErrorBody)))]
+async fn head(State(ledger): State<Arc<Ledger>>) -> Reply<Head> {
     let state = ledger.state();
-    Json(Head {
+    let certificate = ledger.store.certificate(state.height()).map_err(internal)?;
+    Ok(Json(Head {
         chain_id: state.genesis().params.chain_id.clone(),
         height: state.height(),
         hash: state.block_hash(),
         state_root: state.root(),
         timestamp_ms: state.timestamp_ms(),
+        signers: certificate.map_or_else(Vec::new, |c| {
+            c.signatures.iter().map(|s| s.validator).collect()
+        }),
+    }))
+}
+
+#[utoipa::path(get, path = "/validators", description = "The chain's validator set from genesis, each with its voting power, and the power a commit certificate needs (more than 2/3 of the total).", responses((status = 200, body = ValidatorsView)))]
+async fn validators(State(ledger): State<Arc<Ledger>>) -> Json<ValidatorsView> {
+    let state = ledger.state();
+    let set = ValidatorSet::of(state.genesis());
+    let total_voting_power = set.total_power();
+    Json(ValidatorsView {
+        validators: set
+            .members()
+            .into_iter()
+            .map(|(address, voting_power)| ValidatorView {
+                address,
+                voting_power,
+            })
+            .collect(),
+        total_voting_power,
+        quorum: total_voting_power * 2 / 3 + 1,
     })
 }
 
@@ -373,7 +401,7 @@ fn history_entry(tx: &SignedTx, address: &Address, location: TxLocation) -> Hist
     }
 }
 
-fn block_view(block: &Block) -> BlockView {
+fn block_view(block: &Block, certificate: Option<Certificate>) -> BlockView {
     let h = &block.header;
     BlockView {
         height: h.height,
@@ -384,12 +412,26 @@ fn block_view(block: &Block) -> BlockView {
         state_root: h.state_root,
         proposer: h.proposer,
         txs: block.txs.iter().map(SignedTx::hash).collect(),
+        certificate: certificate.map(|c| CertificateView {
+            round: c.round,
+            signatures: c
+                .signatures
+                .into_iter()
+                .map(|s| CommitSignatureView {
+                    validator: s.validator,
+                    signature: hex::encode(s.signature.0),
+                })
+                .collect(),
+        }),
     }
 }
 
 fn stored_block(ledger: &Ledger, height: u64) -> Reply<BlockView> {
     match ledger.store.block(height).map_err(internal)? {
-        Some(block) => Ok(Json(block_view(&block))),
+        Some(block) => {
+            let certificate = ledger.store.certificate(height).map_err(internal)?;
+            Ok(Json(block_view(&block, certificate)))
+        }
         None => Err(not_found(format!("no block at height {height}"))),
     }
 }

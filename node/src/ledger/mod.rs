@@ -12,11 +12,14 @@
 
 mod api;
 mod evidence_gate;
+mod forward;
+#[cfg(feature = "consensus")]
+mod replica;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -25,11 +28,13 @@ use kvasir_ledger::mempool::{Limits, Mempool, MempoolError};
 use kvasir_ledger::state::AnswerCheck;
 use kvasir_ledger::tx::{check_action, check_evidence_standing};
 use kvasir_ledger::{
-    check_clock, check_stateless, produce_block, BlockError, Certificate, Genesis, Hash, Keypair,
-    SignedTx, SledStore, State, Storage, TxError, TxKind, VerifiedTx,
+    apply_block, check_clock, check_stateless, produce_block, Address, Block, Certificate,
+    ChangeSet, Genesis, Hash, Keypair, SignedTx, SledStore, State, Storage, TxError, TxKind,
+    VerifiedTx,
 };
 
 use self::evidence_gate::EvidenceGate;
+use self::forward::Forwarder;
 use crate::answers::PinnedAnswers;
 use crate::link;
 use crate::listen::{Acceptor, Limits as ConnectionLimits};
@@ -40,21 +45,38 @@ const REJECTIONS_KEPT: usize = 100_000;
 /// Evidence waiting for its recomputation, at most, and for how long.
 const EVIDENCE_LINE: usize = 32;
 const EVIDENCE_PATIENCE: Duration = Duration::from_secs(10);
+/// Blocks applied on the head and kept until one is decided.
+const APPLIED_KEPT: usize = 16;
 
 #[derive(clap::Args)]
 pub struct Args {
     /// The chain's genesis.json.
     #[arg(long)]
     genesis: PathBuf,
-    /// Where blocks and state are stored (created on first start).
+    /// Where blocks, certificates, state and the consensus write-ahead log are stored
+    /// (created on first start).
     #[arg(long, default_value = "kvasir-ledger")]
     data_dir: PathBuf,
     /// The REST API's address.
     #[arg(long, default_value = "127.0.0.1:7200")]
     listen: SocketAddr,
-    /// The validator key that signs blocks (a validator named in genesis).
+    /// This node's validator key (a validator named in genesis): it proposes and votes.
+    /// Without one the node is a full node: it follows the validators' decided blocks,
+    /// checks their certificates and serves the API.
     #[arg(long)]
-    key: PathBuf,
+    key: Option<PathBuf>,
+    /// Where this node's consensus network listens for the other nodes (port 0: any free
+    /// port, enough for a lone validator).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    p2p_listen: SocketAddr,
+    /// Another node's consensus address (repeatable): the validators, and any full node
+    /// to serve.
+    #[arg(long = "peer", value_name = "HOST:PORT")]
+    peers: Vec<SocketAddr>,
+    /// Another node's REST API (repeatable): transactions admitted here are forwarded to
+    /// it, so they reach whichever validator proposes next.
+    #[arg(long = "forward", value_name = "URL")]
+    forward: Vec<String>,
     /// Connections held at once (clients come through the gateway, so this caps only the
     /// total).
     #[arg(long, default_value_t = 4096)]
@@ -125,7 +147,13 @@ pub struct Ledger {
     rejected: Mutex<Rejections>,
     /// The line evidence waits in to be recomputed at admission.
     evidence: EvidenceGate,
-    validator: Keypair,
+    /// What this node proposes with; none on a full node.
+    validator: Option<Keypair>,
+    /// The genesis block interval: a proposal waits this long after the last commit.
+    interval: Duration,
+    applied: Mutex<HashMap<Hash, Applied>>,
+    /// Where transactions admitted here go on to; none for a node on its own.
+    forwarder: Option<Forwarder>,
     pub blocks_produced: std::sync::atomic::AtomicU64,
     /// Time between blocks made here.
     pub block_interval: Histogram,
@@ -155,16 +183,18 @@ fn now_ms() -> u64 {
 }
 
 impl Ledger {
-    /// The ledger of `genesis` stored in `dir`, producing with `validator` and checking
-    /// evidence with `answers` (without, evidence is refused).
+    /// The ledger of `genesis` stored in `dir`, proposing with `validator` (none: a full
+    /// node) and checking evidence with `answers` (without, evidence is refused).
     pub fn open(
         genesis: &Genesis,
         dir: &std::path::Path,
-        validator: Keypair,
+        validator: Option<Keypair>,
         answers: Option<Arc<dyn AnswerCheck>>,
     ) -> Result<Ledger> {
-        if !genesis.is_validator(&validator.address()) {
-            bail!("{} is not a validator of this chain", validator.address());
+        if let Some(validator) = &validator {
+            if !genesis.is_validator(&validator.address()) {
+                bail!("{} is not a validator of this chain", validator.address());
+            }
         }
         let store = SledStore::open_or_create(dir, genesis)?;
         if store.genesis()?.hash() != genesis.hash() {
@@ -183,6 +213,9 @@ impl Ledger {
             rejected: Mutex::new(Rejections::new(REJECTIONS_KEPT)),
             evidence: EvidenceGate::new(EVIDENCE_LINE, EVIDENCE_PATIENCE),
             validator,
+            interval: Duration::from_millis(genesis.params.block_interval_ms),
+            applied: Mutex::default(),
+            forwarder: None,
             blocks_produced: Default::default(),
             block_interval: Histogram::default(),
             last_block: Mutex::new(None),
@@ -207,11 +240,19 @@ impl Ledger {
         // has its next nonces checked against that block, not the one before.
         let mut mempool = lock(&self.mempool);
         let state = self.state();
+        let mut admitted = Vec::new();
         let verdicts: Vec<Result<Hash, Refusal>> = checked
             .into_iter()
-            .map(|judged| match judged? {
-                (verified, true) => Ok(mempool.insert_checked(&state, verified)?),
-                (verified, false) => Ok(mempool.insert(&state, verified)?),
+            .map(|judged| {
+                let (verified, checked) = judged?;
+                let tx = self.forwarder.is_some().then(|| verified.tx().clone());
+                let hash = if checked {
+                    mempool.insert_checked(&state, verified)?
+                } else {
+                    mempool.insert(&state, verified)?
+                };
+                admitted.extend(tx);
+                Ok(hash)
             })
             .collect();
         let mut refusals = lock(&self.refusals);
@@ -226,6 +267,10 @@ impl Ledger {
         drop(refusals);
         if mempool.len() >= self.block_limit {
             self.full.notify_one();
+        }
+        drop(mempool);
+        if let Some(forwarder) = &self.forwarder {
+            admitted.iter().for_each(|tx| forwarder.send(tx));
         }
         verdicts
     }
@@ -279,32 +324,106 @@ impl Ledger {
             .collect()
     }
 
-    /// Produces and commits the next block from the mempool (possibly empty). Fails with
-    /// `BlockError::AheadOfClock`, committing nothing, while the head is too far ahead of
-    /// this machine's clock for a new block to be stamped honestly.
-    pub fn produce(&self) -> Result<()> {
+    /// The next block from the mempool (possibly empty), proposed at `height` with this
+    /// node's validator key: its id and bytes. It waits first until the genesis interval
+    /// since the last commit has passed, or a full block's worth is waiting (so a backlog
+    /// drains at the speed of verification, not one block per interval). Transactions that
+    /// fail in it leave the mempool now: they fail on the head whoever proposes. Fails,
+    /// proposing nothing, while the head is too far ahead of this machine's clock for a new
+    /// block to be stamped honestly (`BlockError::AheadOfClock`).
+    pub fn propose(&self, height: u64) -> Result<(Hash, Vec<u8>)> {
+        let validator = self
+            .validator
+            .as_ref()
+            .context("a full node has no validator key to propose with")?;
+        let last = *lock(&self.last_block);
+        if let Some(last) = last {
+            self.wait_for_block(last + self.interval);
+        }
         let state = self.state();
+        if state.height() + 1 != height {
+            bail!(
+                "asked to propose at {height} on a head at {}",
+                state.height()
+            );
+        }
         // Twice a block's worth: candidates that fail in the block leave room for others.
         let candidates = lock(&self.mempool).candidates(self.block_limit.saturating_mul(2));
         let now = now_ms();
-        let produced = produce_block(&state, &candidates, &self.validator, now)?;
+        let produced = produce_block(&state, &candidates, validator, now)?;
         check_clock(&produced.block.header, now)?;
-        let mut mempool = lock(&self.mempool);
-        let certificate = Certificate::for_block(&produced.block, 0, &[&self.validator]);
-        self.store
-            .commit(&produced.block, &produced.changes, &certificate)?;
-        let included = produced.block.txs.iter().map(SignedTx::hash);
         let dropped: Vec<Hash> = produced.rejected.iter().map(|(h, _)| *h).collect();
-        mempool.remove(included.chain(dropped.iter().copied()));
-        *self.state.write().unwrap_or_else(|p| p.into_inner()) = produced.state;
-        drop(mempool);
-        let mut rejected = lock(&self.rejected);
-        let mut refusals = lock(&self.refusals);
-        for (hash, error) in produced.rejected {
-            *refusals.entry(reason(&error)).or_default() += 1;
-            rejected.insert(hash, Rejection(error.to_string()));
+        lock(&self.mempool).remove(dropped);
+        self.record_rejections(produced.rejected);
+        let hash = produced.block.hash();
+        let bytes = produced.block.to_bytes();
+        self.keep_applied(Applied {
+            block: produced.block,
+            state: produced.state,
+            changes: produced.changes,
+        });
+        Ok((hash, bytes))
+    }
+
+    /// Whether `bytes` is a block that may be decided at `height`: canonical, signed by
+    /// `author` when one is named (a fresh proposal is its round's proposer's own block; one
+    /// re-proposed under a lock, or synced with its certificate, may be any validator's),
+    /// stamped no further ahead of this machine's clock than `MAX_CLOCK_DRIFT_MS` (and never
+    /// before its parent), and valid on the head (`apply_block`). Its id when it is.
+    pub fn validate(&self, height: u64, author: Option<&Address>, bytes: &[u8]) -> Result<Hash> {
+        let state = self.state();
+        let block = Block::from_bytes(bytes, state.genesis().params.max_block_bytes)?;
+        if block.header.height != height {
+            bail!(
+                "the block is for height {}, proposed at {height}",
+                block.header.height
+            );
         }
-        drop((rejected, refusals));
+        if let Some(author) = author.filter(|a| **a != block.header.proposer) {
+            bail!(
+                "the block is signed by {}, proposed by {author}",
+                block.header.proposer
+            );
+        }
+        check_clock(&block.header, now_ms())?;
+        let (next, changes) = apply_block(&state, &block)?;
+        let hash = block.hash();
+        self.keep_applied(Applied {
+            block,
+            state: next,
+            changes,
+        });
+        Ok(hash)
+    }
+
+    /// Commits the decided block `bytes` with its certificate: block, state changes and
+    /// certificate in one atomic, durable write, then the mempool and the head follow.
+    pub fn commit(&self, bytes: &[u8], certificate: &Certificate) -> Result<()> {
+        let state = self.state();
+        let genesis = state.genesis();
+        let block = Block::from_bytes(bytes, genesis.params.max_block_bytes)?;
+        let hash = block.hash();
+        certificate.verify(genesis, block.header.height, &hash)?;
+        let applied = lock(&self.applied).remove(&hash);
+        let applied = match applied {
+            Some(applied) if applied.block.header.prev_hash == state.block_hash() => applied,
+            _ => {
+                let (state, changes) = apply_block(&state, &block)?;
+                Applied {
+                    block,
+                    state,
+                    changes,
+                }
+            }
+        };
+        let mut mempool = lock(&self.mempool);
+        self.store
+            .commit(&applied.block, &applied.changes, certificate)?;
+        mempool.remove(applied.block.txs.iter().map(SignedTx::hash));
+        *self.state.write().unwrap_or_else(|p| p.into_inner()) = applied.state;
+        drop(mempool);
+        // What was applied on the old head is of no use on the new one.
+        lock(&self.applied).clear();
         let made = Instant::now();
         if let Some(last) = lock(&self.last_block).replace(made) {
             self.block_interval.observe(made - last);
@@ -312,48 +431,56 @@ impl Ledger {
         self.blocks_produced.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
+
+    /// A committed block's bytes and certificate, for peers that sync.
+    pub fn decided(&self, height: u64) -> Result<Option<(Vec<u8>, Certificate)>> {
+        if height == 0 {
+            return Ok(None);
+        }
+        let block = self.store.block_bytes(height)?;
+        let certificate = self.store.certificate(height)?;
+        Ok(block.zip(certificate))
+    }
+
+    /// Keeps a block applied on the head until it is decided (or the head moves): a
+    /// decided block is then committed without applying it again. A proposer can be sent
+    /// many blocks per height; only the newest few are kept.
+    fn keep_applied(&self, applied: Applied) {
+        let mut kept = lock(&self.applied);
+        if kept.len() >= APPLIED_KEPT {
+            kept.clear();
+        }
+        kept.insert(applied.block.hash(), applied);
+    }
+
+    fn record_rejections(&self, rejected: Vec<(Hash, TxError)>) {
+        let mut rejections = lock(&self.rejected);
+        let mut refusals = lock(&self.refusals);
+        for (hash, error) in rejected {
+            *refusals.entry(reason(&error)).or_default() += 1;
+            rejections.insert(hash, Rejection(error.to_string()));
+        }
+    }
 }
 
+/// A block applied on top of the head, waiting to be decided.
+struct Applied {
+    block: Block,
+    state: State,
+    changes: ChangeSet,
+}
+
+#[cfg(feature = "consensus")]
 pub fn run(args: Args) -> Result<()> {
     let genesis = Genesis::load(&args.genesis)?;
-    let validator = kvasir_keyfile::open(&args.key)?;
+    let validator = args.key.as_deref().map(kvasir_keyfile::open).transpose()?;
     let answers = PinnedAnswers::shared(PinnedAnswers::for_genesis(&genesis, &args.models)?);
-    let ledger = Arc::new(
-        Ledger::open(&genesis, &args.data_dir, validator, answers)
-            .with_context(|| format!("opening the ledger in {}", args.data_dir.display()))?,
-    );
-    let stop = Arc::new(AtomicBool::new(false));
-    let interval = Duration::from_millis(genesis.params.block_interval_ms.max(1));
-    let producer = {
-        let (ledger, stop) = (ledger.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut next = Instant::now() + interval;
-            let mut early = false;
-            while !stop.load(Ordering::Relaxed) {
-                ledger.wait_for_block(next);
-                // A full block made early leaves the regular schedule as it was.
-                if Instant::now() >= next {
-                    next += interval;
-                }
-                match ledger.produce() {
-                    Ok(()) => early = false,
-                    // The clock will catch up with the head: say so once, then wait for it.
-                    Err(e) if matches!(e.downcast_ref(), Some(BlockError::AheadOfClock { .. })) => {
-                        if !early {
-                            tracing::warn!("no block until the clock catches up: {e}");
-                        }
-                        early = true;
-                    }
-                    Err(e) => {
-                        // Storage failing under us: stop rather than serve a head that cannot
-                        // move.
-                        eprintln!("error: producing a block: {e:#}");
-                        std::process::exit(1);
-                    }
-                }
-            }
-        })
-    };
+    let mut ledger = Ledger::open(&genesis, &args.data_dir, validator.clone(), answers)
+        .with_context(|| format!("opening the ledger in {}", args.data_dir.display()))?;
+    if !args.forward.is_empty() {
+        ledger.forwarder = Some(Forwarder::start(&args.forward));
+    }
+    let ledger = Arc::new(ledger);
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         let listener = link::bind("ledger", args.listen).await?;
@@ -362,17 +489,27 @@ pub fn run(args: Args) -> Result<()> {
             listener,
             ConnectionLimits::total(args.max_connections),
         );
+        let mut engine = replica::start(&genesis, validator, &args, ledger.clone()).await?;
         let app = api::router(ledger.clone());
-        axum::serve(listener, app)
-            .with_graceful_shutdown(crate::shutdown::requested())
-            .await?;
-        anyhow::Ok(())
-    })?;
-    stop.store(true, Ordering::Relaxed);
-    if producer.join().is_err() {
-        bail!("the block producer panicked");
-    }
-    Ok(())
+        let served =
+            axum::serve(listener, app).with_graceful_shutdown(crate::shutdown::requested());
+        // The engine stops by itself only when something is wrong (storage failing, or it
+        // halted rather than risk signing twice): stop serving a head that cannot move.
+        tokio::select! {
+            served = served => served?,
+            stopped = engine.wait() => {
+                stopped?;
+                bail!("the consensus engine stopped");
+            }
+        }
+        engine.stop().await
+    })
+}
+
+/// A build without the engine (the fuzz targets') cannot run a ledger node.
+#[cfg(not(feature = "consensus"))]
+pub fn run(_: Args) -> Result<()> {
+    bail!("this kvasir-node was built without its consensus engine (feature `consensus`)")
 }
 
 #[cfg(test)]
@@ -386,10 +523,24 @@ mod tests {
     fn ledger_with(dir: &std::path::Path, change: impl FnOnce(&mut Genesis)) -> (Ledger, Keypair) {
         let chain = dir.join("chain");
         let mut genesis = init(&chain, &load_template(None).unwrap()).unwrap();
+        // A proposal waits out the interval since the last commit; tests make blocks at once.
+        genesis.params.block_interval_ms = 1;
         change(&mut genesis);
         let key = |role| kvasir_keyfile::read(&key_path(&chain, role), None).unwrap();
-        let ledger = Ledger::open(&genesis, &dir.join("ledger"), key("validator"), None).unwrap();
+        let validator = Some(key("validator"));
+        let ledger = Ledger::open(&genesis, &dir.join("ledger"), validator, None).unwrap();
         (ledger, key("faucet"))
+    }
+
+    impl Ledger {
+        /// The next block as a lone validator makes it: proposed, certified by its own
+        /// precommit, committed.
+        fn produce(&self) -> Result<()> {
+            let (_, bytes) = self.propose(self.state().height() + 1)?;
+            let block = Block::from_bytes(&bytes, u64::MAX)?;
+            let key = self.validator.as_ref().unwrap();
+            self.commit(&bytes, &Certificate::for_block(&block, 0, &[key]))
+        }
     }
 
     /// A ledger whose blocks hold at most 3 transactions, and its faucet key.
@@ -585,7 +736,10 @@ mod tests {
         });
         let error = ledger.produce().unwrap_err();
         assert!(
-            matches!(error.downcast_ref(), Some(BlockError::AheadOfClock { .. })),
+            matches!(
+                error.downcast_ref(),
+                Some(kvasir_ledger::BlockError::AheadOfClock { .. })
+            ),
             "{error:#}"
         );
         assert_eq!(ledger.store.head().unwrap(), 0);

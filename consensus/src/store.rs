@@ -1,0 +1,258 @@
+//! Blocks proposed at heights not yet decided, kept on disk beside the engine's WAL.
+//!
+//! After a crash the engine replays its WAL and re-signs what it signed before; if it asks
+//! for this node's proposal at a height again, it must get the very block it proposed, or
+//! replay diverges and the node halts. So the block this node builds for a height is
+//! written and fsynced before the engine hears of it, and reused for every round of that
+//! height. Blocks received from proposers are kept too, so that a decision reached after a
+//! restart finds the block it decided. Everything at or below the committed height goes.
+
+use std::path::Path;
+
+use borsh::{BorshDeserialize, BorshSerialize};
+use kvasir_ledger::Hash;
+use malachitebft_app_channel::app::types::core::{Round, Validity};
+use malachitebft_app_channel::app::types::ProposedValue;
+
+use crate::context::{Address, BlockId, Height, LedgerContext};
+
+/// Distinct blocks kept for one (height, round): a proposer who equivocates gets two.
+pub const MAX_PER_ROUND: usize = 2;
+/// Blocks kept in all, across the few heights and rounds not yet decided.
+pub const MAX_UNDECIDED: usize = 32;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("proposal store: {0}")]
+    Sled(#[from] sled::Error),
+    #[error("proposal store holds an unreadable record: {0}")]
+    Corrupt(#[from] std::io::Error),
+}
+
+#[derive(BorshSerialize, BorshDeserialize)]
+struct Record {
+    proposer: kvasir_ledger::Address,
+    valid_round: Option<u32>,
+    valid: bool,
+    block: Vec<u8>,
+}
+
+/// One proposed block and what consensus needs to know of it.
+pub struct Stored {
+    pub value: ProposedValue<LedgerContext>,
+    pub block: Vec<u8>,
+}
+
+pub struct Proposals {
+    db: sled::Db,
+    undecided: sled::Tree,
+    own: sled::Tree,
+}
+
+fn height_key(height: Height) -> [u8; 8] {
+    height.0.to_be_bytes()
+}
+
+fn round_key(height: Height, round: u32) -> [u8; 12] {
+    let mut key = [0u8; 12];
+    key[..8].copy_from_slice(&height.0.to_be_bytes());
+    key[8..].copy_from_slice(&round.to_be_bytes());
+    key
+}
+
+fn value_key(height: Height, round: u32, id: &BlockId) -> [u8; 44] {
+    let mut key = [0u8; 44];
+    key[..12].copy_from_slice(&round_key(height, round));
+    key[12..].copy_from_slice(id.0.as_bytes());
+    key
+}
+
+impl Proposals {
+    pub fn open(path: &Path) -> Result<Proposals, StoreError> {
+        let db = sled::open(path)?;
+        let undecided = db.open_tree("undecided")?;
+        let own = db.open_tree("own")?;
+        Ok(Proposals { db, undecided, own })
+    }
+
+    /// The block this node built for `height`, if it built one.
+    pub fn own(&self, height: Height) -> Result<Option<(BlockId, Vec<u8>)>, StoreError> {
+        let Some(bytes) = self.own.get(height_key(height))? else {
+            return Ok(None);
+        };
+        let (id, block): ([u8; 32], Vec<u8>) = borsh::from_slice(&bytes)?;
+        Ok(Some((BlockId(Hash(id)), block)))
+    }
+
+    /// Records the block this node built for `height`, durably, before it is proposed.
+    pub fn put_own(&self, height: Height, id: BlockId, block: &[u8]) -> Result<(), StoreError> {
+        let bytes = borsh::to_vec(&(id.0 .0, block))?;
+        self.own.insert(height_key(height), bytes)?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// Keeps a proposed block, durably before the engine hears of it (its WAL will name the
+    /// block, and a decision after a restart needs it), unless its round already holds
+    /// `MAX_PER_ROUND` others or the store is full; whether it was kept (or already was).
+    pub fn put(&self, stored: &Stored) -> Result<bool, StoreError> {
+        let value = &stored.value;
+        let Some(round) = value.round.as_u32() else {
+            return Ok(false);
+        };
+        let key = value_key(value.height, round, &value.value);
+        if self.undecided.contains_key(key)? {
+            return Ok(true);
+        }
+        let in_round = self
+            .undecided
+            .scan_prefix(round_key(value.height, round))
+            .count();
+        if in_round >= MAX_PER_ROUND || self.undecided.len() >= MAX_UNDECIDED {
+            return Ok(false);
+        }
+        let record = Record {
+            proposer: value.proposer.0,
+            valid_round: value.valid_round.as_u32(),
+            valid: value.validity.is_valid(),
+            block: stored.block.clone(),
+        };
+        self.undecided.insert(key, borsh::to_vec(&record)?)?;
+        self.db.flush()?;
+        Ok(true)
+    }
+
+    /// The blocks proposed at (height, round).
+    pub fn at(&self, height: Height, round: Round) -> Result<Vec<Stored>, StoreError> {
+        let Some(r) = round.as_u32() else {
+            return Ok(Vec::new());
+        };
+        self.undecided
+            .scan_prefix(round_key(height, r))
+            .map(|entry| {
+                let (key, bytes) = entry?;
+                decode(height, round, &key, &bytes)
+            })
+            .collect()
+    }
+
+    /// The block with id `id` proposed at `height`, in any round.
+    pub fn find(&self, height: Height, id: &BlockId) -> Result<Option<Stored>, StoreError> {
+        for entry in self.undecided.scan_prefix(height_key(height)) {
+            let (key, bytes) = entry?;
+            if key.len() == 44 && key[12..] == id.0 .0 {
+                let mut round = [0u8; 4];
+                round.copy_from_slice(&key[8..12]);
+                let round = Round::new(u32::from_be_bytes(round));
+                return decode(height, round, &key, &bytes).map(Some);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Forgets every block at or below `committed`.
+    pub fn prune(&self, committed: Height) -> Result<(), StoreError> {
+        let end = height_key(Height(committed.0.saturating_add(1)));
+        for tree in [&self.undecided, &self.own] {
+            let keys: Vec<_> = tree
+                .range(..end)
+                .keys()
+                .collect::<Result<_, sled::Error>>()?;
+            for key in keys {
+                tree.remove(key)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn decode(height: Height, round: Round, key: &[u8], bytes: &[u8]) -> Result<Stored, StoreError> {
+    let record: Record = borsh::from_slice(bytes)?;
+    let mut id = [0u8; 32];
+    if key.len() == 44 {
+        id.copy_from_slice(&key[12..]);
+    }
+    Ok(Stored {
+        value: ProposedValue {
+            height,
+            round,
+            valid_round: Round::from(record.valid_round),
+            proposer: Address(record.proposer),
+            value: BlockId(Hash(id)),
+            validity: Validity::from_bool(record.valid),
+        },
+        block: record.block,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvasir_ledger::Keypair;
+
+    fn stored(height: u64, round: u32, id: u8) -> Stored {
+        Stored {
+            value: ProposedValue {
+                height: Height(height),
+                round: Round::new(round),
+                valid_round: Round::Nil,
+                proposer: Address(Keypair::from_seed(&[1; 32]).address()),
+                value: BlockId(Hash([id; 32])),
+                validity: Validity::Valid,
+            },
+            block: vec![id; 10],
+        }
+    }
+
+    #[test]
+    fn proposals_survive_reopening_and_are_pruned_at_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = Proposals::open(dir.path()).unwrap();
+            store
+                .put_own(Height(3), BlockId(Hash([9; 32])), b"mine")
+                .unwrap();
+            assert!(store.put(&stored(3, 0, 1)).unwrap());
+            assert!(store.put(&stored(3, 0, 1)).unwrap());
+            assert!(store.put(&stored(3, 0, 2)).unwrap());
+            assert!(!store.put(&stored(3, 0, 3)).unwrap());
+            assert!(store.put(&stored(3, 1, 3)).unwrap());
+            assert!(store.put(&stored(4, 0, 4)).unwrap());
+        }
+        let store = Proposals::open(dir.path()).unwrap();
+        assert_eq!(
+            store.own(Height(3)).unwrap(),
+            Some((BlockId(Hash([9; 32])), b"mine".to_vec()))
+        );
+        let at = store.at(Height(3), Round::new(0)).unwrap();
+        assert_eq!(at.len(), 2);
+        assert_eq!(at[0].value, stored(3, 0, 1).value);
+        let found = store
+            .find(Height(3), &BlockId(Hash([3; 32])))
+            .unwrap()
+            .unwrap();
+        assert_eq!(found.value, stored(3, 1, 3).value);
+        assert_eq!(found.block, vec![3; 10]);
+
+        store.prune(Height(3)).unwrap();
+        assert!(store.own(Height(3)).unwrap().is_none());
+        assert!(store.at(Height(3), Round::new(0)).unwrap().is_empty());
+        assert!(store
+            .find(Height(4), &BlockId(Hash([4; 32])))
+            .unwrap()
+            .is_some());
+    }
+
+    #[test]
+    fn the_store_stays_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Proposals::open(dir.path()).unwrap();
+        let mut kept = 0;
+        for round in 0..100 {
+            if store.put(&stored(5, round, round as u8)).unwrap() {
+                kept += 1;
+            }
+        }
+        assert_eq!(kept, MAX_UNDECIDED);
+    }
+}

@@ -1,0 +1,283 @@
+//! A chain run by several validators and full nodes, each a real `kvasir-node ledger`
+//! process on loopback, every node dialling every other's consensus listener and forwarding
+//! transactions to the validators' REST APIs. Nodes can be killed and started again on the
+//! same data directory and ports.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use kvasir_api::Client;
+use kvasir_ledger::Hash;
+
+use crate::swarm::Proc;
+use crate::{path_str, run, stderr};
+
+/// A template like the built-in one, with blocks every 200 ms so that tests see many.
+const FAST_TEMPLATE: &str = r#"{
+  "params": {
+    "chain_id": "kvasir-net",
+    "unit_bytes": 1000000,
+    "reward_per_unit": "0.007",
+    "challenge_window": 10,
+    "block_interval_ms": 200,
+    "max_block_txs": 10000,
+    "max_block_bytes": 8388608,
+    "rewards_pool": "1000000",
+    "min_new_account": "0.001"
+  },
+  "faucet": "1000000"
+}"#;
+
+pub struct Network {
+    pub dir: tempfile::TempDir,
+    pub chain: PathBuf,
+    pub validators: usize,
+    p2p: Vec<u16>,
+    rest: Vec<u16>,
+    nodes: Vec<Option<Proc>>,
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    listener.local_addr().expect("its address").port()
+}
+
+impl Network {
+    /// A fresh chain of `validators` validators and `full_nodes` full nodes, all started.
+    pub fn start(validators: usize, full_nodes: usize) -> Network {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let chain = dir.path().join("chain");
+        let template = dir.path().join("template.json");
+        std::fs::write(&template, FAST_TEMPLATE).expect("writing the template");
+        let init = run(
+            "kvasir-node",
+            &[
+                "genesis",
+                "init",
+                "--out",
+                path_str(&chain),
+                "--template",
+                path_str(&template),
+                "--validators",
+                &validators.to_string(),
+            ],
+        );
+        assert!(init.status.success(), "{}", stderr(&init));
+        let count = validators + full_nodes;
+        let mut network = Network {
+            dir,
+            chain,
+            validators,
+            p2p: (0..count).map(|_| free_port()).collect(),
+            rest: (0..count).map(|_| free_port()).collect(),
+            nodes: (0..count).map(|_| None).collect(),
+        };
+        for node in 0..count {
+            network.spawn(node);
+        }
+        for node in 0..count {
+            network.wait_listening(node);
+        }
+        network
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    pub fn data_dir(&self, node: usize) -> PathBuf {
+        self.dir.path().join(format!("node-{node}"))
+    }
+
+    fn key(&self, node: usize) -> PathBuf {
+        let role = match node {
+            0 => "validator".to_string(),
+            i => format!("validator-{i}"),
+        };
+        self.chain.join("keys").join(format!("{role}.key"))
+    }
+
+    pub fn genesis(&self) -> PathBuf {
+        self.chain.join("genesis.json")
+    }
+
+    pub fn url(&self, node: usize) -> String {
+        format!("http://127.0.0.1:{}", self.rest[node])
+    }
+
+    pub fn client(&self, node: usize) -> Client {
+        Client::new(&self.url(node))
+    }
+
+    fn spawn(&mut self, node: usize) {
+        let genesis = self.genesis();
+        let data = self.data_dir(node);
+        let mut args: Vec<String> = [
+            "ledger",
+            "--genesis",
+            path_str(&genesis),
+            "--data-dir",
+            path_str(&data),
+            "--listen",
+            &format!("127.0.0.1:{}", self.rest[node]),
+            "--p2p-listen",
+            &format!("127.0.0.1:{}", self.p2p[node]),
+        ]
+        .map(String::from)
+        .to_vec();
+        if node < self.validators {
+            args.extend(["--key".into(), path_str(&self.key(node)).into()]);
+        }
+        for other in (0..self.len()).filter(|o| *o != node) {
+            args.extend(["--peer".into(), format!("127.0.0.1:{}", self.p2p[other])]);
+            if other < self.validators {
+                args.extend(["--forward".into(), self.url(other)]);
+            }
+        }
+        self.nodes[node] = Some(Proc::start("kvasir-node", &args));
+    }
+
+    fn wait_listening(&mut self, node: usize) {
+        if let Some(proc) = self.nodes[node].as_mut() {
+            proc.listening("ledger");
+        }
+    }
+
+    /// Starts `node` again on its data directory and ports.
+    pub fn restart(&mut self, node: usize) {
+        self.spawn(node);
+        self.wait_listening(node);
+    }
+
+    /// SIGKILLs `node`.
+    pub fn kill(&mut self, node: usize) {
+        if let Some(mut proc) = self.nodes[node].take() {
+            proc.kill();
+        }
+    }
+
+    /// Stops `node` with SIGTERM and waits for it to exit.
+    pub fn stop(&mut self, node: usize) {
+        if let Some(proc) = self.nodes[node].take() {
+            proc.signal("TERM");
+            let (_, errors) = proc.wait_for_exit(Duration::from_secs(30));
+            assert!(!errors.contains("panicked"), "node {node}: {errors}");
+        }
+    }
+
+    pub fn running(&self) -> Vec<usize> {
+        (0..self.len())
+            .filter(|n| self.nodes[*n].is_some())
+            .collect()
+    }
+
+    /// The head height of `node`, or none while it does not answer.
+    pub fn height(&self, node: usize) -> Option<u64> {
+        self.client(node).head().ok().map(|head| head.height)
+    }
+
+    /// Waits until every running node's head is at least `height`; panics after `timeout`
+    /// naming each node's height and the stderr of the slowest.
+    pub fn wait_height(&self, height: u64, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let heights: Vec<(usize, Option<u64>)> = self
+                .running()
+                .into_iter()
+                .map(|n| (n, self.height(n)))
+                .collect();
+            if heights.iter().all(|(_, h)| h.is_some_and(|h| h >= height)) {
+                return;
+            }
+            if Instant::now() > deadline {
+                let slow = heights
+                    .iter()
+                    .find(|(_, h)| !h.is_some_and(|h| h >= height))
+                    .map(|(n, _)| *n)
+                    .unwrap_or(0);
+                let errors = self.nodes[slow].as_ref().map(Proc::stderr);
+                panic!(
+                    "not every node reached height {height} within {timeout:?}: {heights:?}; node {slow}'s stderr:\n{}",
+                    errors.unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The lowest head among the running nodes.
+    pub fn lowest_height(&self) -> u64 {
+        self.running()
+            .into_iter()
+            .filter_map(|n| self.height(n))
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// The highest head among the running nodes.
+    pub fn highest_height(&self) -> u64 {
+        self.running()
+            .into_iter()
+            .filter_map(|n| self.height(n))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Checks that every running node holds the same block at every height from 1 to
+    /// `through`, each with a certificate of at least `signers` validators.
+    pub fn assert_agree(&self, through: u64, signers: usize) {
+        for height in 1..=through {
+            let mut hashes: Vec<(usize, Hash)> = Vec::new();
+            for node in self.running() {
+                let block = self
+                    .client(node)
+                    .block(height)
+                    .unwrap_or_else(|e| panic!("node {node} block {height}: {e}"));
+                let certificate = block.certificate.expect("every block has a certificate");
+                assert!(
+                    certificate.signatures.len() >= signers,
+                    "node {node} block {height}: {} signers",
+                    certificate.signatures.len()
+                );
+                hashes.push((node, block.hash));
+            }
+            assert!(
+                hashes.windows(2).all(|w| w[0].1 == w[1].1),
+                "nodes disagree at height {height}: {hashes:?}"
+            );
+        }
+    }
+
+    /// `verify-chain` on `node`'s data directory (stopped first) against the genesis file.
+    pub fn verify(&self, node: usize) -> String {
+        let data = self.data_dir(node);
+        let genesis = self.genesis();
+        verify_chain(&data, &genesis)
+    }
+}
+
+/// `kvasir-node verify-chain --data-dir DATA --genesis GENESIS`: its stdout, or a panic with
+/// its stderr.
+pub fn verify_chain(data: &Path, genesis: &Path) -> String {
+    let output = run(
+        "kvasir-node",
+        &[
+            "verify-chain",
+            "--data-dir",
+            path_str(data),
+            "--genesis",
+            path_str(genesis),
+        ],
+    );
+    assert!(
+        output.status.success(),
+        "verify-chain of {}: {}",
+        data.display(),
+        stderr(&output)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
