@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
-use kvasir_ledger::Genesis;
+use kvasir_ledger::keys::Signature;
+use kvasir_ledger::{Genesis, Keypair};
 use malachitebft_app_channel::app::consensus::VoteExtensionError;
 use malachitebft_app_channel::app::engine::host::Next;
 use malachitebft_app_channel::app::engine::host::SyncedValueOutcome;
@@ -47,6 +48,9 @@ pub(crate) struct App<C: Chain> {
     validators: ValidatorSet,
     params: HeightParams<LedgerContext>,
     me: Option<Address>,
+    /// This validator's key, to seal the blocks it streams; none on a full node.
+    key: Option<Keypair>,
+    chain_id: String,
     max_block_bytes: u64,
     proposals: Proposals,
     streams: Streams,
@@ -60,7 +64,7 @@ impl<C: Chain> App<C> {
         chain: C,
         genesis: &Genesis,
         validators: ValidatorSet,
-        me: Option<Address>,
+        key: Option<Keypair>,
         proposals: Proposals,
     ) -> App<C> {
         let params = HeightParams::new(
@@ -74,7 +78,9 @@ impl<C: Chain> App<C> {
             chain,
             validators,
             params,
-            me,
+            me: key.as_ref().map(|k| Address(k.address())),
+            key,
+            chain_id: genesis.params.chain_id.clone(),
             max_block_bytes,
             proposals,
             streams: Streams::new(max_block_bytes),
@@ -156,15 +162,12 @@ impl<C: Chain> App<C> {
                 address,
                 value_id,
             } => match self.proposals.find(height, &value_id) {
-                Ok(Some(stored)) => {
-                    let init = Init {
-                        height,
-                        round,
-                        pol_round: valid_round,
-                        proposer: address,
-                    };
-                    return Ok(parts::split(init, &stored.block));
-                }
+                Ok(Some(stored)) => match self.seal(height, round, valid_round, &stored.block) {
+                    Some(init) if init.proposer == address => {
+                        return Ok(parts::split(init, &stored.block))
+                    }
+                    _ => warn!(%height, %round, "asked to restream another proposer's block"),
+                },
                 Ok(None) => warn!(%height, %round, %value_id, "asked to restream a block we lack"),
                 Err(e) => error!("{e}"),
             },
@@ -190,8 +193,17 @@ impl<C: Chain> App<C> {
             }
 
             AppMsg::Finalized {
-                certificate, reply, ..
+                certificate,
+                evidence,
+                reply,
+                ..
             } => {
+                // Two signed messages from one validator for one height and round: a
+                // validator equivocated (or its key is used twice). Nothing on chain punishes
+                // it yet; an operator must hear of it.
+                if !evidence.is_empty() {
+                    error!(height = %certificate.height, "equivocation seen: {evidence:?}");
+                }
                 anyhow::ensure!(
                     self.committed >= certificate.height.0,
                     "height {} finalized but not committed",
@@ -257,16 +269,28 @@ impl<C: Chain> App<C> {
             value,
             block: block.clone(),
         })?;
-        let init = Init {
-            height,
-            round,
-            pol_round: Round::Nil,
-            proposer: me,
-        };
+        let init = self
+            .seal(height, round, Round::Nil, &block)
+            .ok_or_else(|| anyhow::anyhow!("no key to seal the proposal with"))?;
         Ok((
             LocallyProposedValue::new(height, round, id),
             parts::split(init, &block),
         ))
+    }
+
+    /// The Init of this node's stream of `block` at (height, round), sealed with its key;
+    /// none on a full node.
+    fn seal(&self, height: Height, round: Round, pol_round: Round, block: &[u8]) -> Option<Init> {
+        let key = self.key.as_ref()?;
+        let mut init = Init {
+            height,
+            round,
+            pol_round,
+            proposer: Address(key.address()),
+            seal: Signature([0; 64]),
+        };
+        init.seal = init.sealed(block).sign(&self.chain_id, key);
+        Some(init)
     }
 
     fn received_part(
@@ -284,6 +308,11 @@ impl<C: Chain> App<C> {
         let init = assembled.init;
         if proposer_of(&self.validators, init.height, init.round).address != init.proposer {
             warn!(%publisher, height = %init.height, round = %init.round, "a block streamed for a proposer not of its round");
+            return None;
+        }
+        let sealed = init.sealed(&assembled.block);
+        if !sealed.verify(&self.chain_id, &init.proposer.0, &init.seal) {
+            warn!(%publisher, height = %init.height, round = %init.round, "a streamed block without its proposer's seal");
             return None;
         }
         let current = if init.height == self.deciding() {

@@ -270,6 +270,7 @@ fn part_(out: &mut impl Sink, part: &ProposalPart) -> Encoded {
             round_(out, "proposal part", init.round)?;
             opt_round_(out, init.pol_round);
             address_(out, &init.proposer);
+            out.put(&init.seal.0);
             Ok(())
         }
         ProposalPart::Data(data) => {
@@ -573,6 +574,7 @@ impl Reader {
                 round: self.round()?,
                 pol_round: self.opt_round()?,
                 proposer: self.address()?,
+                seal: self.signature()?.0,
             })),
             _ => Ok(ProposalPart::Data(
                 self.bytes("proposal part", MAX_CHUNK as u64)?,
@@ -936,6 +938,7 @@ mod tests {
             round: Round::new(0),
             pol_round: Round::Nil,
             proposer: address(3),
+            seal: signature(3).0,
         };
         round_trip(ProposalPart::Init(init));
         round_trip(ProposalPart::Data(Bytes::from(vec![5u8; MAX_CHUNK])));
@@ -1100,6 +1103,7 @@ mod tests {
                         round: Round::new(0),
                         pol_round: Round::Nil,
                         proposer: address(1),
+                        seal: signature(1).0,
                     },
                     &[],
                 )[0],

@@ -17,6 +17,8 @@ use malachitebft_app_channel::app::config::{
     ConsensusConfig, DiscoveryConfig, GossipSubConfig, NodeConfig, P2pConfig, PubSubProtocol,
     ValuePayload, ValueSyncConfig,
 };
+use malachitebft_app_channel::app::engine::network::NetworkMsg;
+use malachitebft_app_channel::app::engine::node::NodeRef;
 use malachitebft_app_channel::app::net::Multiaddr;
 use malachitebft_app_channel::app::types::codec::Codec;
 use malachitebft_app_channel::app::types::core::SigningScheme;
@@ -148,16 +150,29 @@ impl Handle {
 
     /// Stops the engine and waits for it and the application loop.
     pub async fn stop(self) -> anyhow::Result<()> {
-        let node = &self.engine.actor;
-        node.stop_children_and_wait(None, Some(STOP_TIMEOUT)).await;
-        node.stop(None);
+        shut_down(&self.engine.actor).await;
         let _ = tokio::time::timeout(STOP_TIMEOUT, self.engine.handle).await;
-        let app = self.app;
-        match tokio::time::timeout(STOP_TIMEOUT, app).await {
+        match tokio::time::timeout(STOP_TIMEOUT, self.app).await {
             Ok(done) => done.context("the consensus loop panicked")?,
             Err(_) => Ok(()),
         }
     }
+}
+
+/// Stops the engine's actors, then the engine. Stopping one child makes the node stop
+/// itself and kill the others, and a killed actor skips its cleanup: the network's
+/// listener and connections would outlive the engine. So the children are unlinked first
+/// and stopped one by one, the network last.
+async fn shut_down(node: &NodeRef) {
+    let mut children = node.get_children();
+    children.sort_by_key(|c| c.is_message_type_of::<NetworkMsg<LedgerContext>>() == Some(true));
+    for child in &children {
+        child.unlink(node.get_cell());
+    }
+    for child in children {
+        let _ = child.stop_and_wait(None, Some(STOP_TIMEOUT)).await;
+    }
+    let _ = node.stop_and_wait(None, Some(STOP_TIMEOUT)).await;
 }
 
 /// Starts consensus for `chain` on the chain of `genesis`: as a validator when `validator`
@@ -181,12 +196,13 @@ pub async fn start<C: Chain>(
     std::fs::create_dir_all(&settings.home)
         .with_context(|| format!("creating {}", settings.home.display()))?;
     let proposals = Proposals::open(&settings.home.join("proposals"))?;
+    let key = validator.clone();
     let chain_id = genesis.params.chain_id.clone();
     let codec = LedgerCodec::new(genesis.params.max_block_bytes);
     let p2p_key = network_key(validator.as_ref())?;
     let verifier = Box::new(LedgerVerifier::new(chain_id.clone()));
 
-    let (address, identity, consensus) = match validator {
+    let (identity, consensus) = match validator {
         Some(key) => {
             let address = Address(key.address());
             anyhow::ensure!(
@@ -210,18 +226,14 @@ pub async fn start<C: Chain>(
                 proof,
             );
             let consensus = ConsensusContext::new_validator(address, verifier, Box::new(signer));
-            (Some(address), identity, consensus)
+            (identity, consensus)
         }
         None => {
             // The engine wants an address even for a node that never signs; one no
             // validator holds is never in the set.
             let address = Address(Keypair::generate().address());
             let identity = NetworkIdentity::new(settings.moniker.clone(), p2p_key, None);
-            (
-                None,
-                identity,
-                ConsensusContext::new_full_node(address, verifier),
-            )
+            (identity, ConsensusContext::new_full_node(address, verifier))
         }
     };
 
@@ -238,15 +250,13 @@ pub async fn start<C: Chain>(
     .await
     .map_err(|e| anyhow::anyhow!("starting the consensus engine: {e:#}"))?;
 
-    let app = App::new(chain, genesis, validators, address, proposals);
+    let app = App::new(chain, genesis, validators, key, proposals);
     let node = engine.actor.clone();
     let app = tokio::spawn(async move {
         let result = app::run(app, channels).await;
         if let Err(e) = &result {
             error!("consensus stops: {e:#}");
-            let reason = Some(format!("{e:#}"));
-            node.stop_children(reason.clone());
-            node.stop(reason);
+            shut_down(&node).await;
         }
         result
     });

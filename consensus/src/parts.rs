@@ -2,10 +2,11 @@
 //! proposer}`, then the block's bytes in chunks of at most `MAX_CHUNK`, then the stream's
 //! `Fin`; receivers put the stream back together.
 //!
-//! Malachite does not sign parts, and any peer can publish a stream. Nothing here trusts
-//! one: an assembled block still has to come from the round's proposer and pass
-//! `Chain::validate` before it counts, and consensus only decides the block whose id the
-//! proposer signed. What a forged or abandoned stream can cost is memory, so every way a
+//! Malachite does not sign parts, and any peer can publish a stream, so the proposer seals
+//! its block: the Init carries its signature over height, round, lock round and the blake3
+//! of the block's bytes (`kvasir_ledger::certificate::StreamedBlock`), checked before the
+//! block is validated or kept. An assembled block still has to pass `Chain::validate`
+//! before it counts, and consensus only decides the block whose id the proposer signed. What a forged or abandoned stream can cost is memory, so every way a
 //! peer could grow it is bounded: bytes per stream, streams per publisher and in all, total
 //! buffered bytes, and how far ahead a height may be. Past heights are pruned as the chain
 //! moves on.
@@ -16,6 +17,9 @@ use bytes::Bytes;
 use malachitebft_app_channel::app::streaming::{StreamContent, StreamId, StreamMessage};
 use malachitebft_app_channel::app::types::core::{self as core, Round};
 use malachitebft_app_channel::app::types::PeerId;
+
+use kvasir_ledger::certificate::StreamedBlock;
+use kvasir_ledger::keys::Signature;
 
 use crate::context::{Address, Height, LedgerContext};
 
@@ -39,6 +43,20 @@ pub struct Init {
     pub round: Round,
     pub pol_round: Round,
     pub proposer: Address,
+    /// The proposer's seal on the block that follows.
+    pub seal: Signature,
+}
+
+impl Init {
+    /// What `seal` signs, for the block `bytes`.
+    pub fn sealed(&self, bytes: &[u8]) -> StreamedBlock {
+        StreamedBlock::new(
+            self.height.0,
+            self.round.as_u32().unwrap_or(u32::MAX),
+            self.pol_round.as_u32(),
+            bytes,
+        )
+    }
 }
 
 /// One part of a streamed block. The stream's end is the stream's own `Fin`, not a part.
@@ -333,6 +351,7 @@ mod tests {
             round: Round::new(round),
             pol_round: Round::Nil,
             proposer: Address(Keypair::from_seed(&[1; 32]).address()),
+            seal: Signature([0; 64]),
         }
     }
 

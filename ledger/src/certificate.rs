@@ -68,6 +68,37 @@ impl Proposal {
     }
 }
 
+/// What a proposer signs on the block it streams for its proposal at (height, round)
+/// (re-proposing under a proof-of-lock from `pol_round`, if any): the blake3 of the block's
+/// bytes. The stream itself is not signed by the engine, so without this seal anyone could
+/// stream blocks in the proposer's name and crowd out its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, BorshSerialize, BorshDeserialize)]
+pub struct StreamedBlock {
+    pub height: u64,
+    pub round: u32,
+    pub pol_round: Option<u32>,
+    pub digest: Hash,
+}
+
+impl StreamedBlock {
+    pub fn new(height: u64, round: u32, pol_round: Option<u32>, block: &[u8]) -> StreamedBlock {
+        StreamedBlock {
+            height,
+            round,
+            pol_round,
+            digest: Hash::of_parts(&[block]),
+        }
+    }
+
+    pub fn sign(&self, chain_id: &str, proposer: &Keypair) -> Signature {
+        intent::sign(proposer, Intent::StreamedBlock, chain_id, self)
+    }
+
+    pub fn verify(&self, chain_id: &str, proposer: &Address, signature: &Signature) -> bool {
+        intent::verify(proposer, Intent::StreamedBlock, chain_id, self, signature).is_ok()
+    }
+}
+
 /// One validator's precommit in a certificate.
 #[derive(Clone, Debug, PartialEq, Eq, BorshSerialize, BorshDeserialize)]
 pub struct CommitSignature {
@@ -392,6 +423,13 @@ mod tests {
         };
         assert!(!proposal.verify("c", &key.address(), &signature));
         assert!(proposal.verify("c", &key.address(), &proposal.sign("c", &key)));
+        // A seal binds the stream's height, round, lock round and bytes.
+        let seal = StreamedBlock::new(1, 0, None, b"block");
+        let sealed = seal.sign("c", &key);
+        assert!(seal.verify("c", &key.address(), &sealed));
+        assert!(!StreamedBlock::new(1, 0, None, b"other").verify("c", &key.address(), &sealed));
+        assert!(!StreamedBlock::new(1, 0, Some(0), b"block").verify("c", &key.address(), &sealed));
+        assert!(!proposal.verify("c", &key.address(), &sealed));
     }
 
     #[test]

@@ -26,6 +26,9 @@ pub enum Intent {
     Proposal = 7,
     /// A validator's binding of its consensus key to its network peer id.
     ValidatorProof = 8,
+    /// A proposer's seal on the block it streams to the other validators
+    /// (`certificate::StreamedBlock`).
+    StreamedBlock = 9,
 }
 
 /// The exact bytes that are signed for `payload` under `intent` on chain `chain_id`.

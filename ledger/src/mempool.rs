@@ -279,6 +279,22 @@ impl Mempool {
         candidates
     }
 
+    /// Drops every transaction `state` has made stale: one whose nonce its sender has used
+    /// already (another node's block took that nonce with another transaction). Such a
+    /// copy could never be included, yet would go on counting against its sender's window,
+    /// the mempool's room and, for evidence, its session's one place.
+    pub fn prune_stale(&mut self, state: &State) {
+        let stale: Vec<Hash> = self
+            .senders
+            .iter()
+            .flat_map(|(sender, queue)| {
+                let next = state.account(sender).nonce;
+                queue.range(..next).map(|(_, tx)| tx.tx().hash())
+            })
+            .collect();
+        self.remove(stale);
+    }
+
     /// Drops transactions that were included or rejected.
     pub fn remove(&mut self, hashes: impl IntoIterator<Item = Hash>) {
         for hash in hashes {
@@ -439,6 +455,33 @@ mod tests {
         mempool.remove([first]);
         admit(&mut mempool, evidence_tx(&keys, &stranger, 0, 1)).unwrap();
         assert_eq!(mempool.len(), 2);
+    }
+
+    #[test]
+    fn copies_whose_nonce_another_block_used_are_pruned() {
+        let mut f = Fixture::new(limits(16, 16));
+        let alice = Keypair::from_seed(&[4; 32]);
+        for nonce in 0..4 {
+            f.pay(&alice, nonce).unwrap();
+        }
+        // Another proposer's block used Alice's nonces 0 and 1 for other transfers.
+        let payee = Keypair::from_seed(&[78; 32]).address();
+        let elsewhere: Vec<VerifiedTx> = (0..2)
+            .map(|n| verified(f.state.genesis(), transfer(&alice, n, payee, "1")))
+            .collect();
+        let validator = Keypair::from_seed(&[1; 32]);
+        f.state = produce_block(&f.state, &elsewhere, &validator, 0)
+            .unwrap()
+            .state;
+        f.mempool.prune_stale(&f.state);
+        let left: Vec<u64> = f
+            .mempool
+            .candidates(10)
+            .iter()
+            .map(|tx| tx.tx().tx.nonce)
+            .collect();
+        assert_eq!(left, vec![2, 3]);
+        assert_eq!(f.mempool.len(), 2);
     }
 
     #[test]

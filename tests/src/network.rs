@@ -169,6 +169,11 @@ impl Network {
         }
     }
 
+    /// What `node` has written to stderr since it last started.
+    pub fn stderr(&self, node: usize) -> String {
+        self.nodes[node].as_ref().map(Proc::stderr).unwrap_or_default()
+    }
+
     pub fn running(&self) -> Vec<usize> {
         (0..self.len())
             .filter(|n| self.nodes[*n].is_some())

@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use kvasir_ledger::{Amount, Keypair, TxKind};
+use rand::{Rng, SeedableRng};
 use kvasir_tests::network::Network;
 
 const PATIENCE: Duration = Duration::from_secs(90);
@@ -62,4 +63,50 @@ fn four_validators_and_a_full_node_agree_and_tolerate_one_failure() {
         let report = net.verify(node);
         assert!(report.contains("chain ok"), "node {node}: {report}");
     }
+}
+
+#[test]
+fn a_validator_killed_twenty_times_rejoins_without_equivocating_and_an_empty_node_syncs_all() {
+    let mut net = Network::start(4, 1);
+    let full = 4;
+    net.wait_height(2, PATIENCE);
+    // The full node is wiped now, to come back later with nothing.
+    net.kill(full);
+    std::fs::remove_dir_all(net.data_dir(full)).unwrap();
+
+    let seed = std::env::var("KVASIR_KILL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    for kill in 0..20 {
+        // Anywhere in its life: starting, replaying its log, voting, committing.
+        std::thread::sleep(Duration::from_millis(rng.gen_range(0..1500)));
+        net.kill(1);
+        net.restart(1);
+        assert!(
+            net.height(0).is_some(),
+            "kill {kill} (KVASIR_KILL_SEED={seed}): node 0 stopped answering"
+        );
+    }
+    let target = net.highest_height() + 2;
+    net.wait_height(target, PATIENCE);
+    net.assert_agree(net.lowest_height(), 3);
+    for node in net.running() {
+        let errors = net.stderr(node);
+        assert!(
+            !errors.contains("equivocation"),
+            "node {node} saw equivocation (KVASIR_KILL_SEED={seed}):\n{errors}"
+        );
+    }
+
+    // From an empty data directory, a full node syncs every block and certificate.
+    net.restart(full);
+    net.wait_height(net.highest_height(), PATIENCE);
+    net.assert_agree(net.lowest_height(), 3);
+    for node in 0..net.len() {
+        net.stop(node);
+    }
+    let report = net.verify(full);
+    assert!(report.contains("chain ok"), "{report}");
 }

@@ -1,6 +1,7 @@
 //! `kvasir-node bench ...`: each hot path measured next to its reference, in the same run.
 
 mod audit;
+mod consensus;
 mod credit;
 mod decode;
 mod dispatch;
@@ -29,6 +30,9 @@ pub enum Bench {
     /// Decode with every expert remote at the default audit rate next to auditing off:
     /// audit overhead; answers until a worker lying on 1% of them is caught.
     Audit(audit::Args),
+    /// Transfers committed through four validators on loopback next to one: committed/s,
+    /// submission-to-commit latency p50/p99.
+    Consensus(consensus::Args),
 }
 
 pub fn run(bench: Bench) -> Result<()> {
@@ -39,5 +43,6 @@ pub fn run(bench: Bench) -> Result<()> {
         Bench::Relay(args) => relay::run(args),
         Bench::Credit(args) => credit::run(args),
         Bench::Audit(args) => audit::run(args),
+        Bench::Consensus(args) => consensus::run(args),
     }
 }

@@ -365,7 +365,7 @@ fn free_port() -> Result<u16> {
 /// `keys/validator-1.key`, ...), each with every pinned checkpoint in `models`, each dialling
 /// the others' consensus listeners and forwarding transactions to their REST APIs; pushes
 /// them onto `roles` and returns their REST addresses.
-fn start_validators(
+pub fn start_validators(
     chain: &Path,
     models: &[PathBuf],
     roles: &mut Vec<Child>,

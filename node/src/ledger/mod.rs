@@ -16,7 +16,7 @@ mod forward;
 #[cfg(feature = "consensus")]
 mod replica;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -47,6 +47,10 @@ const EVIDENCE_LINE: usize = 32;
 const EVIDENCE_PATIENCE: Duration = Duration::from_secs(10);
 /// Blocks applied on the head and kept until one is decided.
 const APPLIED_KEPT: usize = 16;
+/// Blocks found invalid, remembered so that no peer makes this node apply one again.
+const INVALID_KEPT: usize = 1024;
+/// Pieces of evidence judged per submission: each may cost a recomputation.
+const EVIDENCE_PER_REQUEST: usize = 4;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -152,6 +156,9 @@ pub struct Ledger {
     /// The genesis block interval: a proposal waits this long after the last commit.
     interval: Duration,
     applied: Mutex<HashMap<Hash, Applied>>,
+    /// Blocks that failed `apply_block`, the newest `INVALID_KEPT`: a block is invalid
+    /// whatever the head it was made for, so it is never applied twice.
+    invalid: Mutex<Rejections>,
     /// Where transactions admitted here go on to; none for a node on its own.
     forwarder: Option<Forwarder>,
     pub blocks_produced: std::sync::atomic::AtomicU64,
@@ -215,6 +222,7 @@ impl Ledger {
             validator,
             interval: Duration::from_millis(genesis.params.block_interval_ms),
             applied: Mutex::default(),
+            invalid: Mutex::new(Rejections::new(INVALID_KEPT)),
             forwarder: None,
             blocks_produced: Default::default(),
             block_interval: Histogram::default(),
@@ -231,9 +239,28 @@ impl Ledger {
     /// Admits each of `txs` to the mempool (signatures batch-verified in parallel); per
     /// transaction its hash or why it was refused.
     pub fn submit(&self, txs: Vec<SignedTx>) -> Vec<Result<Hash, Refusal>> {
+        // Evidence may cost a recomputation each: a few per request, one per session (the
+        // mempool's one place per session is not taken until the batch is judged).
+        let mut sessions = HashSet::new();
         let checked = check_stateless(self.state().genesis(), txs)
             .into_iter()
-            .map(|verified| self.judge_evidence(verified?))
+            .map(|verified| {
+                let verified = verified?;
+                if let TxKind::Evidence(e) = &verified.tx().tx.kind {
+                    if sessions.len() >= EVIDENCE_PER_REQUEST {
+                        return Err(Refusal::EvidenceBusy);
+                    }
+                    if !sessions.insert((e.worker, e.hub, e.session)) {
+                        return Err(MempoolError::EvidenceWaiting {
+                            worker: e.worker,
+                            hub: e.hub,
+                            session: e.session,
+                        }
+                        .into());
+                    }
+                }
+                self.judge_evidence(verified)
+            })
             .collect::<Vec<_>>();
         // The state is read under the mempool lock, which `produce` holds from the store's
         // commit until both agree with it: a client that saw its last transaction committed
@@ -288,7 +315,7 @@ impl Ledger {
         };
         lock(&self.mempool).bounds(&self.state(), &verified)?;
         check_evidence_standing(&self.state(), evidence)?;
-        let Ok(_turn) = self.evidence.enter(evidence.worker) else {
+        let Ok(_turn) = self.evidence.enter(verified.tx().tx.sender) else {
             return Err(Refusal::EvidenceBusy);
         };
         check_action(&self.state(), verified.tx())?;
@@ -385,9 +412,24 @@ impl Ledger {
                 block.header.proposer
             );
         }
-        check_clock(&block.header, now_ms())?;
-        let (next, changes) = apply_block(&state, &block)?;
         let hash = block.hash();
+        // Any peer can stream the same block again and again: it is applied once per head.
+        if let Some(kept) = lock(&self.applied).get(&hash) {
+            if kept.block.header.prev_hash == state.block_hash() {
+                return Ok(hash);
+            }
+        }
+        if let Some(why) = lock(&self.invalid).get(&hash) {
+            bail!("{}", why.0);
+        }
+        check_clock(&block.header, now_ms())?;
+        let (next, changes) = match apply_block(&state, &block) {
+            Ok(applied) => applied,
+            Err(e) => {
+                lock(&self.invalid).insert(hash, Rejection(e.to_string()));
+                return Err(e.into());
+            }
+        };
         self.keep_applied(Applied {
             block,
             state: next,
@@ -420,6 +462,7 @@ impl Ledger {
         self.store
             .commit(&applied.block, &applied.changes, certificate)?;
         mempool.remove(applied.block.txs.iter().map(SignedTx::hash));
+        mempool.prune_stale(&applied.state);
         *self.state.write().unwrap_or_else(|p| p.into_inner()) = applied.state;
         drop(mempool);
         // What was applied on the old head is of no use on the new one.
@@ -604,8 +647,8 @@ mod tests {
             "{judged:?}"
         );
         drop(other);
-        // Bonded, it is worth a recomputation: while this worker's evidence is being
-        // recomputed, another piece against it is refused without waiting.
+        // Bonded, it is worth a recomputation: while a reporter's evidence is being
+        // recomputed, its next piece is refused without waiting.
         let to = worker.address();
         let amount = Amount::parse("20").unwrap();
         let fund = TxKind::Transfer { to, amount }.signed(&chain_id, &faucet, 0);
@@ -615,8 +658,9 @@ mod tests {
         let bond = TxKind::Bond { amount }.signed(&chain_id, &worker, 0);
         assert!(ledger.submit(vec![bond])[0].is_ok(), "bond");
         ledger.produce().unwrap();
-        let gate = ledger.evidence.enter(worker.address()).unwrap();
-        let busy = ledger.submit(vec![report(&Keypair::generate(), 0)]);
+        let reporter = Keypair::generate();
+        let gate = ledger.evidence.enter(reporter.address()).unwrap();
+        let busy = ledger.submit(vec![report(&reporter, 0)]);
         assert!(matches!(busy[..], [Err(Refusal::EvidenceBusy)]), "{busy:?}");
         // A sender's full window refuses it before any recomputation is tried.
         transfers(&ledger, &faucet, 1..17);
@@ -638,6 +682,50 @@ mod tests {
             ),
             "{judged:?}"
         );
+    }
+
+    #[test]
+    fn a_proposal_that_fails_any_check_is_not_valid() {
+        use kvasir_ledger::intent::{self, Intent};
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, _) = ledger_with(dir.path(), |_| {});
+        let key = ledger.validator.clone().unwrap();
+        let me = key.address();
+        let state = ledger.state();
+        let chain_id = state.genesis().params.chain_id.clone();
+        let made = |at| produce_block(&state, &[], &key, at).unwrap().block;
+        let resealed = |mut block: Block, change: &dyn Fn(&mut Block)| {
+            change(&mut block);
+            block.header.tx_root = Block::tx_root(&block.txs);
+            block.signature = intent::sign(&key, Intent::Block, &chain_id, &block.header);
+            block.to_bytes()
+        };
+        let good = made(now_ms());
+        assert_eq!(
+            ledger.validate(1, Some(&me), &good.to_bytes()).unwrap(),
+            good.hash()
+        );
+        // Re-proposed or synced, any validator may be its author.
+        assert!(ledger.validate(1, None, &good.to_bytes()).is_ok());
+        let refused = |height, author: Option<&Address>, bytes: &[u8]| {
+            let error = ledger.validate(height, author, bytes).unwrap_err();
+            format!("{error:#}")
+        };
+        let stranger = Keypair::generate().address();
+        assert!(refused(1, Some(&stranger), &good.to_bytes()).contains("signed by"));
+        assert!(refused(2, Some(&me), &good.to_bytes()).contains("height"));
+        let bad_root = resealed(good.clone(), &|b| b.header.state_root = Hash([7; 32]));
+        assert!(refused(1, Some(&me), &bad_root).contains("state root"));
+        let future = made(now_ms() + 60_000).to_bytes();
+        assert!(refused(1, Some(&me), &future).contains("ahead"));
+        let broke = Keypair::generate();
+        let amount = kvasir_ledger::Amount::parse("1").unwrap();
+        let theft = TxKind::Transfer { to: me, amount }.signed(&chain_id, &broke, 0);
+        let failing = resealed(good.clone(), &|b| b.txs.push(theft.clone()));
+        assert!(refused(1, Some(&me), &failing).contains("transaction"));
+        assert!(refused(1, Some(&me), &good.to_bytes()[1..]).contains("malformed"));
+        // Nothing refused was kept to be committed.
+        assert_eq!(ledger.state().height(), 0);
     }
 
     #[test]
