@@ -265,10 +265,14 @@ impl<C: Chain> App<C> {
             value: id,
             validity: Validity::Valid,
         };
-        self.proposals.put(&Stored {
-            value,
-            block: block.clone(),
-        })?;
+        // Kept, or this node could not commit its own block were it decided.
+        anyhow::ensure!(
+            self.proposals.put(&Stored {
+                value,
+                block: block.clone(),
+            })?,
+            "no room to keep this node's own proposal at height {height}, round {round}"
+        );
         let init = self
             .seal(height, round, Round::Nil, &block)
             .ok_or_else(|| anyhow::anyhow!("no key to seal the proposal with"))?;
@@ -515,3 +519,6 @@ pub(crate) async fn run<C: Chain>(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

@@ -18,7 +18,8 @@ use crate::context::{Address, BlockId, Height, LedgerContext};
 
 /// Distinct blocks kept for one (height, round): a proposer who equivocates gets two.
 pub const MAX_PER_ROUND: usize = 2;
-/// Blocks kept in all, across the few heights and rounds not yet decided.
+/// Blocks kept in all, across the few heights and rounds not yet decided; past it the
+/// oldest round's go first.
 pub const MAX_UNDECIDED: usize = 32;
 
 #[derive(Debug, thiserror::Error)]
@@ -108,8 +109,18 @@ impl Proposals {
             .undecided
             .scan_prefix(round_key(value.height, round))
             .count();
-        if in_round >= MAX_PER_ROUND || self.undecided.len() >= MAX_UNDECIDED {
+        if in_round >= MAX_PER_ROUND {
             return Ok(false);
+        }
+        // Full: the oldest round goes. A chain stalled for many rounds (too few validators
+        // up) must still keep the proposals of the rounds that can decide when they return.
+        while self.undecided.len() >= MAX_UNDECIDED {
+            match self.undecided.first()? {
+                Some((oldest, _)) if oldest.as_ref() < key.as_slice() => {
+                    self.undecided.remove(oldest)?;
+                }
+                _ => return Ok(false),
+            }
         }
         let record = Record {
             proposer: value.proposer.0,
@@ -244,15 +255,23 @@ mod tests {
     }
 
     #[test]
-    fn the_store_stays_bounded() {
+    fn the_store_stays_bounded_and_keeps_the_newest_rounds() {
         let dir = tempfile::tempdir().unwrap();
         let store = Proposals::open(dir.path()).unwrap();
-        let mut kept = 0;
+        // A height stalled for a hundred rounds: every new round's proposal is still kept.
         for round in 0..100 {
-            if store.put(&stored(5, round, round as u8)).unwrap() {
-                kept += 1;
-            }
+            assert!(
+                store.put(&stored(5, round, round as u8)).unwrap(),
+                "{round}"
+            );
         }
-        assert_eq!(kept, MAX_UNDECIDED);
+        assert_eq!(store.undecided.len(), MAX_UNDECIDED);
+        assert!(store.at(Height(5), Round::new(99)).unwrap().len() == 1);
+        assert!(store.at(Height(5), Round::new(0)).unwrap().is_empty());
+        // One older than everything kept makes no room for itself.
+        assert!(!store.put(&stored(4, 0, 200)).unwrap());
+        // An equivocating proposer gets two blocks in a round, not more.
+        assert!(store.put(&stored(5, 99, 201)).unwrap());
+        assert!(!store.put(&stored(5, 99, 202)).unwrap());
     }
 }

@@ -171,7 +171,10 @@ impl Network {
 
     /// What `node` has written to stderr since it last started.
     pub fn stderr(&self, node: usize) -> String {
-        self.nodes[node].as_ref().map(Proc::stderr).unwrap_or_default()
+        self.nodes[node]
+            .as_ref()
+            .map(Proc::stderr)
+            .unwrap_or_default()
     }
 
     pub fn running(&self) -> Vec<usize> {

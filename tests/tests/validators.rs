@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use kvasir_ledger::{Amount, Keypair, TxKind};
-use rand::{Rng, SeedableRng};
 use kvasir_tests::network::Network;
+use rand::{Rng, SeedableRng};
 
 const PATIENCE: Duration = Duration::from_secs(90);
 
