@@ -78,10 +78,11 @@ enum GenesisCommand {
     },
 }
 
-/// Our own logs at info; the consensus engine's and its network's only when they warn (at
-/// info they narrate every step of every round).
+/// Our own logs at info; the consensus engine's only when it warns (at info it narrates every
+/// step of every round), its network's only on errors (it warns of every connection a
+/// stopping peer closes).
 const DEFAULT_LOG: &str = "info,arc_malachitebft_core_consensus=warn,arc_malachitebft_engine=warn,\
-arc_malachitebft_network=warn,arc_malachitebft_discovery=warn,arc_malachitebft_sync=warn,\
+arc_malachitebft_network=error,arc_malachitebft_discovery=error,arc_malachitebft_sync=warn,\
 arc_malachitebft_wal=warn,libp2p_swarm=warn,libp2p_gossipsub=warn,ractor=warn";
 
 fn main() -> ExitCode {

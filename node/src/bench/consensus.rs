@@ -72,13 +72,15 @@ fn load(
 ) -> Result<Vec<Duration>> {
     let latencies = Mutex::new(Vec::new());
     let window = Limits::default().per_sender as u64;
-    let sink = Keypair::from_seed(&[9; 32]).address();
     std::thread::scope(|scope| {
         let workers: Vec<_> = senders
             .iter()
             .enumerate()
             .map(|(i, key)| {
                 let (client, latencies) = (Client::new(&urls[i % urls.len()]), &latencies);
+                // Another sender: an account that exists, whatever the chain's minimum for
+                // creating one.
+                let sink = senders[(i + 1) % senders.len()].address();
                 scope.spawn(move || -> Result<()> {
                     let mut nonce = client.account(&key.address())?.nonce;
                     while !stop.load(Ordering::Relaxed) {

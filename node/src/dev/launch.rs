@@ -65,7 +65,11 @@ impl Child {
             .stderr(Stdio::piped())
             .env(PARENT_ENV, std::process::id().to_string());
         if std::env::var_os("RUST_LOG").is_none() {
-            command.env("RUST_LOG", "warn");
+            // The consensus network warns of every connection a stopping peer closes.
+            command.env(
+                "RUST_LOG",
+                "warn,arc_malachitebft_discovery=error,arc_malachitebft_network=error",
+            );
         }
         let mut child = command.spawn().context("starting a child process")?;
         let stdout = child.stdout.take().context("child stdout")?;
