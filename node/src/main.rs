@@ -83,7 +83,7 @@ enum GenesisCommand {
 /// stopping peer closes).
 const DEFAULT_LOG: &str = "info,arc_malachitebft_core_consensus=warn,arc_malachitebft_engine=warn,\
 arc_malachitebft_network=error,arc_malachitebft_discovery=error,arc_malachitebft_sync=warn,\
-arc_malachitebft_wal=warn,libp2p_swarm=warn,libp2p_gossipsub=warn,ractor=warn";
+arc_malachitebft_wal=warn,libp2p_swarm=warn,libp2p_gossipsub=error,ractor=warn";
 
 fn main() -> ExitCode {
     kvasir_node::dev::launch::follow_parent();

@@ -68,7 +68,7 @@ impl Child {
             // The consensus network warns of every connection a stopping peer closes.
             command.env(
                 "RUST_LOG",
-                "warn,arc_malachitebft_discovery=error,arc_malachitebft_network=error",
+                "warn,arc_malachitebft_discovery=error,arc_malachitebft_network=error,libp2p_gossipsub=error",
             );
         }
         let mut child = command.spawn().context("starting a child process")?;
