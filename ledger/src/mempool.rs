@@ -355,6 +355,19 @@ mod tests {
             self.insert(transfer(from, nonce, payee, "0.000000001"))
         }
 
+        /// Moves the state on by a block, made elsewhere, in which `sender` used `nonces`
+        /// for other transfers than those waiting here.
+        fn commit_elsewhere(&mut self, sender: &Keypair, nonces: std::ops::Range<u64>) {
+            let payee = Keypair::from_seed(&[78; 32]).address();
+            let elsewhere: Vec<VerifiedTx> = nonces
+                .map(|n| verified(self.state.genesis(), transfer(sender, n, payee, "1")))
+                .collect();
+            let validator = Keypair::from_seed(&[1; 32]);
+            self.state = produce_block(&self.state, &elsewhere, &validator, 0)
+                .unwrap()
+                .state;
+        }
+
         fn credit(&mut self, nonce: u64) -> Result<Hash, MempoolError> {
             let receipt = Receipt {
                 chain_id: "kvasir-test".into(),
@@ -465,14 +478,7 @@ mod tests {
             f.pay(&alice, nonce).unwrap();
         }
         // Another proposer's block used Alice's nonces 0 and 1 for other transfers.
-        let payee = Keypair::from_seed(&[78; 32]).address();
-        let elsewhere: Vec<VerifiedTx> = (0..2)
-            .map(|n| verified(f.state.genesis(), transfer(&alice, n, payee, "1")))
-            .collect();
-        let validator = Keypair::from_seed(&[1; 32]);
-        f.state = produce_block(&f.state, &elsewhere, &validator, 0)
-            .unwrap()
-            .state;
+        f.commit_elsewhere(&alice, 0..2);
         f.mempool.prune_stale(&f.state);
         let left: Vec<u64> = f
             .mempool
@@ -614,15 +620,9 @@ mod tests {
             f.pay(&alice, nonce).unwrap();
         }
         // Another producer's block took Alice's first three nonces; the copies still wait
-        // here until this node's next block drops them, and count against her.
-        let payee = Keypair::from_seed(&[78; 32]).address();
-        let elsewhere: Vec<VerifiedTx> = (0..3)
-            .map(|n| verified(f.state.genesis(), transfer(&alice, n, payee, "1")))
-            .collect();
-        let validator = Keypair::from_seed(&[1; 32]);
-        f.state = produce_block(&f.state, &elsewhere, &validator, 0)
-            .unwrap()
-            .state;
+        // here until they are pruned (`prune_stale`, at the node's next commit), and count
+        // against her meanwhile.
+        f.commit_elsewhere(&alice, 0..3);
         assert_eq!(
             f.pay(&alice, 3),
             Err(MempoolError::SenderFull {
