@@ -5,7 +5,7 @@
 
 use kvasir_ledger::certificate::{Certificate, CommitSignature as LedgerSignature};
 use malachitebft_app_channel::app::types::core::{
-    CommitCertificate, CommitSignature, ExtendedCommitCertificate, ExtendedCommitSignature, Round,
+    CommitCertificate, ExtendedCommitCertificate, ExtendedCommitSignature, Round,
 };
 
 use crate::context::{Address, BlockId, ConsensusSignature, Height, LedgerContext};
@@ -14,67 +14,31 @@ use crate::context::{Address, BlockId, ConsensusSignature, Height, LedgerContext
 pub enum ConversionError {
     #[error("the certificate is for a nil round")]
     NilRound,
-    #[error("{0} signed with a vote extension, which this chain does not use")]
-    Extension(kvasir_ledger::Address),
-}
-
-fn ledger_form<'a>(
-    height: Height,
-    round: Round,
-    value_id: BlockId,
-    signatures: impl Iterator<Item = (&'a Address, &'a ConsensusSignature)>,
-) -> Result<Certificate, ConversionError> {
-    let mut signatures: Vec<LedgerSignature> = signatures
-        .map(|(address, signature)| LedgerSignature {
-            validator: address.0,
-            signature: signature.0,
-        })
-        .collect();
-    signatures.sort_by_key(|s| s.validator);
-    Ok(Certificate {
-        height: height.0,
-        round: round.as_u32().ok_or(ConversionError::NilRound)?,
-        block: value_id.0,
-        signatures,
-    })
 }
 
 /// The ledger's certificate for what the engine decided.
 pub fn ledger_certificate(
     cert: &CommitCertificate<LedgerContext>,
 ) -> Result<Certificate, ConversionError> {
-    ledger_form(
-        cert.height,
-        cert.round,
-        cert.value_id,
-        cert.commit_signatures
-            .iter()
-            .map(|s| (&s.address, &s.signature)),
-    )
-}
-
-/// The ledger's certificate for one shipped by sync, which must carry no extensions.
-pub fn ledger_certificate_of_synced(
-    cert: &ExtendedCommitCertificate<LedgerContext>,
-) -> Result<Certificate, ConversionError> {
-    if let Some(s) = cert
+    let mut signatures: Vec<LedgerSignature> = cert
         .commit_signatures
         .iter()
-        .find(|s| s.extension.is_some())
-    {
-        return Err(ConversionError::Extension(s.address.0));
-    }
-    ledger_form(
-        cert.height,
-        cert.round,
-        cert.value_id,
-        cert.commit_signatures
-            .iter()
-            .map(|s| (&s.address, &s.signature)),
-    )
+        .map(|s| LedgerSignature {
+            validator: s.address.0,
+            signature: s.signature.0,
+        })
+        .collect();
+    signatures.sort_by_key(|s| s.validator);
+    Ok(Certificate {
+        height: cert.height.0,
+        round: cert.round.as_u32().ok_or(ConversionError::NilRound)?,
+        block: cert.value_id.0,
+        signatures,
+    })
 }
 
 /// The engine's form of a stored certificate.
+#[cfg(test)]
 pub fn commit_certificate(cert: &Certificate) -> CommitCertificate<LedgerContext> {
     CommitCertificate {
         height: Height(cert.height),
@@ -83,7 +47,12 @@ pub fn commit_certificate(cert: &Certificate) -> CommitCertificate<LedgerContext
         commit_signatures: cert
             .signatures
             .iter()
-            .map(|s| CommitSignature::new(Address(s.validator), ConsensusSignature(s.signature)))
+            .map(|s| {
+                malachitebft_app_channel::app::types::core::CommitSignature::new(
+                    Address(s.validator),
+                    ConsensusSignature(s.signature),
+                )
+            })
             .collect(),
     }
 }
@@ -113,7 +82,6 @@ mod tests {
     use super::*;
     use crate::tests::genesis_with;
     use kvasir_ledger::Hash;
-    use malachitebft_app_channel::app::types::core::SignedMessage;
 
     #[test]
     fn certificates_convert_both_ways_and_verify_offline() {
@@ -130,16 +98,11 @@ mod tests {
         assert_eq!(back.verify(&genesis, 9, &block), Ok(3));
 
         let synced = synced_certificate(&ours);
-        assert_eq!(ledger_certificate_of_synced(&synced), Ok(ours.clone()));
-        let mut extended = synced;
-        extended.commit_signatures[0].extension = Some(SignedMessage::new(
-            (),
-            extended.commit_signatures[0].signature,
-        ));
-        assert!(matches!(
-            ledger_certificate_of_synced(&extended),
-            Err(ConversionError::Extension(_))
-        ));
+        assert_eq!(synced.commit_signatures.len(), 3);
+        assert!(synced
+            .commit_signatures
+            .iter()
+            .all(|s| s.extension.is_none()));
         engine.round = Round::Nil;
         assert_eq!(ledger_certificate(&engine), Err(ConversionError::NilRound));
     }

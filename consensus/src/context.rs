@@ -211,6 +211,7 @@ impl ValidatorSet {
         Ok(ValidatorSet { validators })
     }
 
+    #[cfg(test)]
     pub fn validators(&self) -> &[Validator] {
         &self.validators
     }

@@ -18,12 +18,7 @@ mod parts;
 mod signing;
 mod store;
 
-pub use certificates::{
-    commit_certificate, ledger_certificate, ledger_certificate_of_synced, synced_certificate,
-    ConversionError,
-};
 pub use chain::Chain;
-pub use context::LedgerContext;
 pub use malachitebft_app_channel::app::net::Multiaddr;
 pub use node::{start, Handle, Settings};
 
