@@ -295,7 +295,7 @@ impl Certificate {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::genesis::tests::test_genesis;
     use proptest::prelude::*;

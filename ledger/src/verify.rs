@@ -133,6 +133,34 @@ mod tests {
     }
 
     #[test]
+    fn a_certificate_short_of_a_quorum_or_with_a_forged_precommit_fails() {
+        let (genesis, keys) = crate::certificate::tests::validators(4);
+        let state = State::from_genesis(genesis.clone());
+        let produced = crate::apply::produce_block(&state, &[], &keys[0], 10).unwrap();
+        let verify = |certificate: &Certificate| {
+            let store = MemoryStore::new(&genesis).unwrap();
+            store
+                .commit(&produced.block, &produced.changes, certificate)
+                .unwrap();
+            match verify_chain(&store, Some(&genesis), None, |_, _| {}) {
+                Ok(report) => Ok(report.blocks),
+                Err(VerifyError::BadBlock { height: 1, reason }) => Err(reason),
+                Err(other) => panic!("expected a bad block, got {other:?}"),
+            }
+        };
+        let three = [&keys[0], &keys[1], &keys[2]];
+        assert_eq!(
+            verify(&Certificate::for_block(&produced.block, 0, &three)),
+            Ok(1)
+        );
+        let two = Certificate::for_block(&produced.block, 0, &three[..2]);
+        assert!(verify(&two).unwrap_err().contains("2 of 4 votes"));
+        let mut forged = Certificate::for_block(&produced.block, 0, &three);
+        forged.signatures[2].signature.0[0] ^= 1;
+        assert!(verify(&forged).unwrap_err().contains("does not verify"));
+    }
+
+    #[test]
     fn a_store_of_another_genesis_is_refused_when_one_is_given() {
         let (genesis, _) = test_genesis();
         let store = MemoryStore::new(&genesis).unwrap();
