@@ -31,6 +31,19 @@ pub fn bin(name: &str) -> PathBuf {
                 "kvasir-wallet",
             ])
             .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."));
+        // What cargo set for this test's package: build scripts that watch these (ring
+        // watches CARGO_PKG_NAME and CARGO_MANIFEST_DIR) would otherwise see them changed
+        // from a plain `cargo build` and rebuild half the tree, here and at the next build.
+        for (name, _) in std::env::vars_os() {
+            let name = name.to_string_lossy();
+            let set_by_cargo = ["CARGO_PKG_", "CARGO_MANIFEST_", "CARGO_CRATE_", "CARGO_BIN_"]
+                .iter()
+                .any(|prefix| name.starts_with(prefix))
+                || ["CARGO_PRIMARY_PACKAGE", "CARGO_TARGET_TMPDIR", "OUT_DIR"].contains(&&*name);
+            if set_by_cargo {
+                cargo.env_remove(&*name);
+            }
+        }
         if release {
             cargo.arg("--release");
         }
@@ -41,16 +54,20 @@ pub fn bin(name: &str) -> PathBuf {
     dir.join(name)
 }
 
-/// Runs a workspace binary to completion and returns its output.
 /// A fresh chain from the built-in template (`genesis init`) in `chain`.
 pub fn genesis_init(chain: &Path) {
-    let init = run(
-        "kvasir-node",
-        &["genesis", "init", "--out", path_str(chain)],
-    );
+    genesis_init_with(chain, &[]);
+}
+
+/// As `genesis_init`, with `extra` arguments (`--model M`, `--template T`...).
+pub fn genesis_init_with(chain: &Path, extra: &[&str]) {
+    let mut args = vec!["genesis", "init", "--out", path_str(chain)];
+    args.extend_from_slice(extra);
+    let init = run("kvasir-node", &args);
     assert!(init.status.success(), "{}", stderr(&init));
 }
 
+/// Runs a workspace binary to completion and returns its output.
 pub fn run(name: &str, args: &[&str]) -> Output {
     Command::new(bin(name))
         .args(args)
@@ -72,4 +89,5 @@ pub fn stderr(output: &Output) -> String {
 }
 
 pub mod network;
+pub mod proxy;
 pub mod swarm;
