@@ -36,9 +36,14 @@ pub fn bin(name: &str) -> PathBuf {
         // from a plain `cargo build` and rebuild half the tree, here and at the next build.
         for (name, _) in std::env::vars_os() {
             let name = name.to_string_lossy();
-            let set_by_cargo = ["CARGO_PKG_", "CARGO_MANIFEST_", "CARGO_CRATE_", "CARGO_BIN_"]
-                .iter()
-                .any(|prefix| name.starts_with(prefix))
+            let set_by_cargo = [
+                "CARGO_PKG_",
+                "CARGO_MANIFEST_",
+                "CARGO_CRATE_",
+                "CARGO_BIN_",
+            ]
+            .iter()
+            .any(|prefix| name.starts_with(prefix))
                 || ["CARGO_PRIMARY_PACKAGE", "CARGO_TARGET_TMPDIR", "OUT_DIR"].contains(&&*name);
             if set_by_cargo {
                 cargo.env_remove(&*name);

@@ -1,7 +1,8 @@
 //! A chain run by several validators and full nodes, each a real `kvasir-node ledger`
 //! process on loopback, every node dialling every other's consensus listener and forwarding
 //! transactions to the validators' REST APIs. Nodes can be killed and started again on the
-//! same data directory and ports.
+//! same data directory and ports, and one node's consensus links can all run through a
+//! `Proxy`, to cut it off from the others.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -9,8 +10,9 @@ use std::time::{Duration, Instant};
 use kvasir_api::Client;
 use kvasir_ledger::Hash;
 
+use crate::proxy::Proxy;
 use crate::swarm::Proc;
-use crate::{path_str, run, stderr};
+use crate::{genesis_init_with, path_str, run, stderr};
 
 /// A template like the built-in one, with blocks every 200 ms so that tests see many.
 const FAST_TEMPLATE: &str = r#"{
@@ -29,12 +31,18 @@ const FAST_TEMPLATE: &str = r#"{
 }"#;
 
 pub struct Network {
-    pub dir: tempfile::TempDir,
+    root: PathBuf,
+    /// The temporary directory `root` is in, when the network made it.
+    _temp: Option<tempfile::TempDir>,
     pub chain: PathBuf,
     pub validators: usize,
     p2p: Vec<u16>,
     rest: Vec<u16>,
     nodes: Vec<Option<Proc>>,
+    /// Arguments every node's `ledger` command line also gets.
+    ledger_extra: Vec<String>,
+    /// The node whose consensus traffic all runs through this proxy, if any.
+    isolatable: Option<(usize, Proxy)>,
 }
 
 fn free_port() -> u16 {
@@ -43,42 +51,83 @@ fn free_port() -> u16 {
 }
 
 impl Network {
-    /// A fresh chain of `validators` validators and `full_nodes` full nodes, all started.
+    /// A fresh chain of `validators` validators and `full_nodes` full nodes, all started,
+    /// with a block every 200 ms.
     pub fn start(validators: usize, full_nodes: usize) -> Network {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let chain = dir.path().join("chain");
-        let template = dir.path().join("template.json");
+        Network::start_with(validators, full_nodes, None)
+    }
+
+    /// As `start`, every consensus link of node `isolated` through a proxy that `cut`
+    /// and `heal` control: the others dial it only there, and it dials nobody.
+    pub fn start_isolatable(validators: usize, full_nodes: usize, isolated: usize) -> Network {
+        Network::start_with(validators, full_nodes, Some(isolated))
+    }
+
+    fn start_with(validators: usize, full_nodes: usize, isolated: Option<usize>) -> Network {
+        let temp = tempfile::tempdir().expect("a temporary directory");
+        let template = temp.path().join("template.json");
         std::fs::write(&template, FAST_TEMPLATE).expect("writing the template");
-        let init = run(
-            "kvasir-node",
-            &[
-                "genesis",
-                "init",
-                "--out",
-                path_str(&chain),
-                "--template",
-                path_str(&template),
-                "--validators",
-                &validators.to_string(),
-            ],
+        let mut network = Network::init(
+            temp.path(),
+            validators,
+            full_nodes,
+            &["--template", path_str(&template)],
+            &[],
         );
-        assert!(init.status.success(), "{}", stderr(&init));
+        network._temp = Some(temp);
+        network.isolatable = isolated.map(|node| (node, Proxy::start(network.p2p[node])));
+        network.start_all();
+        network
+    }
+
+    /// A chain made by `genesis init` with `init_extra` in `root/chain`, its nodes' data
+    /// in `root/node-N`, every node's command line also given `ledger_extra`; all started.
+    pub fn start_in(
+        root: &Path,
+        validators: usize,
+        full_nodes: usize,
+        init_extra: &[&str],
+        ledger_extra: &[&str],
+    ) -> Network {
+        let mut network = Network::init(root, validators, full_nodes, init_extra, ledger_extra);
+        network.start_all();
+        network
+    }
+
+    fn init(
+        root: &Path,
+        validators: usize,
+        full_nodes: usize,
+        init_extra: &[&str],
+        ledger_extra: &[&str],
+    ) -> Network {
+        let chain = root.join("chain");
+        let count = validators.to_string();
+        let mut args = vec!["--validators", &count];
+        args.extend_from_slice(init_extra);
+        genesis_init_with(&chain, &args);
         let count = validators + full_nodes;
-        let mut network = Network {
-            dir,
+        Network {
+            root: root.to_path_buf(),
+            _temp: None,
             chain,
             validators,
             p2p: (0..count).map(|_| free_port()).collect(),
             rest: (0..count).map(|_| free_port()).collect(),
             nodes: (0..count).map(|_| None).collect(),
-        };
+            ledger_extra: ledger_extra.iter().map(|a| a.to_string()).collect(),
+            isolatable: None,
+        }
+    }
+
+    fn start_all(&mut self) {
+        let count = self.len();
         for node in 0..count {
-            network.spawn(node);
+            self.spawn(node);
         }
         for node in 0..count {
-            network.wait_listening(node);
+            self.wait_listening(node);
         }
-        network
     }
 
     pub fn len(&self) -> usize {
@@ -90,7 +139,7 @@ impl Network {
     }
 
     pub fn data_dir(&self, node: usize) -> PathBuf {
-        self.dir.path().join(format!("node-{node}"))
+        self.root.join(format!("node-{node}"))
     }
 
     fn key(&self, node: usize) -> PathBuf {
@@ -133,12 +182,47 @@ impl Network {
             args.extend(["--key".into(), path_str(&self.key(node)).into()]);
         }
         for other in (0..self.len()).filter(|o| *o != node) {
-            args.extend(["--peer".into(), format!("127.0.0.1:{}", self.p2p[other])]);
+            if self.isolated() != Some(node) {
+                args.extend([
+                    "--peer".into(),
+                    format!("127.0.0.1:{}", self.p2p_port(other)),
+                ]);
+            }
             if other < self.validators {
                 args.extend(["--forward".into(), self.url(other)]);
             }
         }
+        args.extend(self.ledger_extra.iter().cloned());
         self.nodes[node] = Some(Proc::start("kvasir-node", &args));
+    }
+
+    fn isolated(&self) -> Option<usize> {
+        self.isolatable.as_ref().map(|(node, _)| *node)
+    }
+
+    /// Where the others dial `node`'s consensus listener: its proxy if it has one.
+    fn p2p_port(&self, node: usize) -> u16 {
+        match &self.isolatable {
+            Some((isolated, proxy)) if *isolated == node => proxy.port(),
+            _ => self.p2p[node],
+        }
+    }
+
+    /// Cuts every consensus link of the isolatable node, until `heal`.
+    pub fn cut(&self) {
+        self.isolatable
+            .as_ref()
+            .expect("an isolatable node")
+            .1
+            .cut();
+    }
+
+    pub fn heal(&self) {
+        self.isolatable
+            .as_ref()
+            .expect("an isolatable node")
+            .1
+            .heal();
     }
 
     fn wait_listening(&mut self, node: usize) {

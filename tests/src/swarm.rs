@@ -16,7 +16,8 @@ use kvasir_node::link::{connect, Connected, Dialed, Identity};
 use kvasir_node::wire::Role;
 use tokio_rustls::rustls::ClientConfig;
 
-use crate::{bin, path_str, run, stderr, stdout};
+use crate::network::Network;
+use crate::{bin, genesis_init_with, path_str, run, stderr, stdout};
 
 /// A running process; SIGKILLed on drop.
 pub struct Proc {
@@ -261,7 +262,10 @@ pub struct Swarm {
     pub registry_addr: String,
     pub gateway_addr: String,
     pub ledger: Option<Proc>,
-    pub ledger_addr: Option<String>,
+    /// The ledger's REST API: comma-separated URLs over a network of validators.
+    pub ledger_url: Option<String>,
+    /// The validators and full nodes, in a swarm started over them.
+    pub network: Option<Network>,
     backbone_key: PathBuf,
     /// Arguments added to the hub's command line, also when it is restarted.
     hub_extra: Vec<String>,
@@ -279,14 +283,20 @@ impl Swarm {
 
     /// As `start_with`, the hub also given `hub_extra` (e.g. `--idle-timeout-ms 1000`).
     pub fn start_with_hub_args(preset: &str, crediting: bool, hub_extra: &[&str]) -> Swarm {
-        Swarm::start_on(preset, crediting, hub_extra, None)
+        Swarm::start_on(preset, crediting, hub_extra, None, None)
     }
 
     /// A crediting swarm whose chain keeps credits pending for `blocks` (the template's
     /// challenge window otherwise, ten seconds of blocks): for tests that must see a
     /// conviction cancel a session's pay however slowly the machine runs.
     pub fn start_with_challenge_window(preset: &str, blocks: u64) -> Swarm {
-        Swarm::start_on(preset, true, &[], Some(blocks))
+        Swarm::start_on(preset, true, &[], Some(blocks), None)
+    }
+
+    /// A crediting swarm whose chain is run by `validators` validators, and whose hub,
+    /// gateway and backbone talk to its `full_nodes` full nodes (failing over between them).
+    pub fn start_over_validators(preset: &str, validators: usize, full_nodes: usize) -> Swarm {
+        Swarm::start_on(preset, true, &[], None, Some((validators, full_nodes)))
     }
 
     fn start_on(
@@ -294,15 +304,16 @@ impl Swarm {
         crediting: bool,
         hub_extra: &[&str],
         challenge_window: Option<u64>,
+        validators: Option<(usize, usize)>,
     ) -> Swarm {
         let mut hub_extra: Vec<String> = hub_extra.iter().map(|a| a.to_string()).collect();
         let dir = tempfile::tempdir().unwrap();
         let model = synth_model(dir.path(), preset);
         let chain = dir.path().join("chain");
         // A crediting swarm's chain pins its model, so that evidence can be judged.
-        let mut init_args = vec!["genesis", "init", "--out", path_str(&chain)];
+        let mut init_extra = vec![];
         if crediting {
-            init_args.extend(["--model", path_str(&model)]);
+            init_extra.extend(["--model", path_str(&model)]);
         }
         let template = dir.path().join("template.json");
         if let Some(blocks) = challenge_window {
@@ -312,21 +323,39 @@ impl Swarm {
             // Unbonding must outlast the window.
             json["params"]["unbonding_blocks"] = (blocks + 10).into();
             std::fs::write(&template, json.to_string()).unwrap();
-            init_args.extend(["--template", path_str(&template)]);
+            init_extra.extend(["--template", path_str(&template)]);
         }
-        let init = run("kvasir-node", &init_args);
-        assert!(init.status.success(), "{}", stderr(&init));
+        let (ledger, ledger_url, network) = match (crediting, validators) {
+            (true, Some((validators, full_nodes))) => {
+                let network = Network::start_in(
+                    dir.path(),
+                    validators,
+                    full_nodes,
+                    &init_extra,
+                    &["--model", path_str(&model)],
+                );
+                let urls: Vec<String> = (validators..validators + full_nodes)
+                    .map(|node| network.url(node))
+                    .collect();
+                (None, Some(urls.join(",")), Some(network))
+            }
+            (true, None) => {
+                genesis_init_with(&chain, &init_extra);
+                let data = dir.path().join("ledger");
+                let (ledger, addr) = start_ledger_on(&chain, &data, "127.0.0.1:0", Some(&model));
+                (Some(ledger), Some(format!("http://{addr}")), None)
+            }
+            (false, _) => {
+                genesis_init_with(&chain, &init_extra);
+                (None, None, None)
+            }
+        };
+        if let Some(url) = &ledger_url {
+            // The hub admits only bonded workers, as the ledger says.
+            hub_extra.extend(["--ledger".to_string(), url.clone()]);
+        }
         let backbone_key = dir.path().join("backbone.key");
         let backbone = new_key(&backbone_key);
-        let (ledger, ledger_addr) = if crediting {
-            let data = dir.path().join("ledger");
-            let (ledger, addr) = start_ledger_on(&chain, &data, "127.0.0.1:0", Some(&model));
-            // The hub admits only bonded workers, as this ledger says.
-            hub_extra.extend(["--ledger".to_string(), format!("http://{addr}")]);
-            (Some(ledger), Some(addr))
-        } else {
-            (None, None)
-        };
         let mut hub = Proc::start(
             "kvasir-node",
             &Swarm::hub_args(
@@ -344,7 +373,7 @@ impl Swarm {
             "127.0.0.1:0",
             &hub_addr,
             &registry_addr,
-            ledger_addr.as_deref(),
+            ledger_url.as_deref(),
         );
         let mut gateway = Proc::start("kvasir-node", &gateway_args);
         let gateway_addr = gateway.listening("gateway");
@@ -358,7 +387,8 @@ impl Swarm {
             registry_addr,
             gateway_addr,
             ledger,
-            ledger_addr,
+            ledger_url,
+            network,
             backbone_key,
             hub_extra,
         }
@@ -411,12 +441,9 @@ impl Swarm {
             "--hub",
             hub,
         ];
-        let (ledger_url, registry_url) = (
-            ledger.map(|l| format!("http://{l}")),
-            format!("http://{registry}"),
-        );
+        let registry_url = format!("http://{registry}");
         let key = dir.join("chain/keys/gateway.key");
-        if let Some(ledger_url) = &ledger_url {
+        if let Some(ledger_url) = ledger {
             args.extend([
                 "--ledger",
                 ledger_url,
@@ -444,7 +471,7 @@ impl Swarm {
                 &self.gateway_addr,
                 &self.hub_addr,
                 &self.registry_addr,
-                self.ledger_addr.as_deref(),
+                self.ledger_url.as_deref(),
             ))
             .args(extra);
         self.gateway = Proc::spawn(command);
@@ -459,7 +486,7 @@ impl Swarm {
             &self.gateway_addr,
             &self.hub_addr,
             &self.registry_addr,
-            self.ledger_addr.as_deref(),
+            self.ledger_url.as_deref(),
         );
         self.gateway = Proc::start("kvasir-node", &args);
         self.gateway.listening("gateway");
@@ -494,13 +521,14 @@ impl Swarm {
 
     /// Kills the ledger (SIGKILL) and starts it again on its address and data dir.
     pub fn restart_ledger(&mut self) {
-        let addr = self.ledger_addr.clone().expect("a swarm with a ledger");
+        let url = self.ledger_url.clone().expect("a swarm with one ledger");
+        let addr = url.strip_prefix("http://").expect("an http URL");
         if let Some(mut ledger) = self.ledger.take() {
             ledger.kill();
         }
         let chain = self.dir.path().join("chain");
         let data = self.dir.path().join("ledger");
-        let (ledger, _) = start_ledger_on(&chain, &data, &addr, Some(&self.model));
+        let (ledger, _) = start_ledger_on(&chain, &data, addr, Some(&self.model));
         self.ledger = Some(ledger);
     }
 
@@ -524,7 +552,7 @@ impl Swarm {
     pub fn add_worker_with(&mut self, experts: &str, extra: &[&str]) -> usize {
         let key = self.worker_key(self.workers.len());
         new_key(&key);
-        if let Some(ledger) = &self.ledger_addr {
+        if let Some(ledger) = &self.ledger_url {
             self.bond(ledger, &key);
         }
         let (url, cert) = (self.gateway_url(), self.cert());
@@ -552,7 +580,7 @@ impl Swarm {
     /// with it, as a worker operator does before serving (the hub admits only bonded keys):
     /// the same steps `kvasir-node dev` takes.
     pub fn bond(&self, ledger: &str, keyfile: &Path) {
-        let client = kvasir_api::Client::new(&format!("http://{ledger}"));
+        let client = kvasir_api::Client::new(ledger);
         let faucet = kvasir_keyfile::open(&self.dir.path().join("chain/keys/faucet.key")).unwrap();
         let worker = kvasir_keyfile::open(keyfile).unwrap();
         kvasir_node::dev::launch::bond_workers(&client, &faucet, &[&worker]).unwrap();
@@ -595,9 +623,9 @@ impl Swarm {
         .map(String::from)
         .to_vec();
         args.extend(remote_and_more.iter().map(|a| a.to_string()));
-        if let Some(ledger) = &self.ledger_addr {
+        if let Some(ledger) = &self.ledger_url {
             // Bonds checked before dispatching, and evidence of wrong answers submitted.
-            args.extend(["--ledger".to_string(), format!("http://{ledger}")]);
+            args.extend(["--ledger".to_string(), ledger.clone()]);
         }
         Proc::start("kvasir-node", &args)
     }

@@ -79,7 +79,7 @@ fn a_connected_worker_whose_key_unbonds_below_min_bond_is_dropped_and_refused_ag
     assert!(metrics(&swarm).contains("kvasir_hub_sessions 1\n"));
 
     // One KVR out of a bond of exactly min_bond leaves it short.
-    let ledger = format!("http://{}", swarm.ledger_addr.clone().unwrap());
+    let ledger = swarm.ledger_url.clone().unwrap();
     let unbond = run(
         "kvasir-wallet",
         &["--url", &ledger, "--keyfile", path_str(&key), "unbond", "1"],

@@ -44,7 +44,7 @@ fn a_flood_of_idle_stalled_and_silent_connections_changes_nothing_for_honest_wor
     // opens them all: the hub admits only bonded keys, and does not cap sessions per key.
     let silent_key = swarm.dir.path().join("silent.key");
     new_key(&silent_key);
-    swarm.bond(swarm.ledger_addr.as_deref().unwrap(), &silent_key);
+    swarm.bond(swarm.ledger_url.as_deref().unwrap(), &silent_key);
     let silent_key = kvasir_keyfile::open(&silent_key).unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let client_tls = tls::client(Some(&swarm.cert())).unwrap();
@@ -94,7 +94,7 @@ fn a_flood_of_idle_stalled_and_silent_connections_changes_nothing_for_honest_wor
 
     // The flood ends; the honest workers' bytes are credited exactly.
     drop((idle, stalled, silent));
-    let ledger = Client::new(&format!("http://{}", swarm.ledger_addr.clone().unwrap()));
+    let ledger = Client::new(&swarm.ledger_url.clone().unwrap());
     let hub = kvasir_keyfile::address(&swarm.dir.path().join("chain/keys/hub.key")).unwrap();
     let genesis = Genesis::load(&swarm.dir.path().join("chain/genesis.json")).unwrap();
     let sessions = swarm.metered();

@@ -1,7 +1,8 @@
 //! Settlement over real processes: the gateway, the hub or the ledger is SIGKILLed again and
 //! again while the gateway credits, and in the end every worker's pending + settled rewards
 //! equal `earned` of its sessions' metered bytes, to the base unit: nothing lost, nothing paid
-//! twice.
+//! twice. The same over a chain of four validators and two full nodes, a validator and the
+//! full node the gateway talks to killed while it credits: every node agrees on every pay.
 
 use std::time::{Duration, Instant};
 
@@ -24,13 +25,34 @@ fn killing_the_ledger_while_it_takes_credits_pays_every_byte_exactly_once() {
     kill_while_crediting(3, Swarm::restart_ledger);
 }
 
+#[test]
+fn over_four_validators_and_two_full_nodes_every_byte_is_paid_exactly_once_on_every_node() {
+    let swarm = Swarm::start_over_validators("tiny", 4, 2);
+    kill_while_crediting_in(swarm, 2, |swarm| {
+        let network = swarm.network.as_mut().expect("a network");
+        // A validator, and the full node the gateway, hub and backbone try first: for two
+        // seconds they must fail over to the other.
+        for node in [1, 4] {
+            network.kill(node);
+        }
+        std::thread::sleep(Duration::from_secs(2));
+        for node in [1, 4] {
+            network.restart(node);
+        }
+    });
+}
+
 /// `kills` rounds of traffic, each with `restart` at a varying instant while the gateway is
 /// crediting it; then every session credited to its count, and each worker paid exactly.
 fn kill_while_crediting(kills: usize, restart: fn(&mut Swarm)) {
-    let mut swarm = Swarm::start_with("tiny", true);
+    kill_while_crediting_in(Swarm::start_with("tiny", true), kills, restart);
+}
+
+/// As `kill_while_crediting`, in `swarm`; with a network, every node must agree on the pay.
+fn kill_while_crediting_in(mut swarm: Swarm, kills: usize, restart: impl Fn(&mut Swarm)) {
     swarm.add_worker("*:0-3");
     swarm.add_worker("*:4-7");
-    let ledger = Client::new(&format!("http://{}", swarm.ledger_addr.clone().unwrap()));
+    let ledger = Client::new(&swarm.ledger_url.clone().unwrap());
     let hub = kvasir_keyfile::read(&swarm.dir.path().join("chain/keys/hub.key"), None)
         .unwrap()
         .address();
@@ -78,18 +100,30 @@ fn kill_while_crediting(kills: usize, restart: fn(&mut Swarm)) {
     workers.sort();
     workers.dedup();
     assert_eq!(workers.len(), 2);
+    // Every node, once at the head the last credit reached.
+    let nodes: Vec<Client> = match &swarm.network {
+        Some(network) => {
+            network.wait_height(ledger.head().unwrap().height, Duration::from_secs(60));
+            network.assert_agree(network.lowest_height(), 3);
+            (0..network.len()).map(|n| network.client(n)).collect()
+        }
+        None => vec![ledger],
+    };
     for worker in workers {
         let earned: u64 = sessions
             .iter()
             .filter(|(_, w, _)| w == worker)
             .map(|(_, _, b)| genesis.earned(*b).unwrap().base_units())
             .sum();
-        let account = ledger.account(&worker.parse().unwrap()).unwrap();
         assert!(earned > 0);
-        assert_eq!(
-            account.balance.base_units.base_units() + account.pending_total.base_units.base_units(),
-            earned,
-            "worker {worker}: {account:?}"
-        );
+        for node in &nodes {
+            let account = node.account(&worker.parse().unwrap()).unwrap();
+            assert_eq!(
+                account.balance.base_units.base_units()
+                    + account.pending_total.base_units.base_units(),
+                earned,
+                "worker {worker}: {account:?}"
+            );
+        }
     }
 }

@@ -2,7 +2,8 @@
 //! full node agree on every block, a transaction submitted to the full node is committed,
 //! one validator down does not stop the chain, two down stop it without any node committing
 //! a conflicting block, and the chain resumes when one returns. Every node's store then
-//! verifies against the genesis file, certificates included.
+//! verifies against the genesis file, certificates included. A validator cut off from the
+//! others for ten seconds rejoins them.
 
 use std::time::Duration;
 
@@ -109,4 +110,35 @@ fn a_validator_killed_twenty_times_rejoins_without_equivocating_and_an_empty_nod
     }
     let report = net.verify(full);
     assert!(report.contains("chain ok"), "{report}");
+}
+
+#[test]
+fn a_validator_cut_off_for_ten_seconds_rejoins() {
+    let isolated = 3;
+    let net = Network::start_isolatable(4, 0, isolated);
+    net.wait_height(3, PATIENCE);
+
+    net.cut();
+    let cut_at = net.height(isolated).unwrap();
+    std::thread::sleep(Duration::from_secs(10));
+    // The three others went on; the isolated one could not have: no quorum alone.
+    let others = (0..isolated).filter_map(|n| net.height(n)).min().unwrap();
+    assert!(
+        others >= cut_at + 5,
+        "the three others stalled: {others} from {cut_at}"
+    );
+    let alone = net.height(isolated).unwrap();
+    assert!(
+        alone <= cut_at + 1,
+        "a block decided alone: {alone} from {cut_at}"
+    );
+
+    net.heal();
+    net.wait_height(net.highest_height() + 3, PATIENCE);
+    net.assert_agree(net.lowest_height(), 3);
+    // It takes part again: with one of the others gone, it is needed for every block.
+    let mut net = net;
+    net.kill(0);
+    net.wait_height(net.highest_height() + 3, PATIENCE);
+    net.assert_agree(net.lowest_height(), 3);
 }

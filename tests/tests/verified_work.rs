@@ -39,7 +39,7 @@ fn caught_among_honest(fraction: &str, kind: &str, tokens: usize) {
     swarm.add_worker("*:6-7");
     let liar_key = swarm.worker_key(liar);
     let liar_address = kvasir_keyfile::address(&liar_key).unwrap();
-    let ledger = Client::new(&format!("http://{}", swarm.ledger_addr.clone().unwrap()));
+    let ledger = Client::new(&swarm.ledger_url.clone().unwrap());
     let genesis = Genesis::load(&swarm.dir.path().join("chain/genesis.json")).unwrap();
     let min_bond = genesis.params.min_bond;
 
