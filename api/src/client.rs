@@ -329,13 +329,30 @@ impl Client {
         &self,
         txs: &[SignedTx],
     ) -> Result<Vec<Result<Hash, ErrorBody>>, ClientError> {
+        self.post_batch("/txs/batch", txs)
+    }
+
+    /// As `submit_batch`, for a node forwarding what its clients submitted: the receiving
+    /// node admits them without forwarding them again.
+    pub fn forward_batch(
+        &self,
+        txs: &[SignedTx],
+    ) -> Result<Vec<Result<Hash, ErrorBody>>, ClientError> {
+        self.post_batch("/txs/batch?forwarded=true", txs)
+    }
+
+    fn post_batch(
+        &self,
+        path: &str,
+        txs: &[SignedTx],
+    ) -> Result<Vec<Result<Hash, ErrorBody>>, ClientError> {
         let batch = Batch {
             txs: txs.iter().map(tx_hex).collect(),
         };
-        let verdicts: BatchVerdicts = self.post("/txs/batch", &batch)?;
+        let verdicts: BatchVerdicts = self.post(path, &batch)?;
         if verdicts.results.len() != txs.len() {
             return Err(ClientError::BadReply {
-                url: format!("{}/txs/batch", self.base()),
+                url: format!("{}{path}", self.base()),
                 reason: format!(
                     "{} verdicts for {} transactions",
                     verdicts.results.len(),

@@ -12,7 +12,7 @@
 //! - `GET  /accounts/{address}/history`: the account's transfers and credits, newest first
 //! - `GET  /blocks/{height}`, `GET /blocks/by-hash/{hash}`: with its commit certificate
 //! - `POST /txs` `{"tx": hex of the borsh-encoded signed transaction}` -> `{"hash"}`
-//! - `POST /txs/batch` `{"txs": [hex, ...]}` -> `{"results": [{"hash"} or {"error", "message"}]}`
+//! - `POST /txs/batch[?forwarded=true]` `{"txs": [hex, ...]}` -> `{"results": [{"hash"} or {"error", "message"}]}`
 //! - `GET  /txs/{hash}`: pending, committed (height, index) or rejected (reason)
 //! - `GET  /sessions/{hub}/{session}`: the receipt high-water mark of a hub session
 //! - `GET  /sessions/{hub}`: every credited session of a hub, with its mark
@@ -499,7 +499,7 @@ async fn submit(
 ) -> Result<(StatusCode, Json<Submitted>), ApiError> {
     let Json(Object(submission)) = body.map_err(bad_body)?;
     let tx = decode_tx(&submission.tx)?;
-    let verdict = tokio::task::spawn_blocking(move || ledger.submit(vec![tx]))
+    let verdict = tokio::task::spawn_blocking(move || ledger.submit(vec![tx], false))
         .await
         .map_err(internal)?
         .pop()
@@ -508,13 +508,22 @@ async fn submit(
     Ok((StatusCode::ACCEPTED, Json(Submitted { hash })))
 }
 
+/// `?forwarded=true`: the batch comes from another node, which forwarded it already.
+#[derive(serde::Deserialize)]
+struct BatchQuery {
+    forwarded: Option<bool>,
+}
+
 /// Many transactions in one request (what the gateway's crediting sends): one verdict each,
 /// in order; the request fails only when the batch itself is malformed.
-#[utoipa::path(post, path = "/txs/batch", description = "Submit up to 10,000 signed transactions: {\"txs\": [hex, ...]}; one verdict each, in order.", request_body = Batch, responses((status = 202, description = "One verdict per transaction", body = BatchVerdicts), (status = 400, description = "Not JSON, over 10,000 transactions, or one is not a canonical signed transaction", body = ErrorBody), (status = 413, description = "Body over 16 MiB", body = ErrorBody), (status = 415, description = "Not application/json", body = ErrorBody), (status = 422, description = "JSON of another shape", body = ErrorBody), (status = 500, body = ErrorBody)))]
+#[utoipa::path(post, path = "/txs/batch", description = "Submit up to 10,000 signed transactions: {\"txs\": [hex, ...]}; one verdict each, in order.", params(("forwarded" = Option<bool>, Query, description = "true when another node forwards what its clients submitted: admitted here, not forwarded again")), request_body = Batch, responses((status = 202, description = "One verdict per transaction", body = BatchVerdicts), (status = 400, description = "Not JSON, over 10,000 transactions, one is not a canonical signed transaction, or `forwarded` is not true or false", body = ErrorBody), (status = 413, description = "Body over 16 MiB", body = ErrorBody), (status = 415, description = "Not application/json", body = ErrorBody), (status = 422, description = "JSON of another shape", body = ErrorBody), (status = 500, body = ErrorBody)))]
 async fn submit_batch(
     State(ledger): State<Arc<Ledger>>,
+    query: Result<Query<BatchQuery>, QueryRejection>,
     body: Result<Json<Object<Batch>>, JsonRejection>,
 ) -> Result<(StatusCode, Json<BatchVerdicts>), ApiError> {
+    let Query(query) = query.map_err(bad_request)?;
+    let forwarded = query.forwarded.unwrap_or(false);
     let Json(Object(batch)) = body.map_err(bad_body)?;
     if batch.txs.len() > MAX_BATCH {
         return Err(bad_request(format!(
@@ -526,7 +535,7 @@ async fn submit_batch(
         .iter()
         .map(|t| decode_tx(t))
         .collect::<Result<Vec<_>, _>>()?;
-    let verdicts = tokio::task::spawn_blocking(move || ledger.submit(txs))
+    let verdicts = tokio::task::spawn_blocking(move || ledger.submit(txs, forwarded))
         .await
         .map_err(internal)?;
     let results = verdicts

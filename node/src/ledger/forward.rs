@@ -1,8 +1,9 @@
 //! Forwarding: a transaction admitted here from a client is sent on to the other nodes of
 //! the chain (`ledger --forward URL`), in batches, so that it waits in the mempool of
-//! whichever validator proposes next, whichever node the client submitted it to. Each node
-//! forwards a transaction once, when it first admits it; a copy coming back is refused as a
-//! duplicate and goes no further, so nothing circulates.
+//! whichever validator proposes next, whichever node the client submitted it to. One hop:
+//! a forwarded batch is marked so, and the node receiving it admits it without forwarding
+//! it again. A transaction thus travels once to each node its first node names (every
+//! validator), not once from every node to every other.
 //!
 //! One thread and one bounded queue per peer: a peer that is down or slow loses what does
 //! not fit in its queue (its own clients' transactions, and the next proposers, still have
@@ -76,7 +77,7 @@ fn forward(url: &str, client: &Client, queue: Receiver<SignedTx>) {
                 Err(RecvTimeoutError::Disconnected) => return,
             }
         }
-        if let Err(e) = client.submit_batch(&batch) {
+        if let Err(e) = client.forward_batch(&batch) {
             tracing::debug!("forwarding {} transactions to {url}: {e}", batch.len());
         }
     }

@@ -77,8 +77,9 @@ pub struct Args {
     /// to serve.
     #[arg(long = "peer", value_name = "HOST:PORT")]
     peers: Vec<SocketAddr>,
-    /// Another node's REST API (repeatable): transactions admitted here are forwarded to
-    /// it, so they reach whichever validator proposes next.
+    /// Another node's REST API (repeatable): transactions clients submit here are forwarded
+    /// to it, so they reach whichever validator proposes next. One hop (what another node
+    /// forwarded is not passed on), so name every validator.
     #[arg(long = "forward", value_name = "URL")]
     forward: Vec<String>,
     /// Connections held at once (clients come through the gateway, so this caps only the
@@ -237,8 +238,10 @@ impl Ledger {
     }
 
     /// Admits each of `txs` to the mempool (signatures batch-verified in parallel); per
-    /// transaction its hash or why it was refused.
-    pub fn submit(&self, txs: Vec<SignedTx>) -> Vec<Result<Hash, Refusal>> {
+    /// transaction its hash or why it was refused. What a client submitted is forwarded to
+    /// the `--forward` nodes; what another node `forwarded` is not.
+    pub fn submit(&self, txs: Vec<SignedTx>, forwarded: bool) -> Vec<Result<Hash, Refusal>> {
+        let forwarder = self.forwarder.as_ref().filter(|_| !forwarded);
         // Evidence may cost a recomputation each: a few per request, one per session (the
         // mempool's one place per session is not taken until the batch is judged).
         let mut sessions = HashSet::new();
@@ -272,7 +275,7 @@ impl Ledger {
             .into_iter()
             .map(|judged| {
                 let (verified, checked) = judged?;
-                let tx = self.forwarder.is_some().then(|| verified.tx().clone());
+                let tx = forwarder.is_some().then(|| verified.tx().clone());
                 let hash = if checked {
                     mempool.insert_checked(&state, verified)?
                 } else {
@@ -296,7 +299,7 @@ impl Ledger {
             self.full.notify_one();
         }
         drop(mempool);
-        if let Some(forwarder) = &self.forwarder {
+        if let Some(forwarder) = forwarder {
             admitted.iter().for_each(|tx| forwarder.send(tx));
         }
         verdicts
@@ -600,7 +603,61 @@ mod tests {
                 TxKind::Transfer { to, amount }.signed(&chain_id, from, n)
             })
             .collect();
-        assert!(ledger.submit(txs).iter().all(Result::is_ok));
+        assert!(ledger.submit(txs, false).iter().all(Result::is_ok));
+    }
+
+    /// A node that only records the batches forwarded to it: each request's query and
+    /// transaction count.
+    fn recording_peer() -> (String, Arc<Mutex<Vec<(String, usize)>>>) {
+        use axum::extract::RawQuery;
+        let seen: Arc<Mutex<Vec<(String, usize)>>> = Arc::default();
+        let record = seen.clone();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Runtime::new().unwrap();
+            runtime.block_on(async move {
+                listener.set_nonblocking(true).unwrap();
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                let route = axum::routing::post(
+                    move |RawQuery(query): RawQuery,
+                          axum::Json(batch): axum::Json<serde_json::Value>| async move {
+                        let txs = batch["txs"].as_array().map_or(0, Vec::len);
+                        lock(&record).push((query.unwrap_or_default(), txs));
+                        let results = vec![serde_json::json!({"error": "x", "message": "y"}); txs];
+                        axum::Json(serde_json::json!({ "results": results }))
+                    },
+                );
+                let app = axum::Router::new().route("/txs/batch", route);
+                axum::serve(listener, app).await.unwrap();
+            });
+        });
+        (url, seen)
+    }
+
+    #[test]
+    fn what_clients_submit_is_forwarded_once_marked_and_what_was_forwarded_goes_no_further() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut ledger, faucet) = ledger_with(dir.path(), |_| {});
+        let (peer, seen) = recording_peer();
+        ledger.forwarder = Some(Forwarder::start(&[peer]));
+        let chain_id = ledger.state().genesis().params.chain_id.clone();
+        let pay = |nonce| {
+            let (to, amount) = (Keypair::generate().address(), Amount::parse("1").unwrap());
+            TxKind::Transfer { to, amount }.signed(&chain_id, &faucet, nonce)
+        };
+        assert!(ledger.submit(vec![pay(0)], true)[0].is_ok());
+        assert!(ledger
+            .submit(vec![pay(1), pay(2)], false)
+            .iter()
+            .all(Result::is_ok));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while lock(&seen).is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Time for a stray batch with the forwarded transaction to arrive too, if one would.
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(*lock(&seen), vec![("forwarded=true".to_string(), 2)]);
     }
 
     #[test]
@@ -638,7 +695,7 @@ mod tests {
             .evidence
             .enter(Keypair::generate().address())
             .unwrap();
-        let judged = ledger.submit(vec![report(&Keypair::generate(), 0)]);
+        let judged = ledger.submit(vec![report(&Keypair::generate(), 0)], false);
         assert!(
             matches!(
                 judged[..],
@@ -652,19 +709,19 @@ mod tests {
         let to = worker.address();
         let amount = Amount::parse("20").unwrap();
         let fund = TxKind::Transfer { to, amount }.signed(&chain_id, &faucet, 0);
-        assert!(ledger.submit(vec![fund])[0].is_ok());
+        assert!(ledger.submit(vec![fund], false)[0].is_ok());
         ledger.produce().unwrap();
         let amount = genesis.params.min_bond;
         let bond = TxKind::Bond { amount }.signed(&chain_id, &worker, 0);
-        assert!(ledger.submit(vec![bond])[0].is_ok(), "bond");
+        assert!(ledger.submit(vec![bond], false)[0].is_ok(), "bond");
         ledger.produce().unwrap();
         let reporter = Keypair::generate();
         let gate = ledger.evidence.enter(reporter.address()).unwrap();
-        let busy = ledger.submit(vec![report(&reporter, 0)]);
+        let busy = ledger.submit(vec![report(&reporter, 0)], false);
         assert!(matches!(busy[..], [Err(Refusal::EvidenceBusy)]), "{busy:?}");
         // A sender's full window refuses it before any recomputation is tried.
         transfers(&ledger, &faucet, 1..17);
-        let full = ledger.submit(vec![report(&faucet, 17)]);
+        let full = ledger.submit(vec![report(&faucet, 17)], false);
         assert!(
             matches!(
                 full[..],
@@ -674,7 +731,7 @@ mod tests {
         );
         drop(gate);
         // Its turn come, it is recomputed: this ledger has no model to do it with.
-        let judged = ledger.submit(vec![report(&Keypair::generate(), 0)]);
+        let judged = ledger.submit(vec![report(&Keypair::generate(), 0)], false);
         assert!(
             matches!(
                 judged[..],
@@ -769,13 +826,13 @@ mod tests {
             .map(|i| Keypair::from_seed(&[i; 32]))
             .find(|k| k.address() > faucet.address())
             .unwrap();
-        assert!(ledger.submit(vec![pay(&faucet, 0, friend.address(), "5")])[0].is_ok());
+        assert!(ledger.submit(vec![pay(&faucet, 0, friend.address(), "5")], false)[0].is_ok());
         ledger.produce().unwrap();
 
         // A key with nothing: not one of a thousand is admitted, however far its nonces.
         let broke = Keypair::generate();
         let flood = (0..1000).map(|n| pay(&broke, n, friend.address(), "1"));
-        let verdicts = ledger.submit(flood.collect());
+        let verdicts = ledger.submit(flood.collect(), false);
         assert!(verdicts.iter().all(Result::is_err));
         assert!(matches!(
             &verdicts[999],
@@ -785,13 +842,13 @@ mod tests {
 
         // A funded key flooding gets only its window in.
         let flood = (1..1001).map(|n| pay(&faucet, n, broke.address(), "0.001"));
-        let admitted = ledger.submit(flood.collect());
+        let admitted = ledger.submit(flood.collect(), false);
         let admitted = admitted.iter().filter(|v| v.is_ok()).count();
         assert_eq!(admitted, Limits::default().per_sender);
 
         // The friend is admitted behind it and makes the very next block.
         let hash = ledger
-            .submit(vec![pay(&friend, 0, faucet.address(), "1")])
+            .submit(vec![pay(&friend, 0, faucet.address(), "1")], false)
             .remove(0)
             .unwrap();
         ledger.produce().unwrap();
