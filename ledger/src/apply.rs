@@ -15,7 +15,9 @@ use crate::hash::Hash;
 use crate::intent::{self, Intent};
 use crate::keys::Keypair;
 use crate::state::{ChangeSet, State};
-use crate::tx::{check_stateful, execute, stateless_results, SignedTx, TxError, VerifiedTx};
+use crate::tx::{
+    check_stateful, execute, stateless_results, SignedTx, TxError, TxKind, VerifiedTx,
+};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BlockError {
@@ -37,6 +39,8 @@ pub enum BlockError {
     AheadOfClock { now: u64, got: u64 },
     #[error("block holds {got} transactions, over the limit of {limit}")]
     TooManyTxs { limit: u32, got: usize },
+    #[error("block holds {got} pieces of evidence, over the limit of {MAX_BLOCK_EVIDENCE}")]
+    TooMuchEvidence { got: usize },
     #[error("block is {got} bytes, over the limit of {limit}")]
     TooLarge { limit: u64, got: u64 },
     #[error("transaction root {got} does not match the transactions ({computed})")]
@@ -45,6 +49,15 @@ pub enum BlockError {
     InvalidTx { index: usize, error: TxError },
     #[error("state root {got} does not match the state after the block ({computed})")]
     StateRoot { computed: Hash, got: Hash },
+}
+
+/// Pieces of evidence one block may hold. Each costs every validator a recomputation of
+/// the disputed experts while the block is validated, inside a consensus round's timeouts:
+/// without a bound, one proposer could fill a block with evidence and stall the chain.
+pub const MAX_BLOCK_EVIDENCE: usize = 4;
+
+fn is_evidence(tx: &SignedTx) -> bool {
+    matches!(tx.tx.kind, TxKind::Evidence(_))
 }
 
 /// How far a new block's timestamp may be ahead of the clock of the node that makes or
@@ -130,6 +143,10 @@ pub fn apply_block(parent: &State, block: &Block) -> Result<(State, ChangeSet), 
             got: block.txs.len(),
         });
     }
+    let evidence = block.txs.iter().filter(|tx| is_evidence(tx)).count();
+    if evidence > MAX_BLOCK_EVIDENCE {
+        return Err(BlockError::TooMuchEvidence { got: evidence });
+    }
     let size = block.to_bytes().len() as u64;
     if size > genesis.params.max_block_bytes {
         return Err(BlockError::TooLarge {
@@ -197,8 +214,10 @@ pub fn produce_block(
     let mut txs = Vec::new();
     let mut rejected = Vec::new();
     let mut size = BLOCK_OVERHEAD_BYTES;
-    // Senders with a transaction too big for what is left of this block: their later ones
-    // wait too (they would fail on the nonce), while smaller ones of others still fill it.
+    let mut evidence = 0;
+    // Senders with a transaction too big for what is left of this block, or evidence past
+    // its share: their later ones wait too (they would fail on the nonce), while others'
+    // still fill it.
     let mut deferred = std::collections::BTreeSet::new();
     for tx in candidates.iter().map(VerifiedTx::tx) {
         if txs.len() >= genesis.params.max_block_txs as usize {
@@ -208,13 +227,15 @@ pub fn produce_block(
             continue;
         }
         let tx_size = tx.to_bytes().len() as u64;
-        if size + tx_size > genesis.params.max_block_bytes {
+        let evidence_full = is_evidence(tx) && evidence == MAX_BLOCK_EVIDENCE;
+        if size + tx_size > genesis.params.max_block_bytes || evidence_full {
             deferred.insert(tx.tx.sender);
             continue;
         }
         match run_tx(&mut state, tx) {
             Ok(()) => {
                 size += tx_size;
+                evidence += usize::from(is_evidence(tx));
                 txs.push(tx.clone());
             }
             Err(error) => rejected.push((tx.hash(), error)),
@@ -243,7 +264,7 @@ pub(crate) mod tests {
     use crate::genesis::Genesis;
     use crate::keys::Address;
     use crate::tx::tests::transfer;
-    use crate::tx::{check_stateless, Receipt, Tx, TxKind};
+    use crate::tx::{check_stateless, Receipt, Tx};
     use proptest::prelude::*;
 
     fn receipt(

@@ -410,6 +410,66 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_block_holds_at_most_max_block_evidence_pieces_of_evidence() {
+        use crate::apply::tests::verified;
+        use crate::apply::{apply_block, produce_block, BlockError, MAX_BLOCK_EVIDENCE};
+        use crate::block::Block;
+        let (state, keys) = bonded_and_credited();
+        let w = keys.worker.address();
+        // Sessions 3.. credited too: one wrong answer to report in each.
+        let sessions = 3..3 + MAX_BLOCK_EVIDENCE as u64 + 1;
+        let credits = sessions
+            .clone()
+            .enumerate()
+            .map(|(i, s)| credit_from(&keys.gateway, 2 + i as u64, &keys.hub, s, w, 1_000_000))
+            .collect();
+        let state = block_of(&state, &keys, credits);
+        let nonce = state.account(&keys.alice.address()).nonce;
+        let report = |n: u64, session| {
+            let kind = TxKind::Evidence(Box::new(wrong(&keys, session)));
+            kind.signed("kvasir-test", &keys.alice, nonce + n)
+        };
+        let mut reports: Vec<SignedTx> = sessions
+            .enumerate()
+            .map(|(n, s)| report(n as u64, s))
+            .collect();
+        // Alice's transfer after them waits with them: it would fail on its nonce.
+        let after = TxKind::Transfer {
+            to: keys.bob.address(),
+            amount: kvr("1"),
+        };
+        reports.push(after.signed("kvasir-test", &keys.alice, nonce + reports.len() as u64));
+
+        // The producer takes its share and leaves the rest for the next block, unrejected.
+        let time = state.timestamp_ms() + 1000;
+        let produced = produce_block(
+            &state,
+            &verified(&state, reports.clone()),
+            &keys.validator,
+            time,
+        )
+        .unwrap();
+        assert_eq!(produced.block.txs.len(), MAX_BLOCK_EVIDENCE);
+        assert!(produced.rejected.is_empty(), "{:?}", produced.rejected);
+        let next = block_of(
+            &produced.state,
+            &keys,
+            reports[MAX_BLOCK_EVIDENCE..].to_vec(),
+        );
+        assert_eq!(next.account(&w).convictions.len(), MAX_BLOCK_EVIDENCE + 1);
+
+        // A proposer that packs one more is refused before anything is recomputed.
+        let packed = reports[..=MAX_BLOCK_EVIDENCE].to_vec();
+        let block = Block::seal(&state, packed, state.root(), time, &keys.validator);
+        let verdict = apply_block(&state, &block);
+        assert!(
+            matches!(verdict, Err(BlockError::TooMuchEvidence { got }) if got == MAX_BLOCK_EVIDENCE + 1),
+            "{:?}",
+            verdict.err()
+        );
+    }
+
+    #[test]
     fn evidence_that_does_not_prove_a_wrong_answer_changes_nothing() {
         let (state, keys) = bonded_and_credited();
         let correct = blake3::hash(b"rows").as_bytes().to_vec();

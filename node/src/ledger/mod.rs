@@ -606,11 +606,13 @@ mod tests {
         assert!(ledger.submit(txs, false).iter().all(Result::is_ok));
     }
 
-    /// A node that only records the batches forwarded to it: each request's query and
-    /// transaction count.
-    fn recording_peer() -> (String, Arc<Mutex<Vec<(String, usize)>>>) {
+    /// Each batch a peer received: the request's query and its transaction count.
+    type Batches = Arc<Mutex<Vec<(String, usize)>>>;
+
+    /// A node that only records the batches forwarded to it.
+    fn recording_peer() -> (String, Batches) {
         use axum::extract::RawQuery;
-        let seen: Arc<Mutex<Vec<(String, usize)>>> = Arc::default();
+        let seen = Batches::default();
         let record = seen.clone();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
