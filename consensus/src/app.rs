@@ -11,6 +11,7 @@
 //! signed there, so this node could then vote differently in the same rounds; a node whose
 //! chain cannot commit needs its operator, not a retry.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -40,9 +41,6 @@ use crate::store::{Proposals, Stored};
 /// looks no further than 10 ahead.
 const MAX_ROUNDS_AHEAD: u32 = 10;
 
-/// Blocks assembled for heights after the one being decided, waiting to be validated.
-const MAX_PENDING: usize = 8;
-
 pub(crate) struct App<C: Chain> {
     chain: C,
     validators: ValidatorSet,
@@ -54,7 +52,10 @@ pub(crate) struct App<C: Chain> {
     max_block_bytes: u64,
     proposals: Proposals,
     streams: Streams,
-    pending: Vec<(Init, Vec<u8>)>,
+    /// Blocks assembled for the next height, waiting for it to be decided: by round, the
+    /// first its proposer sealed (so at most `MAX_ROUNDS_AHEAD` + 1, and no peer, not even
+    /// a validator, can push out another's).
+    pending: BTreeMap<u32, (Init, Vec<u8>)>,
     committed: u64,
     round: u32,
 }
@@ -84,7 +85,7 @@ impl<C: Chain> App<C> {
             max_block_bytes,
             proposals,
             streams: Streams::new(max_block_bytes),
-            pending: Vec::new(),
+            pending: BTreeMap::new(),
             committed,
             round: 0,
         }
@@ -324,12 +325,14 @@ impl<C: Chain> App<C> {
         } else {
             0
         };
-        if init.round.as_u32()? > current.saturating_add(MAX_ROUNDS_AHEAD) {
+        let round = init.round.as_u32()?;
+        if round > current.saturating_add(MAX_ROUNDS_AHEAD) {
             return None;
         }
         if init.height > self.deciding() {
-            if self.pending.len() < MAX_PENDING {
-                self.pending.push((init, assembled.block));
+            // Only the next height is worth keeping: a node further behind syncs instead.
+            if init.height.0 == self.deciding().0.saturating_add(1) {
+                self.pending.entry(round).or_insert((init, assembled.block));
             }
             return None;
         }
@@ -376,13 +379,10 @@ impl<C: Chain> App<C> {
     /// hears of them in the `StartedRound` reply of their round.
     fn validate_pending(&mut self) {
         let deciding = self.deciding();
-        let (now, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending)
-            .into_iter()
-            .filter(|(init, _)| init.height >= deciding)
-            .partition(|(init, _)| init.height == deciding);
-        self.pending = later;
-        for (init, block) in now {
-            self.validate(init, block);
+        for (init, block) in std::mem::take(&mut self.pending).into_values() {
+            if init.height == deciding {
+                self.validate(init, block);
+            }
         }
     }
 
@@ -417,8 +417,6 @@ impl<C: Chain> App<C> {
             error!("{e}");
         }
         self.streams.prune(self.deciding());
-        let deciding = self.deciding();
-        self.pending.retain(|(init, _)| init.height >= deciding);
         Ok(())
     }
 
