@@ -348,23 +348,22 @@ impl Network {
     pub fn verify(&self, node: usize) -> String {
         let data = self.data_dir(node);
         let genesis = self.genesis();
-        verify_chain(&data, &genesis)
+        verify_chain(&data, &genesis, &[])
     }
 }
 
-/// `kvasir-node verify-chain --data-dir DATA --genesis GENESIS`: its stdout, or a panic with
-/// its stderr.
-pub fn verify_chain(data: &Path, genesis: &Path) -> String {
-    let output = run(
-        "kvasir-node",
-        &[
-            "verify-chain",
-            "--data-dir",
-            path_str(data),
-            "--genesis",
-            path_str(genesis),
-        ],
-    );
+/// `kvasir-node verify-chain --data-dir DATA --genesis GENESIS` and `extra` (the `--model`s
+/// of a chain that holds evidence): its stdout, or a panic with its stderr.
+pub fn verify_chain(data: &Path, genesis: &Path, extra: &[&str]) -> String {
+    let mut args = vec![
+        "verify-chain",
+        "--data-dir",
+        path_str(data),
+        "--genesis",
+        path_str(genesis),
+    ];
+    args.extend_from_slice(extra);
+    let output = run("kvasir-node", &args);
     assert!(
         output.status.success(),
         "verify-chain of {}: {}",

@@ -170,6 +170,35 @@ fn dev_dishonest_catches_the_liar_on_chain_and_the_output_stays_identical() {
     assert_paid_exactly(&again, &genesis);
 }
 
+/// `dev --validators 4`: the same loop over four validator processes, a liar caught by
+/// evidence the four decide on, every honest worker paid exactly; each validator's store
+/// then verifies, certificates included.
+#[test]
+fn dev_over_four_validators_runs_the_whole_loop_and_every_store_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (report, _) = dev_with(
+        &data,
+        &["--validators", "4", "--workers", "3", "--dishonest", "1"],
+    );
+    let genesis = Genesis::load(&data.join("genesis.json")).unwrap();
+    assert_eq!(genesis.authorities.validators.len(), 4);
+    assert_eq!(report.caught.len(), 1, "{report:?}");
+    assert_eq!(report.caught[0].address, report.workers[2].address);
+    assert_paid_exactly(&report, &genesis);
+    let models: Vec<String> = ["tiny", "tiny-qwen2", "small"]
+        .iter()
+        .map(|name| path_str(&data.join(format!("model-{name}"))).to_string())
+        .collect();
+    let models: Vec<&str> = models.iter().flat_map(|m| ["--model", m]).collect();
+    for index in 0..4 {
+        let store = kvasir_node::dev::launch::ledger_dir(&data, index);
+        let genesis = data.join("genesis.json");
+        let report = kvasir_tests::network::verify_chain(&store, &genesis, &models);
+        assert!(report.contains("chain ok"), "validator {index}: {report}");
+    }
+}
+
 #[test]
 fn dev_runs_the_swarm_credits_exactly_and_verify_chain_catches_one_flipped_byte() {
     let dir = tempfile::tempdir().unwrap();
