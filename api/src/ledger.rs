@@ -319,12 +319,19 @@ pub enum HistoryEvent {
         #[schema(value_type = AddressText)]
         hub: Address,
         session_id: u64,
+        /// The order whose escrow pays it; zero for the rewards pool.
+        #[serde(default)]
+        order: u64,
         cumulative_bytes: u64,
     },
     /// The account moved `amount` of its balance into its bond.
-    Bond { amount: AmountView },
+    Bond {
+        amount: AmountView,
+    },
     /// The account started unbonding `amount`.
-    Unbond { amount: AmountView },
+    Unbond {
+        amount: AmountView,
+    },
     /// Evidence that `worker` answered request `request_id` of a session wrongly.
     Evidence {
         #[schema(value_type = AddressText)]
@@ -335,6 +342,33 @@ pub enum HistoryEvent {
         hub: Address,
         session_id: u64,
         request_id: u64,
+    },
+    /// The account offered experts of a model at a price per reward unit.
+    OfferCreate {
+        model: String,
+        /// `LAYERS:EXPERTS` items.
+        experts: String,
+        price: AmountView,
+        expiry_height: u64,
+    },
+    OfferWithdraw {
+        offer: u64,
+    },
+    /// The account ordered replicas of experts of a model, with an escrow deposit.
+    OrderCreate {
+        model: String,
+        experts: String,
+        replicas: u8,
+        max_price: AmountView,
+        deposit: AmountView,
+        end_height: u64,
+    },
+    OrderDeposit {
+        order: u64,
+        amount: AmountView,
+    },
+    OrderClose {
+        order: u64,
     },
 }
 
@@ -429,8 +463,8 @@ pub enum TxState {
     },
 }
 
-/// `GET /sessions/{hub}/{session}`: the receipt high-water mark of one hub session (zero bytes
-/// and no worker when it was never credited).
+/// `GET /sessions/{hub}/{session}`: the receipt high-water mark of one hub session's traffic
+/// outside any order (zero bytes, and no worker when it was never credited).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct SessionMark {
     #[schema(value_type = AddressText)]
@@ -528,6 +562,9 @@ pub struct HubSessions {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct CreditedSession {
     pub session_id: u64,
+    /// The order this count is for; zero (the default) for traffic outside any order.
+    #[serde(default)]
+    pub order: u64,
     #[schema(value_type = AddressText)]
     pub worker: Address,
     pub cumulative_bytes: u64,

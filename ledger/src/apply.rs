@@ -290,6 +290,7 @@ pub(crate) mod tests {
             hub: hub.address(),
             session_id,
             worker,
+            order: 0,
             cumulative_bytes: bytes,
         };
         TxKind::Credit(receipt.sign(hub)).signed("kvasir-test", sender, nonce)

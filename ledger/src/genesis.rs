@@ -372,8 +372,12 @@ impl Genesis {
     /// `earned(c) = floor(c * reward_per_unit / unit_bytes)` in base units, from a cumulative
     /// byte counter. `None` when the result does not fit an amount.
     pub fn earned(&self, cumulative_bytes: u64) -> Option<Amount> {
-        let product =
-            u128::from(cumulative_bytes) * u128::from(self.params.reward_per_unit.base_units());
+        self.earned_at(self.params.reward_per_unit, cumulative_bytes)
+    }
+
+    /// `earned` at another price per unit: what a placement's price makes of the count.
+    pub fn earned_at(&self, price_per_unit: Amount, cumulative_bytes: u64) -> Option<Amount> {
+        let product = u128::from(cumulative_bytes) * u128::from(price_per_unit.base_units());
         let units = product / u128::from(self.params.unit_bytes.max(1));
         u64::try_from(units).ok().map(Amount::from_base_units)
     }
@@ -456,7 +460,7 @@ pub(crate) mod tests {
     }
 
     impl TestKeys {
-        fn new() -> Self {
+        pub fn new() -> Self {
             TestKeys {
                 validator: Keypair::from_seed(&[1; 32]),
                 gateway: Keypair::from_seed(&[2; 32]),

@@ -18,6 +18,7 @@ pub mod genesis;
 pub mod hash;
 pub mod intent;
 pub mod keys;
+pub mod market;
 pub mod mempool;
 pub mod state;
 pub mod store;

@@ -374,6 +374,7 @@ mod tests {
                 hub: self.keys.hub.address(),
                 session_id: nonce,
                 worker: self.keys.worker.address(),
+                order: 0,
                 cumulative_bytes: 1000,
             };
             let tx = TxKind::Credit(receipt.sign(&self.keys.hub)).signed(
@@ -578,6 +579,7 @@ mod tests {
             hub: f.keys.hub.address(),
             session_id: 1,
             worker: f.keys.worker.address(),
+            order: 0,
             cumulative_bytes: 10,
         }
         .sign(&f.keys.hub);

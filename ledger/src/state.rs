@@ -14,6 +14,7 @@ use crate::block::genesis_block_with_root;
 use crate::genesis::{Genesis, ModelPin};
 use crate::hash::Hash;
 use crate::keys::Address;
+use crate::market::{Market, Offer, Order, Placement};
 use crate::tree::StateTree;
 use crate::tx::{Receipt, TxError};
 
@@ -46,6 +47,8 @@ pub struct PendingReward {
     pub settle_height: u64,
     pub amount: Amount,
     pub session: SessionKey,
+    /// The order whose escrow paid it; zero for the rewards pool. Cancelled pay returns there.
+    pub order: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, BorshSerialize, BorshDeserialize)]
@@ -132,7 +135,36 @@ impl SessionKey {
     }
 }
 
-/// The highest cumulative count credited for a session, and whose session it is.
+/// What one hub meters: a worker session's traffic for one order (zero: outside any order,
+/// paid by the rewards pool). Each has its own cumulative count.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    BorshSerialize,
+    BorshDeserialize,
+)]
+pub struct MeterKey {
+    pub session: SessionKey,
+    pub order: u64,
+}
+
+impl MeterKey {
+    pub fn of(receipt: &Receipt) -> Self {
+        MeterKey {
+            session: SessionKey::of(receipt),
+            order: receipt.order,
+        }
+    }
+}
+
+/// The highest cumulative count credited for a metering key, and whose session it is.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, BorshSerialize, BorshDeserialize)]
 pub struct ReceiptMark {
     pub worker: Address,
@@ -159,11 +191,15 @@ pub struct Conviction {
     pub jailed_until: u64,
 }
 
-/// The state entries a block changed, for storage to persist with the block.
+/// The state entries a block changed, for storage to persist with the block; also every
+/// entry of a state, to rebuild it (`State::from_parts`).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ChangeSet {
     pub accounts: Vec<(Address, Account)>,
-    pub receipts: Vec<(SessionKey, ReceiptMark)>,
+    pub receipts: Vec<(MeterKey, ReceiptMark)>,
+    pub offers: Vec<Offer>,
+    pub orders: Vec<Order>,
+    pub placements: Vec<Placement>,
 }
 
 #[derive(Clone)]
@@ -174,7 +210,8 @@ pub struct State {
     block_hash: Hash,
     timestamp_ms: u64,
     accounts: OrdMap<Address, Account>,
-    receipts: OrdMap<SessionKey, ReceiptMark>,
+    receipts: OrdMap<MeterKey, ReceiptMark>,
+    market: Market,
     tree: StateTree,
     /// How evidence is recomputed; a state without one refuses evidence (`TxError::CannotCheckEvidence`).
     answer_check: Option<Arc<dyn AnswerCheck>>,
@@ -183,15 +220,32 @@ pub struct State {
     owed: OrdSet<Address>,
     // Entries changed since the last `commit_dirty`; empty between blocks.
     dirty_accounts: BTreeSet<Address>,
-    dirty_receipts: BTreeSet<SessionKey>,
+    dirty_receipts: BTreeSet<MeterKey>,
+    dirty_offers: BTreeSet<u64>,
+    dirty_orders: BTreeSet<u64>,
+    dirty_placements: BTreeSet<u64>,
 }
 
 fn account_key(address: &Address) -> Hash {
     Hash::of_parts(&[b"A", address.as_bytes()])
 }
 
-fn receipt_key(key: &SessionKey) -> Hash {
-    Hash::of_parts(&[b"R", key.hub.as_bytes(), &key.session_id.to_le_bytes()])
+fn receipt_key(key: &MeterKey) -> Hash {
+    let session = &key.session;
+    let parts: [&[u8]; 3] = [
+        b"R",
+        session.hub.as_bytes(),
+        &session.session_id.to_le_bytes(),
+    ];
+    // Traffic outside any order keeps the key it had before orders existed.
+    if key.order == 0 {
+        return Hash::of_parts(&parts);
+    }
+    Hash::of_parts(&[&parts[..], &[&key.order.to_le_bytes()[..]]].concat())
+}
+
+fn market_key(kind: &[u8], id: u64) -> Hash {
+    Hash::of_parts(&[b"M", kind, &id.to_le_bytes()])
 }
 
 impl State {
@@ -215,26 +269,22 @@ impl State {
             )
         }));
         let timestamp_ms = genesis.genesis_time_ms;
-        let mut state = State::from_parts(
-            Arc::new(genesis),
-            0,
-            Hash::ZERO,
-            timestamp_ms,
+        let entries = ChangeSet {
             accounts,
-            Vec::new(),
-        );
+            ..ChangeSet::default()
+        };
+        let mut state = State::from_parts(Arc::new(genesis), 0, Hash::ZERO, timestamp_ms, entries);
         state.block_hash = genesis_block_with_root(&state.genesis, state.root()).hash();
         state
     }
 
-    /// Rebuilds a state from stored entries at a given head.
+    /// Rebuilds a state from all its stored entries at a given head.
     pub fn from_parts(
         genesis: Arc<Genesis>,
         height: u64,
         block_hash: Hash,
         timestamp_ms: u64,
-        accounts: impl IntoIterator<Item = (Address, Account)>,
-        receipts: impl IntoIterator<Item = (SessionKey, ReceiptMark)>,
+        entries: ChangeSet,
     ) -> State {
         let pool = genesis.rewards_pool_address();
         let mut state = State {
@@ -245,22 +295,32 @@ impl State {
             timestamp_ms,
             accounts: OrdMap::new(),
             receipts: OrdMap::new(),
+            market: Market::default(),
             tree: StateTree::default(),
             answer_check: None,
             maturing: OrdMap::new(),
             owed: OrdSet::new(),
             dirty_accounts: BTreeSet::new(),
             dirty_receipts: BTreeSet::new(),
+            dirty_offers: BTreeSet::new(),
+            dirty_orders: BTreeSet::new(),
+            dirty_placements: BTreeSet::new(),
         };
-        for (address, account) in accounts {
+        for (address, account) in entries.accounts {
             state.set_account(address, account);
         }
-        for receipt in receipts {
+        for receipt in entries.receipts {
             state.write(Writes {
-                accounts: Vec::new(),
                 receipt: Some(receipt),
+                ..Writes::default()
             });
         }
+        state.write(Writes {
+            offers: entries.offers,
+            orders: entries.orders,
+            placements: entries.placements,
+            ..Writes::default()
+        });
         state.commit_dirty();
         state
     }
@@ -320,27 +380,49 @@ impl State {
         self.accounts.iter()
     }
 
-    pub fn receipt_mark(&self, key: &SessionKey) -> Option<&ReceiptMark> {
+    pub fn receipt_mark(&self, key: &MeterKey) -> Option<&ReceiptMark> {
         self.receipts.get(key)
     }
 
-    pub fn receipts(&self) -> impl Iterator<Item = (&SessionKey, &ReceiptMark)> {
+    /// Whose session this is, from any receipt credited for it (they all name one worker).
+    pub fn session_worker(&self, session: &SessionKey) -> Option<Address> {
+        let first = MeterKey {
+            session: *session,
+            order: 0,
+        };
+        let last = MeterKey {
+            session: *session,
+            order: u64::MAX,
+        };
+        self.receipts
+            .range(first..=last)
+            .next()
+            .map(|(_, mark)| mark.worker)
+    }
+
+    pub fn receipts(&self) -> impl Iterator<Item = (&MeterKey, &ReceiptMark)> {
         self.receipts.iter()
     }
 
-    /// Every base unit held: balances, pending rewards, bonds and unbondings (the pool and
-    /// the burned amount are accounts). Owed claims are not money and are not counted.
-    /// Constant from genesis on.
+    pub fn market(&self) -> &Market {
+        &self.market
+    }
+
+    /// Every base unit held: balances, pending rewards, bonds, unbondings and orders'
+    /// escrows (the pool and the burned amount are accounts). Owed claims are not money and
+    /// are not counted. Constant from genesis on.
     pub fn total_money(&self) -> u128 {
-        self.accounts
-            .values()
-            .map(|a| {
-                [a.balance, a.pending_total(), a.bonded, a.unbonding_total()]
-                    .iter()
-                    .map(|x| u128::from(x.base_units()))
-                    .sum::<u128>()
-            })
-            .sum()
+        self.market.total_escrow()
+            + self
+                .accounts
+                .values()
+                .map(|a| {
+                    [a.balance, a.pending_total(), a.bonded, a.unbonding_total()]
+                        .iter()
+                        .map(|x| u128::from(x.base_units()))
+                        .sum::<u128>()
+                })
+                .sum::<u128>()
     }
 
     pub fn total_owed(&self) -> u128 {
@@ -372,12 +454,26 @@ impl State {
             self.receipts.insert(key, mark);
             self.dirty_receipts.insert(key);
         }
+        for offer in writes.offers {
+            self.dirty_offers.insert(offer.id);
+            self.market.set_offer(offer);
+        }
+        for order in writes.orders {
+            self.dirty_orders.insert(order.id);
+            self.market.set_order(order);
+        }
+        for placement in writes.placements {
+            self.dirty_placements.insert(placement.id);
+            self.market.set_placement(placement);
+        }
     }
 
-    /// The block-boundary step after a block's transactions at `height`: owed claims are
-    /// paid from whatever the pool now holds (address order), then pending rewards whose
-    /// settle height has come, and unbondings whose release height has, move into balances.
+    /// The block-boundary step after a block's transactions at `height`: the market's
+    /// (expiries, matching, pauses; `market::end_block`), then owed claims are paid from
+    /// whatever the pool now holds (address order), then pending rewards whose settle
+    /// height has come, and unbondings whose release height has, move into balances.
     pub(crate) fn end_block(&mut self, height: u64) -> Result<(), TxError> {
+        crate::market::end_block(self, height)?;
         for address in self.owed.clone() {
             if self.account(&self.pool).balance.is_zero() {
                 break;
@@ -436,6 +532,25 @@ impl State {
                 changes.receipts.push((key, mark.clone()));
             }
         }
+        for id in std::mem::take(&mut self.dirty_offers) {
+            if let Some(offer) = self.market.offer(id) {
+                entries.push((market_key(b"offer", id), Hash::of_borsh(b"offer", offer)));
+                changes.offers.push(offer.clone());
+            }
+        }
+        for id in std::mem::take(&mut self.dirty_orders) {
+            if let Some(order) = self.market.order(id) {
+                entries.push((market_key(b"order", id), Hash::of_borsh(b"order", order)));
+                changes.orders.push(order.clone());
+            }
+        }
+        for id in std::mem::take(&mut self.dirty_placements) {
+            if let Some(placement) = self.market.placement(id) {
+                let value = Hash::of_borsh(b"placement", placement);
+                entries.push((market_key(b"placement", id), value));
+                changes.placements.push(placement.clone());
+            }
+        }
         self.tree.update(entries);
         changes
     }
@@ -451,7 +566,10 @@ impl State {
 #[derive(Default)]
 pub(crate) struct Writes {
     accounts: Vec<(Address, Account)>,
-    receipt: Option<(SessionKey, ReceiptMark)>,
+    receipt: Option<(MeterKey, ReceiptMark)>,
+    offers: Vec<Offer>,
+    orders: Vec<Order>,
+    placements: Vec<Placement>,
 }
 
 /// Reads through to a state and collects writes, so a transaction's effects are computed
@@ -497,8 +615,54 @@ impl<'a> Staged<'a> {
     }
 
     /// Raises a metering session's mark (a transaction sets at most one).
-    pub(crate) fn set_receipt_mark(&mut self, key: SessionKey, mark: ReceiptMark) {
+    pub(crate) fn set_receipt_mark(&mut self, key: MeterKey, mark: ReceiptMark) {
         self.writes.receipt = Some((key, mark));
+    }
+
+    pub(crate) fn offer(&self, id: u64) -> Option<Offer> {
+        let staged = self.writes.offers.iter().rev().find(|o| o.id == id);
+        staged.or_else(|| self.state.market.offer(id)).cloned()
+    }
+
+    pub(crate) fn order(&self, id: u64) -> Option<Order> {
+        let staged = self.writes.orders.iter().rev().find(|o| o.id == id);
+        staged.or_else(|| self.state.market.order(id)).cloned()
+    }
+
+    pub(crate) fn placement(&self, id: u64) -> Option<Placement> {
+        let staged = self.writes.placements.iter().rev().find(|p| p.id == id);
+        staged.or_else(|| self.state.market.placement(id)).cloned()
+    }
+
+    pub(crate) fn set_offer(&mut self, offer: Offer) {
+        self.writes.offers.push(offer);
+    }
+
+    pub(crate) fn set_order(&mut self, order: Order) {
+        self.writes.orders.push(order);
+    }
+
+    pub(crate) fn set_placement(&mut self, placement: Placement) {
+        self.writes.placements.push(placement);
+    }
+
+    /// The id the next placement staged here gets.
+    pub(crate) fn next_placement_id(&self) -> u64 {
+        let staged = self.writes.placements.iter().map(|p| p.id + 1).max();
+        staged
+            .unwrap_or(0)
+            .max(self.state.market.next_placement_id())
+    }
+
+    /// Credits `amount` to `address`'s spendable balance.
+    pub(crate) fn add_balance(&mut self, address: Address, amount: Amount) -> Result<(), TxError> {
+        let mut account = self.account(&address);
+        account.balance = account
+            .balance
+            .checked_add(amount)
+            .ok_or(TxError::Overflow)?;
+        self.set_account(address, account);
+        Ok(())
     }
 
     /// The height `blocks` after the block being built (the one after the state's head).
@@ -510,11 +674,14 @@ impl<'a> Staged<'a> {
             .ok_or(TxError::Overflow)
     }
 
-    fn add_pending(
+    /// Adds `amount` to `address`'s pending rewards of `session` (none: an owed claim),
+    /// paid by `order` (zero: the pool).
+    pub(crate) fn add_pending(
         &mut self,
         address: Address,
         amount: Amount,
         session: Option<SessionKey>,
+        order: u64,
     ) -> Result<(), TxError> {
         if amount.is_zero() {
             return Ok(());
@@ -532,7 +699,7 @@ impl<'a> Staged<'a> {
             .iter_mut()
             .rev()
             .take_while(|p| p.settle_height == settle_height)
-            .find(|p| p.session == session)
+            .find(|p| p.session == session && p.order == order)
         {
             Some(same) => {
                 same.amount = same.amount.checked_add(amount).ok_or(TxError::Overflow)?;
@@ -541,6 +708,7 @@ impl<'a> Staged<'a> {
                 settle_height,
                 amount,
                 session,
+                order,
             }),
         }
         self.set_account(address, account);
@@ -560,7 +728,7 @@ impl<'a> Staged<'a> {
         let paid = delta.min(pool.balance);
         pool.balance = pool.balance.checked_sub(paid).ok_or(TxError::Overflow)?;
         self.set_account(pool_address, pool);
-        self.add_pending(worker, paid, session)?;
+        self.add_pending(worker, paid, session, 0)?;
         Ok(paid)
     }
 }

@@ -73,6 +73,7 @@ fn crash_child_commits_blocks_forever() {
                 hub: hub.address(),
                 session_id: session,
                 worker: Address::from_bytes([session as u8 + 1; 32]),
+                order: 0,
                 cumulative_bytes: height * 100_003 + session,
             };
             let kind = TxKind::Credit(receipt.sign(&hub));

@@ -90,6 +90,7 @@ fn credits_and_transfers_commit_and_bad_ones_change_nothing() {
             hub: hub.address(),
             session_id: 7,
             worker: worker.address(),
+            order: 0,
             cumulative_bytes: bytes,
         }
         .sign(hub)

@@ -271,6 +271,31 @@ fn history_line(entry: &HistoryEntry) -> String {
         } => format!(
             "{head} evidence by {reporter} against {worker}: request {request_id} of session {session_id} of hub {hub}"
         ),
+        HistoryEvent::OfferCreate {
+            model,
+            experts,
+            price,
+            expiry_height,
+        } => format!(
+            "{head} offer {model} {experts} at {} per unit until height {expiry_height}",
+            price.kvr
+        ),
+        HistoryEvent::OfferWithdraw { offer } => format!("{head} withdraw offer {offer}"),
+        HistoryEvent::OrderCreate {
+            model,
+            experts,
+            replicas,
+            max_price,
+            deposit,
+            end_height,
+        } => format!(
+            "{head} order {model} {experts} x{replicas} at most {} per unit, escrow {}, until height {end_height}",
+            max_price.kvr, deposit.kvr
+        ),
+        HistoryEvent::OrderDeposit { order, amount } => {
+            format!("{head} deposit {} into order {order}", amount.kvr)
+        }
+        HistoryEvent::OrderClose { order } => format!("{head} close order {order}"),
     }
 }
 

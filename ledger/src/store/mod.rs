@@ -26,7 +26,7 @@ use crate::certificate::Certificate;
 use crate::genesis::Genesis;
 use crate::hash::Hash;
 use crate::keys::Address;
-use crate::state::{Account, ChangeSet, ReceiptMark, SessionKey, State};
+use crate::state::{Account, ChangeSet, MeterKey, ReceiptMark, SessionKey, State};
 use crate::tx::SignedTx;
 
 const GENESIS: &[u8] = b"m/genesis";
@@ -38,6 +38,9 @@ const RECEIPT: &[u8] = b"r/";
 const TX: &[u8] = b"t/";
 const HISTORY: &[u8] = b"x/";
 const CERTIFICATE: &[u8] = b"c/";
+const OFFER: &[u8] = b"o/";
+const ORDER: &[u8] = b"d/";
+const PLACEMENT: &[u8] = b"p/";
 /// Present once every stored block is in the HISTORY index (stores written before it existed
 /// are indexed when opened).
 const HISTORY_INDEXED: &[u8] = b"m/history-indexed";
@@ -272,19 +275,30 @@ impl<K: KeyValue> Storage for K {
                 .and_then(|b| b.try_into().ok())
                 .ok_or_else(|| StoreError::Corrupt("receipt key".into()))?;
             let session_id = be_u64("receipt key", rest.get(32..).unwrap_or_default())?;
+            let order = match rest.get(40..) {
+                Some(order) if !order.is_empty() => be_u64("receipt key", order)?,
+                _ => 0,
+            };
             let session = SessionKey {
                 hub: Address::from_bytes(hub),
                 session_id,
             };
-            receipts.push((session, decode::<ReceiptMark>("receipt", &v)?));
+            let key = MeterKey { session, order };
+            receipts.push((key, decode::<ReceiptMark>("receipt", &v)?));
         }
+        let entries = ChangeSet {
+            accounts,
+            receipts,
+            offers: scan_values(self, OFFER, "offer")?,
+            orders: scan_values(self, ORDER, "order")?,
+            placements: scan_values(self, PLACEMENT, "placement")?,
+        };
         let state = State::from_parts(
             genesis,
             head,
             block.hash(),
             block.header.timestamp_ms,
-            accounts,
-            receipts,
+            entries,
         );
         if state.root() != block.header.state_root {
             return Err(StoreError::Corrupt(format!(
@@ -336,7 +350,7 @@ fn write_genesis(kv: &impl KeyValue, genesis: &Genesis) -> Result<(), StoreError
     batch.insert(HISTORY_INDEXED.to_vec(), []);
     let changes = ChangeSet {
         accounts: state.accounts().map(|(a, acc)| (*a, acc.clone())).collect(),
-        receipts: Vec::new(),
+        ..ChangeSet::default()
     };
     write_block(&mut batch, &genesis_block(genesis), &changes);
     kv.write(batch)
@@ -392,11 +406,20 @@ fn write_block(batch: &mut Batch, block: &Block, changes: &ChangeSet) {
             borsh::to_vec(account).unwrap_or_default(),
         );
     }
-    for (session, mark) in &changes.receipts {
-        batch.insert(
-            receipt_key(session),
-            borsh::to_vec(mark).unwrap_or_default(),
-        );
+    for (meter, mark) in &changes.receipts {
+        batch.insert(receipt_key(meter), borsh::to_vec(mark).unwrap_or_default());
+    }
+    for offer in &changes.offers {
+        let value = borsh::to_vec(offer).unwrap_or_default();
+        batch.insert(key(OFFER, &offer.id.to_be_bytes()), value);
+    }
+    for order in &changes.orders {
+        let value = borsh::to_vec(order).unwrap_or_default();
+        batch.insert(key(ORDER, &order.id.to_be_bytes()), value);
+    }
+    for placement in &changes.placements {
+        let value = borsh::to_vec(placement).unwrap_or_default();
+        batch.insert(key(PLACEMENT, &placement.id.to_be_bytes()), value);
     }
     batch.insert(HEAD.to_vec(), height.to_be_bytes());
 }
@@ -434,15 +457,30 @@ fn block_key(height: u64) -> Vec<u8> {
     key(BLOCK, &height.to_be_bytes())
 }
 
-fn receipt_key(session: &SessionKey) -> Vec<u8> {
-    key(
-        RECEIPT,
-        &[
-            session.hub.as_bytes().as_slice(),
-            &session.session_id.to_be_bytes(),
-        ]
-        .concat(),
-    )
+/// Hub, session and (for traffic of an order only, so that keys written before orders
+/// existed keep their meaning) the order.
+fn receipt_key(meter: &MeterKey) -> Vec<u8> {
+    let session = &meter.session;
+    let mut rest = [
+        session.hub.as_bytes().as_slice(),
+        &session.session_id.to_be_bytes(),
+    ]
+    .concat();
+    if meter.order != 0 {
+        rest.extend_from_slice(&meter.order.to_be_bytes());
+    }
+    key(RECEIPT, &rest)
+}
+
+/// Every value under `prefix`, decoded.
+fn scan_values<T: BorshDeserialize>(
+    kv: &impl KeyValue,
+    prefix: &[u8],
+    what: &str,
+) -> Result<Vec<T>, StoreError> {
+    scan_prefix(kv, prefix)
+        .map(|entry| decode(what, &entry?.1))
+        .collect()
 }
 
 fn history_key(address: &Address, rest: &[u8]) -> Vec<u8> {

@@ -12,7 +12,8 @@ use crate::amount::Amount;
 use crate::genesis::Genesis;
 use crate::intent::{self, Intent};
 use crate::keys::{Address, Keypair, Signature, SignatureCheck};
-use crate::state::{ReceiptMark, SessionKey, Staged, State};
+use crate::market::Placement;
+use crate::state::{MeterKey, ReceiptMark, SessionKey, Staged, State};
 
 use super::{TxError, TxSignature};
 
@@ -24,6 +25,9 @@ pub struct Receipt {
     pub hub: Address,
     pub session_id: u64,
     pub worker: Address,
+    /// The order the traffic was for (its backbone's), zero for none; each order of a
+    /// session has its own cumulative count.
+    pub order: u64,
     pub cumulative_bytes: u64,
 }
 
@@ -84,13 +88,15 @@ pub(super) fn check_stateful(
     if !genesis.is_hub(&r.hub) {
         return Err(TxError::NotAHub(r.hub));
     }
-    if let Some(mark) = state.receipt_mark(&SessionKey::of(r)) {
-        if mark.worker != r.worker {
+    if let Some(worker) = state.session_worker(&SessionKey::of(r)) {
+        if worker != r.worker {
             return Err(TxError::SessionWorkerMismatch {
-                stored: mark.worker,
+                stored: worker,
                 got: r.worker,
             });
         }
+    }
+    if let Some(mark) = state.receipt_mark(&MeterKey::of(r)) {
         if r.cumulative_bytes <= mark.cumulative_bytes {
             return Err(TxError::ReceiptNotNewer {
                 stored: mark.cumulative_bytes,
@@ -115,28 +121,61 @@ fn may_be_paid(state: &State, receipt: &Receipt) -> bool {
     !convicted && !worker.is_jailed(state.height() + 1) && bonded
 }
 
-/// Pays `earned(new) - earned(old)` from the pool into the worker's pending rewards of this
-/// session (nothing if it may not be paid), records what the pool could not cover as owed,
-/// and raises the session's mark.
+/// The live placement under `order` of `worker`'s offers that pays its traffic: the oldest.
+fn placement_for(state: &State, order: u64, worker: &Address) -> Option<Placement> {
+    state
+        .market()
+        .live_placements_of_order(order)
+        .find(|p| p.operator == *worker)
+        .cloned()
+}
+
+/// Pays the worker for the receipt's new bytes and raises the mark. Outside any order:
+/// `earned(new) - earned(old)` from the pool, what the pool cannot cover recorded as owed.
+/// For an order: the same count at the price of the worker's live placement under it,
+/// from the order's escrow as far as it goes; nothing when the worker is not placed for
+/// the order (the backbone should not have dispatched to it). Nothing either when the
+/// worker may not be paid.
 pub(super) fn execute(staged: &mut Staged, receipt: &Receipt) -> Result<(), TxError> {
-    let key = SessionKey::of(receipt);
+    let key = MeterKey::of(receipt);
     let state = staged.state();
     let old = state
         .receipt_mark(&key)
         .map_or(0, |mark| mark.cumulative_bytes);
-    let earned = |bytes| state.genesis().earned(bytes).ok_or(TxError::Overflow);
-    let mut delta = earned(receipt.cumulative_bytes)?
-        .checked_sub(earned(old)?)
-        .ok_or(TxError::Overflow)?;
-    if !may_be_paid(state, receipt) {
-        delta = Amount::ZERO;
-    }
-    let paid = staged.pay_from_pool(receipt.worker, delta, Some(key))?;
-    let unpaid = delta.checked_sub(paid).ok_or(TxError::Overflow)?;
-    if !unpaid.is_zero() {
-        let mut worker = staged.account(&receipt.worker);
-        worker.owed = worker.owed.checked_add(unpaid).ok_or(TxError::Overflow)?;
-        staged.set_account(receipt.worker, worker);
+    let may_be_paid = may_be_paid(state, receipt);
+    if receipt.order == 0 {
+        let earned = |bytes| state.genesis().earned(bytes).ok_or(TxError::Overflow);
+        let mut delta = earned(receipt.cumulative_bytes)?
+            .checked_sub(earned(old)?)
+            .ok_or(TxError::Overflow)?;
+        if !may_be_paid {
+            delta = Amount::ZERO;
+        }
+        let paid = staged.pay_from_pool(receipt.worker, delta, Some(key.session))?;
+        let unpaid = delta.checked_sub(paid).ok_or(TxError::Overflow)?;
+        if !unpaid.is_zero() {
+            let mut worker = staged.account(&receipt.worker);
+            worker.owed = worker.owed.checked_add(unpaid).ok_or(TxError::Overflow)?;
+            staged.set_account(receipt.worker, worker);
+        }
+    } else if let Some(placement) =
+        placement_for(state, receipt.order, &receipt.worker).filter(|_| may_be_paid)
+    {
+        let earned = |bytes| {
+            state
+                .genesis()
+                .earned_at(placement.price, bytes)
+                .ok_or(TxError::Overflow)
+        };
+        let delta = earned(receipt.cumulative_bytes)?
+            .checked_sub(earned(old)?)
+            .ok_or(TxError::Overflow)?;
+        let mut order = staged.order(receipt.order).ok_or(TxError::Overflow)?;
+        let paid = delta.min(order.escrow);
+        order.escrow = order.escrow.checked_sub(paid).ok_or(TxError::Overflow)?;
+        order.paid = order.paid.checked_add(paid).ok_or(TxError::Overflow)?;
+        staged.set_order(order);
+        staged.add_pending(receipt.worker, paid, Some(key.session), receipt.order)?;
     }
     let mark = ReceiptMark {
         worker: receipt.worker,
@@ -160,6 +199,7 @@ mod tests {
             hub: keys.hub.address(),
             session_id: 1,
             worker: keys.worker.address(),
+            order: 0,
             cumulative_bytes: 10,
         };
         let credit = |signed: SignedReceipt| -> SignedTx {

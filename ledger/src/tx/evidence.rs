@@ -5,7 +5,8 @@
 //! compares bits. Kernels are bit-exact, so a correct answer has one value: evidence that
 //! recomputes to the worker's answer is refused, and an honest worker can never be slashed.
 //!
-//! Accepted evidence cancels the session's pending rewards (back to the rewards pool) and
+//! Accepted evidence cancels the session's pending rewards (back to the rewards pool, or to
+//! the escrow of the order that paid them) and
 //! the worker's owed claims, slashes `slash_fraction` of the worker's bond, bonded then
 //! unbonding (`reporter_share` of it to the reporter, the rest burned), jails the key for
 //! `jail_blocks` and records the conviction with the key (`Account::convictions`): that
@@ -93,10 +94,10 @@ pub(super) fn check_stateful(state: &State, evidence: &Evidence) -> Result<(), T
 /// before it lets evidence wait for its turn to recompute.
 pub fn check_standing(state: &State, evidence: &Evidence) -> Result<(), TxError> {
     let key = evidence.session_key();
-    if let Some(mark) = state.receipt_mark(&key) {
-        if mark.worker != evidence.worker {
+    if let Some(worker) = state.session_worker(&key) {
+        if worker != evidence.worker {
             return Err(TxError::SessionWorkerMismatch {
-                stored: mark.worker,
+                stored: worker,
                 got: evidence.worker,
             });
         }
@@ -153,7 +154,8 @@ pub(super) fn execute(
     let genesis = state.genesis();
     let key = evidence.session_key();
     let mut worker = staged.account(&evidence.worker);
-    // The session's pending rewards go back to the pool they were paid from.
+    // The session's pending rewards go back to where they were paid from: the pool or an
+    // order's escrow.
     let (cancelled, kept): (Vec<_>, Vec<_>) =
         worker.pending.into_iter().partition(|p| p.session == key);
     worker.pending = kept;
@@ -163,6 +165,14 @@ pub(super) fn execute(
         .iter()
         .try_fold(Amount::ZERO, |sum, p| sum.checked_add(p.amount))
         .ok_or(TxError::Overflow)?;
+    let mut to_pool = Amount::ZERO;
+    for pay in &cancelled {
+        if pay.order == 0 {
+            to_pool = to_pool.checked_add(pay.amount).ok_or(TxError::Overflow)?;
+        } else {
+            crate::market::return_pay(staged, pay.order, pay.amount)?;
+        }
+    }
     // The slash, from the bond first, then from the newest unbonding.
     let stake = worker
         .bonded
@@ -189,10 +199,7 @@ pub(super) fn execute(
 
     let pool_address = state.rewards_pool();
     let mut pool = staged.account(&pool_address);
-    pool.balance = pool
-        .balance
-        .checked_add(returned)
-        .ok_or(TxError::Overflow)?;
+    pool.balance = pool.balance.checked_add(to_pool).ok_or(TxError::Overflow)?;
     staged.set_account(pool_address, pool);
 
     let reward = genesis.params.reporter_share.of(slashed);
@@ -233,7 +240,7 @@ pub(crate) mod tests {
     use crate::genesis::ModelPin;
     use crate::hash::Hash;
     use crate::keys::Keypair;
-    use crate::state::AnswerCheck;
+    use crate::state::{AnswerCheck, MeterKey};
     use crate::tx::{SignedTx, TxKind};
 
     /// A stand-in for the model, deterministic as the real one is: a request body is its
@@ -559,7 +566,7 @@ pub(crate) mod tests {
             hub: keys.hub.address(),
             session_id: 5,
         };
-        assert_eq!(state.receipt_mark(&key).unwrap().worker, w);
+        assert_eq!(state.session_worker(&key), Some(w));
         assert!(!state.account(&w).is_convicted_in(&key));
         assert!(state.account(&bob).is_convicted_in(&key));
         // Bob's evidence cannot be used again.
@@ -597,16 +604,11 @@ pub(crate) mod tests {
         let credit = credit_from(&keys.gateway, 2, &keys.hub, 6, w, 10_000_000);
         let state = block_of(&state, &keys, vec![credit]);
         assert_eq!(state.account(&w).pending_total(), pending);
-        assert_eq!(
-            state
-                .receipt_mark(&SessionKey {
-                    hub: keys.hub.address(),
-                    session_id: 6
-                })
-                .unwrap()
-                .worker,
-            w
-        );
+        let session = SessionKey {
+            hub: keys.hub.address(),
+            session_id: 6,
+        };
+        assert_eq!(state.session_worker(&session), Some(w));
     }
 
     #[test]
@@ -763,10 +765,11 @@ pub(crate) mod tests {
         let credit = credit_from(&keys.gateway, 0, &keys.hub, 1, w, 10_000_000);
         let state = block_of(&state, &keys, vec![credit]);
         assert_eq!(state.account(&w).pending_total(), Amount::ZERO);
-        let mark = state.receipt_mark(&SessionKey {
+        let session = SessionKey {
             hub: keys.hub.address(),
             session_id: 1,
-        });
+        };
+        let mark = state.receipt_mark(&MeterKey { session, order: 0 });
         assert_eq!(mark.map(|m| m.cumulative_bytes), Some(10_000_000));
     }
 }

@@ -7,7 +7,8 @@
 //!
 //! This module holds what every transaction shares (chain id, sender, nonce, signature, the
 //! encoding) and dispatches each stage to the module of its action: `transfer`, `credit`,
-//! `bond` (Bond and Unbond), `evidence`.
+//! `bond` (Bond and Unbond), `evidence`, `offer` (OfferCreate and OfferWithdraw), `order`
+//! (OrderCreate, OrderDeposit and OrderClose).
 //! Each action module has the same three functions, so a new action is one module, one
 //! `TxKind` variant (appended, so existing encodings keep their meaning) and one arm in each
 //! dispatch below.
@@ -15,6 +16,8 @@
 mod bond;
 mod credit;
 pub(crate) mod evidence;
+mod offer;
+mod order;
 mod transfer;
 
 use borsh::{BorshDeserialize, BorshSerialize};
@@ -22,6 +25,8 @@ use rayon::prelude::*;
 
 pub use credit::{Receipt, SignedReceipt};
 pub use evidence::{check_standing as check_evidence_standing, Evidence};
+pub use offer::NewOffer;
+pub use order::NewOrder;
 
 use crate::amount::Amount;
 use crate::genesis::Genesis;
@@ -54,6 +59,23 @@ pub enum TxKind {
     },
     /// Proof that a worker answered wrongly; anyone may submit it and is paid a share.
     Evidence(Box<Evidence>),
+    /// A bonded operator offers expert capacity.
+    OfferCreate(NewOffer),
+    /// The operator ends its offer; placements on it close.
+    OfferWithdraw {
+        offer: u64,
+    },
+    /// A buyer orders expert capacity and funds its escrow.
+    OrderCreate(NewOrder),
+    /// Adds to a live order's escrow.
+    OrderDeposit {
+        order: u64,
+        amount: Amount,
+    },
+    /// The buyer closes its order: placements close, the escrow left is refunded.
+    OrderClose {
+        order: u64,
+    },
 }
 
 impl TxKind {
@@ -85,8 +107,14 @@ impl Tx {
         let (first, second) = match &self.kind {
             TxKind::Transfer { to, .. } => (self.sender, Some(*to)),
             TxKind::Credit(signed) => (signed.receipt.worker, None),
-            TxKind::Bond { .. } | TxKind::Unbond { .. } => (self.sender, None),
             TxKind::Evidence(evidence) => (self.sender, Some(evidence.worker)),
+            TxKind::Bond { .. }
+            | TxKind::Unbond { .. }
+            | TxKind::OfferCreate(_)
+            | TxKind::OfferWithdraw { .. }
+            | TxKind::OrderCreate(_)
+            | TxKind::OrderDeposit { .. }
+            | TxKind::OrderClose { .. } => (self.sender, None),
         };
         std::iter::once(first).chain(second)
     }
@@ -209,6 +237,34 @@ pub enum TxError {
         "{0} has neither a bond nor pending rewards in this session: there is nothing to slash"
     )]
     NothingAtStake(Address),
+    #[error("model id {0:?} must be 1..=64 bytes")]
+    BadModelId(String),
+    #[error("{0}")]
+    BadSelection(crate::market::SelectionError),
+    #[error("replicas must be 1..=8 (MAX_REPLICAS), not {0}")]
+    BadReplicas(u8),
+    #[error("a deposit of {deposit} cannot pay even one unit at the max price {max_price}")]
+    DepositBelowPrice { deposit: Amount, max_price: Amount },
+    #[error("delegate {0} is not a usable ed25519 key")]
+    BadDelegate(Address),
+    #[error("end height {end_height} must be after the block being built ({height})")]
+    EndNotInFuture { end_height: u64, height: u64 },
+    #[error("{0} is jailed and may not offer capacity")]
+    Jailed(Address),
+    #[error("an operator may hold at most {0} open offers")]
+    TooManyOpenOffers(usize),
+    #[error("a buyer may hold at most {0} live orders")]
+    TooManyLiveOrders(usize),
+    #[error("there is no offer {0}")]
+    UnknownOffer(u64),
+    #[error("offer {0} is not open")]
+    OfferNotOpen(u64),
+    #[error("there is no order {0}")]
+    UnknownOrder(u64),
+    #[error("order {0} is closed")]
+    OrderClosed(u64),
+    #[error("{0} is not the owner of what it names")]
+    NotYours(Address),
 }
 
 /// A transaction that passed `check_stateless` on this chain: well formed, correctly signed.
@@ -254,6 +310,10 @@ fn check_format(genesis: &Genesis, tx: &SignedTx) -> Result<Vec<TxSignature>, Tx
         TxKind::Credit(signed) => credit::check_stateless(genesis, signed)?,
         TxKind::Bond { amount } | TxKind::Unbond { amount } => bond::check_stateless(*amount)?,
         TxKind::Evidence(evidence) => evidence::check_stateless(genesis, evidence)?,
+        TxKind::OfferCreate(new) => offer::check_stateless_create(new)?,
+        TxKind::OrderCreate(new) => order::check_stateless_create(new)?,
+        TxKind::OrderDeposit { amount, .. } => bond::check_stateless(*amount)?,
+        TxKind::OfferWithdraw { .. } | TxKind::OrderClose { .. } => Vec::new(),
     };
     signatures.extend(carried);
     Ok(signatures)
@@ -322,10 +382,7 @@ pub fn check_stateful(state: &State, tx: &SignedTx) -> Result<(), TxError> {
     }
     match &t.kind {
         TxKind::Transfer { to, amount } => transfer::check_stateful(state, &sender, to, *amount),
-        TxKind::Credit(signed) => credit::check_stateful(state, &t.sender, signed),
-        TxKind::Bond { amount } => bond::check_bond(state, &sender, *amount),
-        TxKind::Unbond { amount } => bond::check_unbond(state, &sender, *amount),
-        TxKind::Evidence(evidence) => evidence::check_stateful(state, evidence),
+        _ => check_action(state, tx),
     }
 }
 
@@ -347,6 +404,13 @@ pub fn check_action(state: &State, tx: &SignedTx) -> Result<(), TxError> {
         TxKind::Bond { amount } => bond::check_bond(state, &sender(), *amount),
         TxKind::Unbond { amount } => bond::check_unbond(state, &sender(), *amount),
         TxKind::Evidence(evidence) => evidence::check_stateful(state, evidence),
+        TxKind::OfferCreate(new) => offer::check_create(state, &t.sender, new),
+        TxKind::OfferWithdraw { offer } => offer::check_withdraw(state, &t.sender, *offer),
+        TxKind::OrderCreate(new) => order::check_create(state, &t.sender, &sender(), new),
+        TxKind::OrderDeposit { order, amount } => {
+            order::check_deposit(state, &sender(), *order, *amount)
+        }
+        TxKind::OrderClose { order } => order::check_close(state, &t.sender, *order),
     }
 }
 
@@ -365,6 +429,13 @@ pub(crate) fn execute(state: &State, tx: &SignedTx) -> Result<Writes, TxError> {
         TxKind::Bond { amount } => bond::execute_bond(&mut staged, &t.sender, *amount),
         TxKind::Unbond { amount } => bond::execute_unbond(&mut staged, &t.sender, *amount),
         TxKind::Evidence(evidence) => evidence::execute(&mut staged, &t.sender, evidence),
+        TxKind::OfferCreate(new) => offer::execute_create(&mut staged, &t.sender, new),
+        TxKind::OfferWithdraw { offer } => offer::execute_withdraw(&mut staged, *offer),
+        TxKind::OrderCreate(new) => order::execute_create(&mut staged, &t.sender, new),
+        TxKind::OrderDeposit { order, amount } => {
+            order::execute_deposit(&mut staged, &t.sender, *order, *amount)
+        }
+        TxKind::OrderClose { order } => order::execute_close(&mut staged, *order),
     }?;
     Ok(staged.into_writes())
 }
@@ -458,6 +529,7 @@ pub(crate) mod tests {
                     hub: from.address(),
                     session_id: nonce ^ units,
                     worker: Address::from_bytes(seed),
+                    order: 0,
                     cumulative_bytes: units,
                 }.sign(&from)),
             }.sign(&from);

@@ -59,6 +59,7 @@ impl Registry {
             hub: self.hub.address(),
             session_id,
             worker,
+            order: 0,
             cumulative_bytes,
         }
         .sign(&self.hub)

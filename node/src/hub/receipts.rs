@@ -22,6 +22,7 @@ impl SessionRecord {
             hub: hub.key.address(),
             session_id,
             worker: self.worker,
+            order: 0,
             cumulative_bytes: self.cumulative_bytes,
         }
         .sign(&hub.key)

@@ -39,7 +39,7 @@ use kvasir_api::schema::{AddressText, HashText};
 use kvasir_api::Object;
 use kvasir_ledger::certificate::ValidatorSet;
 use kvasir_ledger::mempool::MempoolError;
-use kvasir_ledger::state::SessionKey;
+use kvasir_ledger::state::{MeterKey, SessionKey};
 use kvasir_ledger::store::{Storage, TxLocation};
 use kvasir_ledger::{Address, Block, Certificate, Hash, SignedTx, TxKind};
 use utoipa::OpenApi;
@@ -377,6 +377,7 @@ fn history_entry(tx: &SignedTx, address: &Address, location: TxLocation) -> Hist
             gateway: t.sender,
             hub: signed.receipt.hub,
             session_id: signed.receipt.session_id,
+            order: signed.receipt.order,
             cumulative_bytes: signed.receipt.cumulative_bytes,
         },
         TxKind::Bond { amount } => HistoryEvent::Bond {
@@ -392,6 +393,26 @@ fn history_entry(tx: &SignedTx, address: &Address, location: TxLocation) -> Hist
             session_id: evidence.session,
             request_id: evidence.request_id,
         },
+        TxKind::OfferCreate(new) => HistoryEvent::OfferCreate {
+            model: new.model.clone(),
+            experts: new.experts.to_string(),
+            price: new.price.into(),
+            expiry_height: new.expiry_height,
+        },
+        TxKind::OfferWithdraw { offer } => HistoryEvent::OfferWithdraw { offer: *offer },
+        TxKind::OrderCreate(new) => HistoryEvent::OrderCreate {
+            model: new.model.clone(),
+            experts: new.experts.to_string(),
+            replicas: new.replicas,
+            max_price: new.max_price.into(),
+            deposit: new.deposit.into(),
+            end_height: new.end_height,
+        },
+        TxKind::OrderDeposit { order, amount } => HistoryEvent::OrderDeposit {
+            order: *order,
+            amount: (*amount).into(),
+        },
+        TxKind::OrderClose { order } => HistoryEvent::OrderClose { order: *order },
     };
     HistoryEntry {
         height: location.height,
@@ -583,16 +604,20 @@ async fn session(
         .ok_or_else(|| bad_request(format!("{session:?} is not a session id")))?;
     let state = ledger.state();
     let key = SessionKey { hub, session_id };
-    let mark = state.receipt_mark(&key);
-    let conviction = mark.and_then(|m| {
-        let worker = state.account(&m.worker);
+    let worker = state.session_worker(&key);
+    let mark = state.receipt_mark(&MeterKey {
+        session: key,
+        order: 0,
+    });
+    let conviction = worker.and_then(|w| {
+        let worker = state.account(&w);
         let found = worker.convictions.iter().find(|c| c.session == key);
         found.map(ConvictionView::from)
     });
     Ok(Json(SessionMark {
         hub,
         session_id,
-        worker: mark.map(|m| m.worker),
+        worker,
         cumulative_bytes: mark.map_or(0, |m| m.cumulative_bytes),
         conviction,
     }))
@@ -611,10 +636,11 @@ async fn sessions(
     let state = ledger.state();
     let mut sessions: Vec<CreditedSession> = state
         .receipts()
-        .filter(|(key, _)| key.hub == hub && key.session_id > after)
+        .filter(|(key, _)| key.session.hub == hub && key.session.session_id > after)
         .take(limit + 1)
         .map(|(key, mark)| CreditedSession {
-            session_id: key.session_id,
+            session_id: key.session.session_id,
+            order: key.order,
             worker: mark.worker,
             cumulative_bytes: mark.cumulative_bytes,
         })
