@@ -20,6 +20,10 @@ use crate::ledger::{
     HubSessions, ParamsView, SessionMark, Submission, Submitted, TxState, TxStatus, Verdict,
     PAGE_MAX,
 };
+use crate::market::{
+    percent, CoverageView, MarketQuery, OfferPage, OfferView, OrderPage, OrderView, PlacementPage,
+    PlacementView,
+};
 use crate::registry::ReceiptListing;
 
 /// Most bytes of a reply read (ureq's own default): a peer cannot make the client allocate
@@ -255,6 +259,39 @@ impl Client {
 
     pub fn session(&self, hub: &Address, session_id: u64) -> Result<SessionMark, ClientError> {
         self.get(&format!("/sessions/{hub}/{session_id}"))
+    }
+
+    /// A page of offers that pass `query`'s filters.
+    pub fn offers(&self, query: &MarketQuery) -> Result<OfferPage, ClientError> {
+        self.get(&format!("/offers{}", query.to_query()))
+    }
+
+    pub fn offer(&self, id: u64) -> Result<OfferView, ClientError> {
+        self.get(&format!("/offers/{id}"))
+    }
+
+    /// A page of orders that pass `query`'s filters.
+    pub fn orders(&self, query: &MarketQuery) -> Result<OrderPage, ClientError> {
+        self.get(&format!("/orders{}", query.to_query()))
+    }
+
+    pub fn order(&self, id: u64) -> Result<OrderView, ClientError> {
+        self.get(&format!("/orders/{id}"))
+    }
+
+    /// A page of placements that pass `query`'s filters.
+    pub fn placements(&self, query: &MarketQuery) -> Result<PlacementPage, ClientError> {
+        self.get(&format!("/placements{}", query.to_query()))
+    }
+
+    pub fn placement(&self, id: u64) -> Result<PlacementView, ClientError> {
+        self.get(&format!("/placements/{id}"))
+    }
+
+    /// How `model` is served, optionally in one layer.
+    pub fn coverage(&self, model: &str, layer: Option<u16>) -> Result<CoverageView, ClientError> {
+        let layer = layer.map_or_else(String::new, |l| format!("?layer={l}"));
+        self.get(&format!("/coverage/{}{layer}", percent(model)))
     }
 
     /// A page of the hub's credited sessions with ids above `after`.

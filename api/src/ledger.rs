@@ -205,6 +205,9 @@ pub struct PendingView {
     /// cancels; absent for an owed claim paid when the pool refilled, which belongs to none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<SessionRef>,
+    /// The order whose escrow paid it; absent for pay from the rewards pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<u64>,
 }
 
 /// One hub's metering session.

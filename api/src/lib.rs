@@ -12,6 +12,7 @@
 pub mod client;
 pub mod generation;
 pub mod ledger;
+pub mod market;
 mod object;
 pub mod registry;
 pub mod reports;

@@ -107,3 +107,22 @@ pub struct UnbondReport {
     pub amount: Amount,
     pub release_height: u64,
 }
+
+/// `kvasir-wallet offer|order …` that signs a transaction, `--json`: the transaction, the
+/// height it was committed at, and the offer or order as it stands after it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MarketTxReport {
+    pub hash: Hash,
+    pub height: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offer: Option<crate::market::OfferView>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<crate::market::OrderView>,
+}
+
+/// `kvasir-wallet order show --json`: the order and every placement it has had.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrderReport {
+    pub order: crate::market::OrderView,
+    pub placements: Vec<crate::market::PlacementView>,
+}

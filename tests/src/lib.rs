@@ -96,3 +96,4 @@ pub fn stderr(output: &Output) -> String {
 pub mod network;
 pub mod proxy;
 pub mod swarm;
+pub mod wallet;

@@ -2,32 +2,15 @@
 //! (trusting its self-signed certificate with `--ca`), with a key file sealed under a
 //! passphrase; and bonding and unbonding against a ledger node.
 
-use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
 use kvasir_api::ledger::AccountView;
 use kvasir_api::reports::{BondReport, UnbondReport};
 use kvasir_api::Client;
 use kvasir_ledger::Amount;
-use kvasir_tests::swarm::{start_ledger, Proc, Swarm};
+use kvasir_tests::swarm::Swarm;
+use kvasir_tests::wallet::{one_line_error, wallet, Node};
 use kvasir_tests::{bin, path_str, stderr, stdout};
-
-fn wallet(args: &[&str], passphrase: Option<&str>) -> Output {
-    let mut command = Command::new(bin("kvasir-wallet"));
-    command.args(args).env_remove("KVASIR_PASSPHRASE");
-    if let Some(passphrase) = passphrase {
-        command.env("KVASIR_PASSPHRASE", passphrase);
-    }
-    command.output().expect("running kvasir-wallet")
-}
-
-fn one_line_error(output: &Output, says: &str) {
-    assert!(!output.status.success(), "{}", stdout(output));
-    let message = stderr(output);
-    assert!(message.starts_with("error: "), "{message}");
-    assert!(message.to_lowercase().contains(says), "{says}: {message}");
-    assert_eq!(message.trim_end().lines().count(), 1, "{message}");
-}
 
 #[test]
 fn a_sealed_wallet_sends_and_reads_over_the_gateways_https() {
@@ -153,38 +136,6 @@ fn a_role_opens_a_sealed_key_with_the_passphrase_from_its_environment() {
     let _ = opened.kill();
     let _ = opened.wait();
     assert!(first.starts_with("ledger listening on "), "{first}");
-}
-
-/// A ledger node on `chain` (a directory with `genesis.json` and `keys/`), and a way to run
-/// the wallet against it with a key file.
-struct Node {
-    _ledger: Proc,
-    url: String,
-}
-
-impl Node {
-    fn start(chain: &Path, data: &Path) -> Node {
-        let (ledger, addr) = start_ledger(chain, data);
-        Node {
-            _ledger: ledger,
-            url: format!("http://{addr}"),
-        }
-    }
-
-    fn wallet(&self, key: &Path, args: &[&str]) -> Output {
-        let mut all = vec!["--url", &self.url, "--keyfile", path_str(key)];
-        all.extend(args);
-        wallet(&all, None)
-    }
-
-    /// The report `args` with `--json` prints; it must succeed.
-    fn json(&self, key: &Path, args: &[&str]) -> String {
-        let mut all = args.to_vec();
-        all.push("--json");
-        let output = self.wallet(key, &all);
-        assert!(output.status.success(), "{args:?}: {}", stderr(&output));
-        stdout(&output)
-    }
 }
 
 fn kvr(text: &str) -> Amount {

@@ -1,9 +1,11 @@
 //! `kvasir-wallet`: your KVR account from the command line. Keys live in a key file
-//! (mode 0600, optionally sealed under a passphrase); `balance`, `transfer`, `bond`, `unbond`
-//! and `history` talk to the ledger REST API at `--url`: a ledger node, or a gateway over
-//! HTTPS.
+//! (mode 0600, optionally sealed under a passphrase); `balance`, `transfer`, `bond`, `unbond`,
+//! `history` and the market verbs (`offer`, `order`, `market`) talk to the ledger REST API at
+//! `--url`: a ledger node, or a gateway over HTTPS.
 
 #![forbid(unsafe_code)]
+
+mod market;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -87,6 +89,15 @@ enum Command {
         /// KVR, exact decimal (`10`, `2.5`).
         amount: Amount,
     },
+    /// Offer expert capacity as an operator: `offer create|withdraw|list`.
+    #[command(subcommand)]
+    Offer(market::OfferCommand),
+    /// Order expert capacity as a buyer, paid from escrow: `order create|deposit|close|show`.
+    #[command(subcommand)]
+    Order(market::OrderCommand),
+    /// How a model is served: `market coverage MODEL`.
+    #[command(subcommand)]
+    Market(MarketCommand),
     /// Transfers in and out, credits, bonds, unbonds and evidence, newest first, 100 at a time.
     History {
         /// Whose (default: the key file's address).
@@ -95,6 +106,17 @@ enum Command {
         /// `HEIGHT`).
         #[arg(long)]
         before: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum MarketCommand {
+    /// Per layer and expert of a model: placements, replicas wanted, price range.
+    Coverage {
+        model: String,
+        /// Only this layer.
+        #[arg(long)]
+        layer: Option<u16>,
     },
 }
 
@@ -147,6 +169,11 @@ fn run(cli: Cli) -> Result<()> {
                     println!("older entries: history --before {next}");
                 }
             }
+        }
+        Command::Offer(command) => market::offer(command, &client, &keyfile, cli.json)?,
+        Command::Order(command) => market::order(command, &client, &keyfile, cli.json)?,
+        Command::Market(MarketCommand::Coverage { model, layer }) => {
+            market::coverage(&model, layer, &client, cli.json)?
         }
         Command::Balance { address } => {
             let address = address_or_own(address, &keyfile)?;

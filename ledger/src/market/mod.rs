@@ -295,6 +295,11 @@ impl Market {
             .filter_map(|id| self.placements.get(id))
     }
 
+    /// Orders not closed, in id order.
+    pub fn live_orders(&self) -> impl Iterator<Item = &Order> {
+        self.live_orders.iter().filter_map(|id| self.orders.get(id))
+    }
+
     pub(crate) fn live_order_ids(&self) -> impl Iterator<Item = u64> + '_ {
         self.live_orders.iter().copied()
     }

@@ -16,6 +16,8 @@
 //! - `GET  /txs/{hash}`: pending, committed (height, index) or rejected (reason)
 //! - `GET  /sessions/{hub}/{session}`: the receipt high-water mark of a hub session
 //! - `GET  /sessions/{hub}`: every credited session of a hub, with its mark
+//! - `GET  /offers`, `/orders`, `/placements` (filtered, paged), `/offers/{id}`,
+//!   `/orders/{id}`, `/placements/{id}`, `/coverage/{model}`: the market (`market_api`)
 //! - `GET  /metrics`: Prometheus text
 //! - `GET  /openapi.json`: this list as an OpenAPI document, every body with its schema
 
@@ -68,7 +70,14 @@ use crate::metrics::Exposition;
         history,
         session,
         sessions,
-        metrics
+        metrics,
+        super::market_api::offers,
+        super::market_api::offer,
+        super::market_api::orders,
+        super::market_api::order,
+        super::market_api::placements,
+        super::market_api::placement,
+        super::market_api::coverage
     )
 )]
 pub struct ApiDoc;
@@ -79,7 +88,7 @@ const MAX_BODY: usize = 64 << 10;
 const MAX_BATCH: usize = 10_000;
 const MAX_BATCH_BODY: usize = 16 << 20;
 
-type Reply<T> = Result<Json<T>, ApiError>;
+pub(super) type Reply<T> = Result<Json<T>, ApiError>;
 
 pub struct ApiError(StatusCode, &'static str, String);
 
@@ -101,11 +110,11 @@ impl axum::response::IntoResponse for ApiError {
     }
 }
 
-fn bad_request(message: impl ToString) -> ApiError {
+pub(super) fn bad_request(message: impl ToString) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, "bad_request", message.to_string())
 }
 
-fn not_found(message: impl ToString) -> ApiError {
+pub(super) fn not_found(message: impl ToString) -> ApiError {
     ApiError(StatusCode::NOT_FOUND, "not_found", message.to_string())
 }
 
@@ -118,7 +127,7 @@ fn internal(message: impl ToString) -> ApiError {
 }
 
 /// A path parameter, or a 400 in the API's own form when it is not text (`%FF`).
-fn path_text<T>(path: Result<Path<T>, PathRejection>) -> Result<T, ApiError> {
+pub(super) fn path_text<T>(path: Result<Path<T>, PathRejection>) -> Result<T, ApiError> {
     path.map(|Path(value)| value)
         .map_err(|e| bad_request(e.body_text()))
 }
@@ -154,6 +163,7 @@ pub fn router(ledger: Arc<Ledger>) -> Router {
         .route("/sessions/{hub}/{session}", get(session))
         .route("/sessions/{hub}", get(sessions))
         .route("/metrics", get(metrics))
+        .merge(super::market_api::routes())
         .route("/openapi.json", get(|| async { Json(ApiDoc::openapi()) }))
         .fallback(|| async { not_found("no such endpoint") })
         .method_not_allowed_fallback(|| async {
@@ -254,6 +264,7 @@ async fn account(
                     hub: p.session.hub,
                     session_id: p.session.session_id,
                 }),
+                order: (p.order != 0).then_some(p.order),
             })
             .collect(),
         pending_total: account.pending_total().into(),
@@ -291,7 +302,7 @@ struct HistoryQuery {
 
 /// Decimal digits and nothing else, at most `max_digits` of them (`str::parse` would also take
 /// `+7`, which the document does not allow).
-fn decimal<T: FromStr>(text: &str, max_digits: usize) -> Option<T> {
+pub(super) fn decimal<T: FromStr>(text: &str, max_digits: usize) -> Option<T> {
     let digits = !text.is_empty() && text.len() <= max_digits;
     (digits && text.bytes().all(|b| b.is_ascii_digit()))
         .then(|| text.parse().ok())
@@ -299,7 +310,7 @@ fn decimal<T: FromStr>(text: &str, max_digits: usize) -> Option<T> {
 }
 
 /// Digits of the largest u64 (and of a u32 index, for `before`) that the document admits.
-const U64_DIGITS: usize = 20;
+pub(super) const U64_DIGITS: usize = 20;
 
 /// `12.3` is transaction 3 of block 12; `12` is the start of block 12. At most 19 and 9
 /// digits, as the document's pattern says, so every text it admits parses.

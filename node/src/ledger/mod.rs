@@ -13,6 +13,7 @@
 mod api;
 mod evidence_gate;
 mod forward;
+mod market_api;
 #[cfg(feature = "consensus")]
 mod replica;
 
