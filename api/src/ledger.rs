@@ -622,6 +622,7 @@ mod tests {
                     hub: address,
                     session_id: 3,
                 }),
+                order: None,
             }],
             pending_total: kvr("0.5"),
             owed: kvr("0"),

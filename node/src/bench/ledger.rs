@@ -31,10 +31,10 @@ pub struct Args {
     json: bool,
 }
 
-const CHAIN_ID: &str = "kvasir-bench";
+pub(super) const CHAIN_ID: &str = "kvasir-bench";
 const SENDERS: usize = 500;
 
-fn seeded_key(role: &str, i: usize) -> Keypair {
+pub(super) fn seeded_key(role: &str, i: usize) -> Keypair {
     let mut hasher = blake3::Hasher::new_derive_key(role);
     hasher.update(&(i as u64).to_le_bytes());
     Keypair::from_seed(hasher.finalize().as_bytes())
@@ -45,7 +45,7 @@ fn filler_address(i: usize) -> Address {
 }
 
 /// A chain with `SENDERS` funded keys and `filler` further accounts.
-fn bench_genesis(validator: &Keypair, senders: &[Keypair], filler: usize) -> Genesis {
+pub(super) fn bench_genesis(validator: &Keypair, senders: &[Keypair], filler: usize) -> Genesis {
     let funded = Amount::parse("1000").unwrap_or_default();
     let mut allocations: Vec<Allocation> = senders
         .iter()

@@ -6,6 +6,7 @@ mod credit;
 mod decode;
 mod dispatch;
 mod ledger;
+mod market;
 mod relay;
 
 use anyhow::Result;
@@ -30,6 +31,9 @@ pub enum Bench {
     /// Decode with every expert remote at the default audit rate next to auditing off:
     /// audit overhead; answers until a worker lying on 1% of them is caught.
     Audit(audit::Args),
+    /// apply_block with market matching at 1k offers/100 orders and 10k/1k, next to a block
+    /// of plain transfers: ms per block, growth with the market.
+    Market(market::Args),
     /// Transfers committed through four validators on loopback next to one: committed/s,
     /// submission-to-commit latency p50/p99.
     Consensus(consensus::Args),
@@ -44,5 +48,6 @@ pub fn run(bench: Bench) -> Result<()> {
         Bench::Credit(args) => credit::run(args),
         Bench::Audit(args) => audit::run(args),
         Bench::Consensus(args) => consensus::run(args),
+        Bench::Market(args) => market::run(args),
     }
 }
