@@ -257,8 +257,14 @@ impl Client {
         self.get(&format!("/txs/{hash}"))
     }
 
-    pub fn session(&self, hub: &Address, session_id: u64) -> Result<SessionMark, ClientError> {
-        self.get(&format!("/sessions/{hub}/{session_id}"))
+    /// The ledger's mark of a hub session's traffic for `order` (zero: outside any order).
+    pub fn session(
+        &self,
+        hub: &Address,
+        session_id: u64,
+        order: u64,
+    ) -> Result<SessionMark, ClientError> {
+        self.get(&format!("/sessions/{hub}/{session_id}?order={order}"))
     }
 
     /// A page of offers that pass `query`'s filters.

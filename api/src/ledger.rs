@@ -466,13 +466,16 @@ pub enum TxState {
     },
 }
 
-/// `GET /sessions/{hub}/{session}`: the receipt high-water mark of one hub session's traffic
-/// outside any order (zero bytes, and no worker when it was never credited).
+/// `GET /sessions/{hub}/{session}[?order=N]`: the receipt high-water mark of one hub
+/// session's traffic for an order (zero, the default: outside any order); zero bytes, and no
+/// worker, when it was never credited.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct SessionMark {
     #[schema(value_type = AddressText)]
     pub hub: Address,
     pub session_id: u64,
+    #[serde(default)]
+    pub order: u64,
     #[schema(value_type = Option<AddressText>)]
     pub worker: Option<Address>,
     pub cumulative_bytes: u64,
@@ -535,6 +538,15 @@ pub struct PageQuery {
     /// At most this many (default 1,000; more is read as 10,000).
     #[param(maximum = 18446744073709551615u64)]
     pub limit: Option<u64>,
+}
+
+/// `?order=N` of `GET /sessions/{hub}/{session}`.
+#[derive(Clone, Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct OrderQuery {
+    /// The market order (zero, the default: traffic outside any order).
+    #[param(maximum = 18446744073709551615u64)]
+    pub order: Option<u64>,
 }
 
 /// Entries a page holds unless `limit` says fewer.

@@ -61,6 +61,9 @@ impl ReceiptQuery {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ReceiptEntry {
     pub session_id: u64,
+    /// The market order the session's traffic was for; zero (the default) for none.
+    #[serde(default)]
+    pub order: u64,
     #[schema(value_type = AddressText)]
     pub worker: Address,
     pub cumulative_bytes: u64,
@@ -85,6 +88,7 @@ impl ReceiptEntry {
         let r = &signed.receipt;
         ReceiptEntry {
             session_id: r.session_id,
+            order: r.order,
             worker: r.worker,
             cumulative_bytes: r.cumulative_bytes,
             // Writing borsh into a Vec cannot fail.

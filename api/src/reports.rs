@@ -44,6 +44,17 @@ pub struct DevReport {
     pub mismatches: u64,
     /// The workers caught answering wrongly, as the ledger judged the evidence.
     pub caught: Vec<DevCaught>,
+    /// The order the backbone acted for, which paid the workers.
+    pub market: DevMarket,
+}
+
+/// `dev`'s order as the generation left it (before dev closes it), its placements, and the
+/// escrow it started with.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DevMarket {
+    pub escrow_before: AmountView,
+    pub order: crate::market::OrderView,
+    pub placements: Vec<crate::market::PlacementView>,
 }
 
 /// A worker caught by an audit, and what the committed evidence did to it.
@@ -63,6 +74,9 @@ pub struct DevCaught {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MeteredSession {
     pub session_id: u64,
+    /// The market order it was metered for (zero: none).
+    #[serde(default)]
+    pub order: u64,
     pub worker: Address,
     pub cumulative_bytes: u64,
 }

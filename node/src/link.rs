@@ -46,6 +46,8 @@ pub struct Identity<'a> {
     pub model_id: String,
     pub backend: String,
     pub experts: Vec<ExpertId>,
+    /// The market order a backbone acts for; zero for none (and for workers).
+    pub order: u64,
 }
 
 /// A link on which the hub welcomed us.
@@ -61,7 +63,7 @@ pub struct Connected {
 
 /// Dials the hub at `url` (through a gateway or directly) and answers its challenge as
 /// `identity`. A hub on another protocol version is reported as such ("the hub's challenge:
-/// protocol version 1, this node speaks 2").
+/// protocol version 2, this node speaks 3").
 pub async fn connect(
     url: &str,
     tls: &Arc<ClientConfig>,
@@ -75,13 +77,14 @@ pub async fn connect(
         bail!("the hub did not open with a challenge");
     };
     let role = identity.role;
-    let hello = Hello::answer(
+    let hello = Hello::answer_for_order(
         &challenge,
         identity.key,
         role,
         identity.model_id,
         identity.backend,
         identity.experts,
+        identity.order,
     );
     let _ = tx.send(Message::Hello(hello).encode().into());
     let reply = next_message(&mut source)
@@ -361,13 +364,14 @@ mod tests {
             model_id: "m".into(),
             backend: "cpu".into(),
             experts: vec![],
+            order: 0,
         };
         let tls = crate::tls::client(None).unwrap();
         let refused = connect(&url, &tls, identity).await;
         let error = format!("{:#}", refused.err().expect("refused"));
         assert_eq!(
             error,
-            "the hub's challenge: protocol version 1, this node speaks 2"
+            "the hub's challenge: protocol version 1, this node speaks 3"
         );
         drop(hub.await.unwrap());
     }

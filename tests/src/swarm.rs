@@ -715,6 +715,7 @@ pub async fn claimless_session(
         model_id: "silent".into(),
         backend: "cpu".into(),
         experts: vec![],
+        order: 0,
     };
     let Connected {
         tx,

@@ -130,7 +130,7 @@ fn credits_and_transfers_commit_and_bad_ones_change_nothing() {
     );
     let session = paid.pending[0].session.expect("a credited session");
     assert_eq!((session.hub, session.session_id), (hub.address(), 7));
-    let session = chain.client.session(&hub.address(), 7).unwrap();
+    let session = chain.client.session(&hub.address(), 7, 0).unwrap();
     assert_eq!(session.cumulative_bytes, 1_277_952);
     assert_eq!(session.worker, Some(worker.address()));
     let history = chain.client.history(&worker.address(), None).unwrap();

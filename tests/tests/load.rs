@@ -105,7 +105,7 @@ fn a_flood_of_idle_stalled_and_silent_connections_changes_nothing_for_honest_wor
     );
     let deadline = Instant::now() + Duration::from_secs(120);
     for (session, _, bytes) in &sessions {
-        while ledger.session(&hub, *session).unwrap().cumulative_bytes != *bytes {
+        while ledger.session(&hub, *session, 0).unwrap().cumulative_bytes != *bytes {
             assert!(Instant::now() < deadline, "session {session} not credited");
             std::thread::sleep(Duration::from_millis(100));
         }

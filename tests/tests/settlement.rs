@@ -56,7 +56,7 @@ fn kill_while_crediting_in(mut swarm: Swarm, kills: usize, restart: impl Fn(&mut
     let hub = kvasir_keyfile::read(&swarm.dir.path().join("chain/keys/hub.key"), None)
         .unwrap()
         .address();
-    let credited = |session: u64| ledger.session(&hub, session).unwrap().cumulative_bytes;
+    let credited = |session: u64| ledger.session(&hub, session, 0).unwrap().cumulative_bytes;
     let credited_total =
         |swarm: &Swarm| -> u64 { swarm.metered().iter().map(|(s, _, _)| credited(*s)).sum() };
     // Each round: a generation makes traffic, the gateway starts crediting it, and a role is
@@ -85,7 +85,7 @@ fn kill_while_crediting_in(mut swarm: Swarm, kills: usize, restart: impl Fn(&mut
     let deadline = Instant::now() + Duration::from_secs(120);
     for (session, _, bytes) in &sessions {
         loop {
-            let mark = ledger.session(&hub, *session).unwrap();
+            let mark = ledger.session(&hub, *session, 0).unwrap();
             if mark.cumulative_bytes == *bytes {
                 break;
             }

@@ -64,7 +64,7 @@ fn caught_among_honest(fraction: &str, kind: &str, tokens: usize) {
     let sessions = swarm.metered();
     let deadline = Instant::now() + Duration::from_secs(120);
     for (session, _, bytes) in &sessions {
-        while ledger.session(&hub, *session).unwrap().cumulative_bytes < *bytes {
+        while ledger.session(&hub, *session, 0).unwrap().cumulative_bytes < *bytes {
             assert!(
                 Instant::now() < deadline,
                 "session {session} never credited"

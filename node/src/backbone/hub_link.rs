@@ -53,6 +53,7 @@ pub(super) async fn maintain_link(
     url: String,
     key: Keypair,
     model_id: String,
+    order: u64,
     state: Arc<Mutex<LinkState>>,
 ) {
     let mut backoff = Duration::from_millis(100);
@@ -61,7 +62,7 @@ pub(super) async fn maintain_link(
         Err(e) => return tracing::error!("TLS setup: {e:#}"),
     };
     loop {
-        match hub_session(&url, &tls, &key, &model_id, &state).await {
+        match hub_session(&url, &tls, &key, &model_id, order, &state).await {
             Ok(()) => backoff = Duration::from_millis(100),
             Err(e) => tracing::warn!("hub link: {e:#}"),
         }
@@ -83,6 +84,7 @@ async fn hub_session(
     tls: &Arc<ClientConfig>,
     key: &Keypair,
     model_id: &str,
+    order: u64,
     state: &Arc<Mutex<LinkState>>,
 ) -> Result<()> {
     let identity = Identity {
@@ -91,6 +93,7 @@ async fn hub_session(
         model_id: model_id.into(),
         backend: "cpu".into(),
         experts: vec![],
+        order,
     };
     let Connected {
         tx,

@@ -6,6 +6,7 @@
 
 pub mod audit;
 mod hub_link;
+mod placements;
 mod provable;
 mod remote;
 mod serve;
@@ -28,6 +29,7 @@ use crate::engine::{run_generation, SamplingArgs};
 use crate::listen::Limits;
 use crate::spec::ExpertSpec;
 use audit::{Auditor, Reporting};
+use placements::Placements;
 pub use remote::{RemoteExperts, SignedAnswer};
 
 #[derive(clap::Args)]
@@ -68,6 +70,12 @@ pub struct Args {
     /// is paid the reporter's share). Without it, neither happens.
     #[arg(long)]
     ledger: Option<String>,
+    /// Act for this market order (the key must be its buyer or delegate): the hub meters the
+    /// workers' answers for it, they are paid from its escrow, and an expert's rows go only
+    /// to workers placed for it (followed on `--ledger` as blocks arrive); an expert without
+    /// a live placement is computed locally.
+    #[arg(long, requires = "ledger")]
+    order: Option<u64>,
     /// The fraction of remote answers recomputed locally and compared bit for bit, drawn
     /// at random after each answer arrives.
     #[arg(long, default_value_t = 0.02, value_parser = fraction)]
@@ -110,6 +118,7 @@ pub fn run(args: Args) -> Result<()> {
         &runtime,
         &args.hub,
         key,
+        args.order.unwrap_or(0),
         &args.model,
         local,
         args.remote.clone(),
@@ -118,6 +127,9 @@ pub fn run(args: Args) -> Result<()> {
     .with_auditor(auditor);
     if let Some(url) = &args.ledger {
         experts = experts.with_bond_check(BondCheck::new(url)?);
+    }
+    if let (Some(order), Some(url)) = (args.order, &args.ledger) {
+        experts = experts.with_placements(Placements::new(url, order));
     }
     if !experts.wait_until_covered(&config, Duration::from_millis(args.wait_ms)) {
         tracing::warn!(

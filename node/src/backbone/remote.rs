@@ -23,6 +23,7 @@ use tokio_tungstenite::tungstenite::Bytes;
 use super::audit::Auditor;
 use super::hub_link::{maintain_link, Answer, LinkState};
 use super::lock;
+use super::placements::{self, Placed, Placements};
 use super::provable::{join_rows, provable_groups, split_rows, EVIDENCE_BODIES};
 use crate::bonds::BondCheck;
 use crate::engine::model_id;
@@ -47,6 +48,9 @@ pub struct RemoteExperts {
     /// With a bond check, the sessions whose worker the ledger says may serve (see
     /// `check_bonds`); without, every session may.
     standing: Option<Arc<Mutex<HashMap<u64, bool>>>>,
+    /// Acting for an order: the experts each operator is placed for (see `placements`);
+    /// without an order, every session may serve what it holds.
+    placed: Option<Arc<Mutex<Placed>>>,
     auditor: Auditor,
     /// What a request's and its response's bodies may take together, so that any answer
     /// fits in an evidence transaction (`provable`).
@@ -247,11 +251,18 @@ impl RemoteExperts {
                 .as_ref()
                 .is_none_or(|s| s.get(session).copied().unwrap_or(false))
         };
+        let placed = self.placed.as_ref().map(|p| lock(p));
+        let (layer, expert) = (layer as u16, expert as u16);
+        let is_placed = |worker: &Address| {
+            placed
+                .as_ref()
+                .is_none_or(|p| placements::is_placed(p, worker, layer, expert))
+        };
         directory
             .iter()
             .filter(|e| e.model_id == self.model_id && !shunned.contains(&e.session))
             .filter(|e| !caught.contains(&e.worker) && may_serve(&e.session))
-            .filter(|e| e.experts.contains(&(layer as u16, expert as u16)))
+            .filter(|e| e.experts.contains(&(layer, expert)) && is_placed(&e.worker))
             .map(|e| (e.session, e.worker))
             .min_by_key(|(session, _)| *session)
     }
@@ -274,6 +285,7 @@ impl RemoteExperts {
             shunned: Mutex::new(HashSet::new()),
             caught: Mutex::new(HashSet::new()),
             standing: None,
+            placed: None,
             auditor: Auditor::new(0.0, 0, None),
             provable_bytes: EVIDENCE_BODIES,
             stats: Mutex::new(DispatchCounts::default()),
@@ -281,13 +293,15 @@ impl RemoteExperts {
         }
     }
 
-    /// Dials the hub at `hub_url` as the backbone `key` (the link is kept up on `runtime`,
-    /// redialled when it drops) and dispatches the `remote` experts; `local` holds every
-    /// expert, for the fallback.
+    /// Dials the hub at `hub_url` as the backbone `key` acting for market `order` (zero: none;
+    /// the link is kept up on `runtime`, redialled when it drops) and dispatches the `remote`
+    /// experts; `local` holds every expert, for the fallback.
+    #[allow(clippy::too_many_arguments)]
     pub fn attach(
         runtime: &tokio::runtime::Runtime,
         hub_url: &str,
         key: Keypair,
+        order: u64,
         model_dir: &std::path::Path,
         local: LocalExperts,
         remote: ExpertSpec,
@@ -300,6 +314,7 @@ impl RemoteExperts {
             hub_url.to_string(),
             key,
             experts.model_id.clone(),
+            order,
             experts.link.clone(),
         ));
         Ok(experts)
@@ -318,6 +333,16 @@ impl RemoteExperts {
         let (link, weak) = (self.link.clone(), Arc::downgrade(&standing));
         std::thread::spawn(move || check_bonds(link, weak, bonds));
         self.standing = Some(standing);
+        self
+    }
+
+    /// This executor, dispatching only to workers placed for the order `placements` reads
+    /// (followed on a thread of its own; until the first reading, nothing is dispatched).
+    pub(super) fn with_placements(mut self, placements: Placements) -> RemoteExperts {
+        let placed = placements::shared();
+        let weak = Arc::downgrade(&placed);
+        std::thread::spawn(move || placements.follow(weak));
+        self.placed = Some(placed);
         self
     }
 

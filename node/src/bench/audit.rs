@@ -72,6 +72,7 @@ fn swarm_with_worker(
         &runtime,
         &format!("ws://{}", swarm.hub_addr),
         swarm.backbone.clone(),
+        0,
         model_dir,
         fallback,
         "*:*".parse().map_err(anyhow::Error::msg)?,

@@ -249,7 +249,7 @@ pub fn run(args: Args) -> Result<()> {
             let metered = Instant::now();
             registry.set(index, entry)?;
             loop {
-                if ledger_client.session(&hub, session)?.cumulative_bytes == bytes {
+                if ledger_client.session(&hub, session, 0)?.cumulative_bytes == bytes {
                     break;
                 }
                 if metered.elapsed() > Duration::from_secs(60) {

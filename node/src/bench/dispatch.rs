@@ -159,6 +159,7 @@ pub fn run(args: Args) -> Result<()> {
         &runtime,
         &format!("ws://{}", swarm.hub_addr),
         swarm.backbone.clone(),
+        0,
         &model_dir,
         fallback,
         "0:*".parse().map_err(anyhow::Error::msg)?,

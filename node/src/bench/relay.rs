@@ -120,6 +120,7 @@ async fn answering_worker(url: String, cert: std::path::PathBuf) -> Result<()> {
         model_id: "bench".into(),
         backend: "cpu".into(),
         experts: vec![(0, 0)],
+        order: 0,
     };
     let Connected {
         tx,
@@ -209,6 +210,7 @@ pub fn run(args: Args) -> Result<()> {
             model_id: "bench".into(),
             backend: "cpu".into(),
             experts: vec![],
+            order: 0,
         };
         let hub = format!("ws://{}", swarm.hub_addr);
         let Connected { tx, mut source, .. } = connect(&hub, &tls, identity).await?;

@@ -416,7 +416,7 @@ pub fn start_validators(
 }
 
 /// How long one funding or bonding transaction may take to be committed.
-const COMMIT_TIMEOUT: Duration = Duration::from_secs(60);
+pub(super) const COMMIT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Makes each of `workers` bonded at least the chain's `min_bond`, as an operator does
 /// before serving (a hub with a ledger admits only bonded keys): `faucet` sends each key
@@ -484,15 +484,11 @@ pub fn bond_workers(
 
 /// Submits `txs` and waits until each is committed, in groups no larger than the nonces
 /// the mempool takes ahead from one sender (the faucet's transfers share a sender).
-fn commit_all(ledger: &Client, txs: Vec<SignedTx>) -> Result<()> {
+pub(super) fn commit_all(ledger: &Client, txs: Vec<SignedTx>) -> Result<()> {
     for group in txs.chunks(Limits::default().per_sender) {
         let mut hashes = Vec::with_capacity(group.len());
         for tx in group {
-            hashes.push(
-                ledger
-                    .submit(tx)
-                    .context("submitting a bonding transaction")?,
-            );
+            hashes.push(ledger.submit(tx).context("submitting a transaction")?);
         }
         for hash in &hashes {
             ledger

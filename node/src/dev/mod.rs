@@ -11,6 +11,7 @@
 //! benchmarks) and stops them. It may touch every role, through its command line only.
 
 pub mod launch;
+mod market;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -125,10 +126,10 @@ fn pinned_models(dir: &Path, genesis: &Genesis) -> Result<Vec<PathBuf>> {
     Ok(dirs)
 }
 
-/// `*:a-b` for worker `i` of `n`: contiguous, near-equal expert ranges.
-fn share(i: usize, n: usize, experts: usize) -> String {
+/// The experts `a..=b` of worker `i` of `n`: contiguous, near-equal ranges.
+fn share(i: usize, n: usize, experts: usize) -> (usize, usize) {
     let (start, end) = (i * experts / n, (i + 1) * experts / n);
-    format!("*:{}-{}", start, end.max(start + 1) - 1)
+    (start, end.max(start + 1) - 1)
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -214,9 +215,31 @@ pub fn run(args: Args) -> Result<()> {
         "--dishonest-kind".to_string(),
         "zeros".to_string(),
     ];
+    let ranges: Vec<(usize, usize)> = (0..args.workers)
+        .map(|i| share(i, args.workers, config.num_experts))
+        .collect();
+    let offers: Vec<(&Keypair, (usize, usize))> = keys
+        .iter()
+        .map(|(_, k)| k)
+        .zip(ranges.iter().copied())
+        .collect();
+    let placed = market::place(
+        &ledger,
+        dir,
+        &faucet,
+        &offers,
+        &config,
+        &model_id(&model_dir)?,
+        swarm.backbone.address(),
+    )?;
+    println!(
+        "market: the buyer's order {} for every expert is placed on the workers' offers; the backbone acts for it",
+        placed.order
+    );
     let mut workers = Vec::new();
     for (i, ((keyfile, _), bonded_now)) in keys.into_iter().zip(bonded).enumerate() {
-        let experts = share(i, args.workers, config.num_experts);
+        let (first, last) = ranges[i];
+        let experts = format!("*:{first}-{last}");
         let dishonest = i >= args.workers - args.dishonest;
         let extra: &[String] = if dishonest { &lie } else { &[] };
         let address =
@@ -250,6 +273,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     kvasir_keyfile::write(&backbone_key, &swarm.backbone, None)?;
     let tokens = args.tokens.to_string();
+    let order = placed.order.to_string();
     let mut backbone = Child::spawn(
         &[
             "backbone",
@@ -263,6 +287,8 @@ pub fn run(args: Args) -> Result<()> {
             "*:*",
             "--ledger",
             &ledger_url,
+            "--order",
+            &order,
             "--audit-rate",
             &args.audit_rate.to_string(),
             "--prompt",
@@ -319,6 +345,7 @@ pub fn run(args: Args) -> Result<()> {
         .iter()
         .map(|r| MeteredSession {
             session_id: r.session_id,
+            order: r.order,
             worker: r.worker,
             cumulative_bytes: r.cumulative_bytes,
         })
@@ -326,7 +353,7 @@ pub fn run(args: Args) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(120);
     for session in &sessions {
         while ledger
-            .session(&listing.hub, session.session_id)?
+            .session(&listing.hub, session.session_id, session.order)?
             .cumulative_bytes
             < session.cumulative_bytes
         {
@@ -353,6 +380,18 @@ pub fn run(args: Args) -> Result<()> {
             i + 1
         );
         println!("  kvasir-wallet balance: {}", account.summary());
+        let from_escrow = account
+            .pending
+            .iter()
+            .filter(|p| p.order == Some(placed.order))
+            .try_fold(kvasir_ledger::Amount::ZERO, |sum, p| {
+                sum.checked_add(p.amount.base_units)
+            })
+            .context("pending pay overflows")?;
+        println!(
+            "  pending pay from order {}'s escrow: {from_escrow}",
+            placed.order
+        );
         report.push(DevWorker {
             address: *address,
             keyfile: keyfile.clone(),
@@ -360,6 +399,7 @@ pub fn run(args: Args) -> Result<()> {
             account,
         });
     }
+    let market = market::report(&ledger, &placed)?;
     if let Some((_, keyfile)) = workers.first() {
         println!(
             "query a balance yourself (while `dev --serve` runs), through the gateway: cargo run --release -p kvasir-wallet -- balance --keyfile {} --url https://localhost:{} --ca {}",
@@ -380,6 +420,7 @@ pub fn run(args: Args) -> Result<()> {
             audits: audit.audits,
             mismatches: audit.mismatches,
             caught,
+            market,
         };
         println!("{}", serde_json::to_string(&json)?);
     }
@@ -389,6 +430,7 @@ pub fn run(args: Args) -> Result<()> {
         println!("stopping the swarm");
     }
     drop(backbone);
+    market::close(&ledger, &placed)?;
     swarm.stop();
     // Evidence in the chain is recomputed with the checkpoint the ledger judged it with.
     let answers = PinnedAnswers::shared(PinnedAnswers::for_genesis(&genesis, &pinned_dirs)?);
@@ -533,9 +575,9 @@ mod tests {
 
     #[test]
     fn expert_shares_cover_every_expert_once() {
-        assert_eq!(share(0, 2, 32), "*:0-15");
-        assert_eq!(share(1, 2, 32), "*:16-31");
-        assert_eq!(share(2, 3, 8), "*:5-7");
-        assert_eq!(share(0, 1, 8), "*:0-7");
+        assert_eq!(share(0, 2, 32), (0, 15));
+        assert_eq!(share(1, 2, 32), (16, 31));
+        assert_eq!(share(2, 3, 8), (5, 7));
+        assert_eq!(share(0, 1, 8), (0, 7));
     }
 }

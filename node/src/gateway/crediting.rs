@@ -198,7 +198,7 @@ impl Crediting {
         receipts
             .par_iter()
             .map(|r| {
-                let mark = self.ledger.session(hub, r.session_id)?;
+                let mark = self.ledger.session(hub, r.session_id, r.order)?;
                 Ok((r.session_id, mark.cumulative_bytes))
             })
             .collect()

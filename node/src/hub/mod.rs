@@ -130,6 +130,8 @@ struct Hub {
     keepalive: Keepalive,
     /// Whether a worker's key may serve; none: every key may.
     bonds: Option<BondCheck>,
+    /// The ledger, to check that a backbone acting for an order may (`--ledger`).
+    ledger: Option<kvasir_api::Client>,
 }
 
 #[cfg(any(test, fuzzing))]
@@ -149,6 +151,7 @@ impl Hub {
                 idle: Duration::from_millis(link::DEFAULT_IDLE_TIMEOUT_MS),
             },
             bonds: None,
+            ledger: None,
         }
     }
 }
@@ -198,6 +201,7 @@ pub fn run(args: Args) -> Result<()> {
             idle: Duration::from_millis(args.idle_timeout_ms),
         },
         bonds,
+        ledger: args.ledger.as_deref().map(kvasir_api::Client::new),
     });
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(serve(
@@ -380,12 +384,22 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
             result
         }
         Role::Backbone if hello.key == hub.backbone => {
+            if hello.order != 0 {
+                let (hub, key, order) = (hub.clone(), hello.key, hello.order);
+                let checked = tokio::task::spawn_blocking(move || hub.may_act_for(&key, order));
+                if let Err(why) = checked.await? {
+                    let failure = Failure::new(0, format!("{why:#}"));
+                    let _ = tx.send(Message::Failure(failure).encode().into());
+                    bail!("refused the backbone: {why:#}");
+                }
+            }
             let _ = tx.send(Message::Welcome(Welcome { session: 0 }).encode().into());
             let connection = {
                 let mut links = hub.links();
                 links.backbone_connections += 1;
                 let connection = links.backbone_connections;
                 links.backbone = Some((connection, tx));
+                links.order = hello.order;
                 links.send_directory();
                 connection
             };
@@ -410,6 +424,27 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
     }
 }
 
+impl Hub {
+    /// Whether `key` may run the backbone for market `order`: the order is live on the
+    /// ledger and `key` is its buyer or its delegate. Blocking (one HTTP request).
+    fn may_act_for(&self, key: &Address, order: u64) -> Result<()> {
+        let ledger = self
+            .ledger
+            .as_ref()
+            .context("this hub has no --ledger to check the order a backbone acts for")?;
+        let found = ledger
+            .order(order)
+            .with_context(|| format!("reading order {order}"))?;
+        if found.state == "closed" {
+            bail!("order {order} is closed");
+        }
+        if found.buyer != *key && found.delegate != Some(*key) {
+            bail!("{key} is neither the buyer nor the delegate of order {order}");
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -422,7 +457,7 @@ mod tests {
         assert!(of_another_version(&old));
         assert_eq!(
             format!("{old:#}"),
-            "the hello: protocol version 1, this node speaks 2"
+            "the hello: protocol version 1, this node speaks 3"
         );
         frame[0] = b'X';
         let garbage = anyhow::Error::from(Message::decode(&frame).unwrap_err());

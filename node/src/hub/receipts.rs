@@ -22,7 +22,7 @@ impl SessionRecord {
             hub: hub.key.address(),
             session_id,
             worker: self.worker,
-            order: 0,
+            order: self.order,
             cumulative_bytes: self.cumulative_bytes,
         }
         .sign(&hub.key)

@@ -25,7 +25,13 @@ use kvasir_ledger::keys::Address;
 pub struct SessionRecord {
     pub worker: Address,
     pub cumulative_bytes: u64,
+    /// The order the session's traffic was for (its backbone's); zero for none. A session
+    /// is metered under one order only.
+    pub order: u64,
 }
+
+/// A record as written before orders existed: worker and count.
+const RECORD_BEFORE_ORDERS: usize = 40;
 
 pub struct Registry {
     db: sled::Db,
@@ -60,6 +66,12 @@ pub enum RecordError {
     Corrupt { session: u64, reason: String },
     #[error("the registry record of session {0} belongs to another worker")]
     OtherWorker(u64),
+    #[error("session {session} was metered for order {recorded}, not {got}")]
+    OtherOrder {
+        session: u64,
+        recorded: u64,
+        got: u64,
+    },
 }
 
 fn be_u64(bytes: &[u8]) -> Result<u64> {
@@ -68,10 +80,16 @@ fn be_u64(bytes: &[u8]) -> Result<u64> {
 }
 
 fn decode(session: u64, bytes: &[u8]) -> Result<SessionRecord, RecordError> {
-    SessionRecord::try_from_slice(bytes).map_err(|e| RecordError::Corrupt {
+    let corrupt = |e: std::io::Error| RecordError::Corrupt {
         session,
         reason: e.to_string(),
-    })
+    };
+    if bytes.len() == RECORD_BEFORE_ORDERS {
+        let mut padded = bytes.to_vec();
+        padded.extend_from_slice(&0u64.to_le_bytes());
+        return SessionRecord::try_from_slice(&padded).map_err(corrupt);
+    }
+    SessionRecord::try_from_slice(bytes).map_err(corrupt)
 }
 
 impl Registry {
@@ -150,10 +168,10 @@ impl Registry {
         Ok(session)
     }
 
-    /// Adds `bytes` to the count of `session` of `worker` (its record made on the first
-    /// bytes) and returns the new cumulative count. A corrupt record, or one of another
-    /// worker, is an error and stays as it is.
-    pub fn meter(&self, session: u64, worker: Address, bytes: u64) -> Result<u64> {
+    /// Adds `bytes` to the count of `session` of `worker` for `order` (its record made on the
+    /// first bytes) and returns the new cumulative count. A corrupt record, or one of another
+    /// worker or order, is an error and stays as it is.
+    pub fn meter(&self, session: u64, worker: Address, order: u64, bytes: u64) -> Result<u64> {
         let mut outcome = Ok(0);
         // The closure may run again if the record changed meanwhile; the last run decides.
         self.db.update_and_fetch(session.to_be_bytes(), |old| {
@@ -162,14 +180,22 @@ impl Registry {
                 let record = SessionRecord {
                     worker,
                     cumulative_bytes: bytes,
+                    order,
                 };
                 return borsh::to_vec(&record).ok();
             };
             let updated = decode(session, old)
-                .and_then(|record| match record.worker == worker {
-                    true => Ok(record),
-                    false => Err(RecordError::OtherWorker(session)),
-                })
+                .and_then(
+                    |record| match (record.worker == worker, record.order == order) {
+                        (false, _) => Err(RecordError::OtherWorker(session)),
+                        (true, false) => Err(RecordError::OtherOrder {
+                            session,
+                            recorded: record.order,
+                            got: order,
+                        }),
+                        (true, true) => Ok(record),
+                    },
+                )
                 .map_err(anyhow::Error::from)
                 .and_then(|mut record| {
                     record.cumulative_bytes = record.cumulative_bytes.saturating_add(bytes);
@@ -305,8 +331,8 @@ mod tests {
         let first = {
             let registry = reopen(dir.path());
             let session = registry.new_session().unwrap();
-            assert_eq!(registry.meter(session, worker, 100).unwrap(), 100);
-            assert_eq!(registry.meter(session, worker, 23).unwrap(), 123);
+            assert_eq!(registry.meter(session, worker, 0, 100).unwrap(), 100);
+            assert_eq!(registry.meter(session, worker, 0, 23).unwrap(), 123);
             registry.sessions().unwrap();
             session
         };
@@ -317,7 +343,8 @@ mod tests {
                 first,
                 SessionRecord {
                     worker,
-                    cumulative_bytes: 123
+                    cumulative_bytes: 123,
+                    order: 0,
                 }
             )]
         );
@@ -332,7 +359,7 @@ mod tests {
             let registry = reopen(dir.path());
             let good = registry.new_session().unwrap();
             let bad = registry.new_session().unwrap();
-            registry.meter(bad, worker, 10).unwrap();
+            registry.meter(bad, worker, 0, 10).unwrap();
             registry.sessions().unwrap();
             (good, bad)
         };
@@ -343,7 +370,7 @@ mod tests {
         }
         let registry = reopen(dir.path());
         let named = format!("session {bad} is corrupt");
-        let metering = registry.meter(bad, worker, 5).unwrap_err().to_string();
+        let metering = registry.meter(bad, worker, 0, 5).unwrap_err().to_string();
         assert!(metering.contains(&named), "{metering}");
         let listing = format!("{:#}", registry.sessions().unwrap_err());
         assert!(listing.contains(&named), "{listing}");
@@ -352,12 +379,12 @@ mod tests {
             registry.db.get(bad.to_be_bytes()).unwrap().as_deref(),
             Some(&b"garbage"[..])
         );
-        assert_eq!(registry.meter(good, worker, 7).unwrap(), 7);
+        assert_eq!(registry.meter(good, worker, 0, 7).unwrap(), 7);
         // A session's record is made by its first bytes, and stays its worker's.
-        assert_eq!(registry.meter(bad + 100, worker, 1).unwrap(), 1);
+        assert_eq!(registry.meter(bad + 100, worker, 0, 1).unwrap(), 1);
         let stranger = Keypair::from_seed(&[10; 32]).address();
         let taken = registry
-            .meter(bad + 100, stranger, 1)
+            .meter(bad + 100, stranger, 0, 1)
             .unwrap_err()
             .to_string();
         assert!(taken.contains("another worker"), "{taken}");
@@ -372,7 +399,7 @@ mod tests {
         for i in 0..10 {
             let session = registry.new_session().unwrap();
             if i % 2 == 0 {
-                registry.meter(session, worker, 1 + i).unwrap();
+                registry.meter(session, worker, 0, 1 + i).unwrap();
                 working.push(session);
             }
         }
@@ -433,7 +460,7 @@ mod tests {
         let registry = reopen(dir.path());
         let sessions: Vec<u64> = (0..5).map(|_| registry.new_session().unwrap()).collect();
         for (i, session) in sessions.iter().enumerate() {
-            registry.meter(*session, worker, 10 + i as u64).unwrap();
+            registry.meter(*session, worker, 0, 10 + i as u64).unwrap();
         }
         let (all, mark) = changed_since(&registry, 0);
         assert_eq!(all.len(), 5);
@@ -441,17 +468,17 @@ mod tests {
         // Nothing rose: nothing listed, the mark stays.
         assert_eq!(changed_since(&registry, mark), (vec![], mark));
         // Two rise, one of them twice, one meters nothing: those two, once each, newest count.
-        registry.meter(sessions[3], worker, 1).unwrap();
-        registry.meter(sessions[1], worker, 1).unwrap();
-        registry.meter(sessions[3], worker, 1).unwrap();
-        registry.meter(sessions[0], worker, 0).unwrap();
+        registry.meter(sessions[3], worker, 0, 1).unwrap();
+        registry.meter(sessions[1], worker, 0, 1).unwrap();
+        registry.meter(sessions[3], worker, 0, 1).unwrap();
+        registry.meter(sessions[0], worker, 0, 0).unwrap();
         let (rose, later) = changed_since(&registry, mark);
         assert_eq!(rose, vec![(sessions[1], 12), (sessions[3], 15)]);
         assert!(later > mark);
         // Marks stay ordered across a reopen.
         drop(registry);
         let registry = reopen(dir.path());
-        registry.meter(sessions[4], worker, 1).unwrap();
+        registry.meter(sessions[4], worker, 0, 1).unwrap();
         assert_eq!(changed_since(&registry, later).0, vec![(sessions[4], 15)]);
         assert!(registry.changed(u64::MAX, 2).unwrap().sessions.is_empty());
         // A registry made again after its data was lost: its mark for a later `since` goes
@@ -459,7 +486,7 @@ mod tests {
         let lost = tempfile::tempdir().unwrap();
         let fresh = Registry::open(lost.path()).unwrap();
         let session = fresh.new_session().unwrap();
-        fresh.meter(session, worker, 3).unwrap();
+        fresh.meter(session, worker, 0, 3).unwrap();
         let page = fresh.changed(later, 2).unwrap();
         let listed: Vec<u64> = page.sessions.iter().map(|(id, _)| *id).collect();
         assert!(
@@ -489,12 +516,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let worker = Keypair::from_seed(&[9; 32]).address();
         {
-            // As the old hub wrote it: a record under id 1, no base.
+            // As the old hub wrote it: a record (worker and count, from before orders) under
+            // id 1, no base.
             let db = opened(|| sled::open(dir.path()));
-            let record = SessionRecord {
-                worker,
-                cumulative_bytes: 5,
-            };
+            let record = (worker, 5u64);
             db.insert(1u64.to_be_bytes(), borsh::to_vec(&record).unwrap())
                 .unwrap();
             db.generate_id().unwrap();
@@ -502,6 +527,15 @@ mod tests {
         }
         let registry = reopen(dir.path());
         assert_eq!(registry.sessions().unwrap()[0].0, 1);
+        let old = registry.sessions().unwrap()[0].1;
+        assert_eq!(
+            (old.worker, old.cumulative_bytes, old.order),
+            (worker, 5, 0)
+        );
+        // A session is metered for one order: bytes for another are refused, the count kept.
+        let refused = registry.meter(1, worker, 4, 1).unwrap_err().to_string();
+        assert!(refused.contains("metered for order 0, not 4"), "{refused}");
+        assert_eq!(registry.meter(1, worker, 0, 1).unwrap(), 6);
         // Base 0: sled's own counter (which jumps ahead on reopen), not a random base.
         assert!(registry.new_session().unwrap() < 1 << 32);
     }

@@ -56,6 +56,9 @@ pub(super) struct Links {
     pub workers: BTreeMap<u64, WorkerLink>,
     pub backbone: Option<(u64, mpsc::UnboundedSender<Bytes>)>,
     pub backbone_connections: u64,
+    /// The market order the attached backbone acts for (zero: none); answers are metered for
+    /// it. A session is metered under one order only (`Registry::meter`).
+    pub order: u64,
     /// Requests relayed and not yet answered: (session, request id) -> what answers them.
     outstanding: HashMap<(u64, u64), Waiting>,
     /// Claims of every connected session together.
@@ -216,14 +219,14 @@ impl Hub {
             Relayed::Failure { id } => (id, Answer::Failure, None),
             _ => bail!("a worker may only send responses and failures"),
         };
-        let (asked, worker) = {
+        let (asked, worker, order) = {
             let mut links = self.links();
             // Who signs this session's answers, and for which model (its hello's).
             let worker = links
                 .workers
                 .get(&session)
                 .map(|w| (w.entry.worker, w.entry.model_id.clone()));
-            (links.take(session, id), worker)
+            (links.take(session, id), worker, links.order)
         };
         // Outside the lock: one blake3 of the response body and one signature check.
         let signed = |asked: &Asked| {
@@ -247,7 +250,7 @@ impl Hub {
                 (Metered::Bytes(0) | Metered::Late, _) => Ok(metered),
                 (Metered::Bytes(bytes), Some((worker, _))) => self
                     .registry
-                    .meter(session, *worker, bytes)
+                    .meter(session, *worker, order, bytes)
                     .map(|_| metered),
                 (Metered::Bytes(_), None) => bail!("session {session} has left"),
             });

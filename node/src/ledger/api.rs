@@ -33,9 +33,9 @@ use axum::{Json, Router};
 use kvasir_api::ledger::{
     AccountView, Batch, BatchVerdicts, BlockView, CertificateView, CommitSignatureView,
     ConvictionView, CreditedSession, Direction, ErrorBody, Head, History, HistoryEntry,
-    HistoryEvent, HubSessions, PageQuery, ParamsView, PendingView, SessionMark, SessionRef,
-    Submission, Submitted, TxState, TxStatus, UnbondingView, ValidatorView, ValidatorsView,
-    Verdict,
+    HistoryEvent, HubSessions, OrderQuery, PageQuery, ParamsView, PendingView, SessionMark,
+    SessionRef, Submission, Submitted, TxState, TxStatus, UnbondingView, ValidatorView,
+    ValidatorsView, Verdict,
 };
 use kvasir_api::schema::{AddressText, HashText};
 use kvasir_api::Object;
@@ -604,11 +604,14 @@ async fn tx_status(
     Ok(Json(TxStatus { hash, state }))
 }
 
-#[utoipa::path(get, path = "/sessions/{hub}/{session}", description = "The receipt high-water mark of one hub session (0 bytes and no worker if never credited), and what accepted evidence against it did, if any.", params(("hub" = AddressText, Path, description = "The hub address"), ("session" = u64, Path, maximum = 18446744073709551615u64, description = "Session id")), responses((status = 200, body = SessionMark), (status = 400, body = ErrorBody)))]
+#[utoipa::path(get, path = "/sessions/{hub}/{session}", description = "The receipt high-water mark of one hub session's traffic for an order (`order`, default 0: outside any order; 0 bytes and no worker if never credited), and what accepted evidence against the session did, if any.", params(("hub" = AddressText, Path, description = "The hub address"), ("session" = u64, Path, maximum = 18446744073709551615u64, description = "Session id"), OrderQuery), responses((status = 200, body = SessionMark), (status = 400, body = ErrorBody)))]
 async fn session(
     State(ledger): State<Arc<Ledger>>,
     path: Result<Path<(String, String)>, PathRejection>,
+    query: Result<Query<OrderQuery>, QueryRejection>,
 ) -> Reply<SessionMark> {
+    let Query(query) = query.map_err(bad_request)?;
+    let order = query.order.unwrap_or(0);
     let (hub, session) = path_text(path)?;
     let hub = Address::from_str(&hub).map_err(bad_request)?;
     let session_id: u64 = decimal(&session, U64_DIGITS)
@@ -618,7 +621,7 @@ async fn session(
     let worker = state.session_worker(&key);
     let mark = state.receipt_mark(&MeterKey {
         session: key,
-        order: 0,
+        order,
     });
     let conviction = worker.and_then(|w| {
         let worker = state.account(&w);
@@ -628,6 +631,7 @@ async fn session(
     Ok(Json(SessionMark {
         hub,
         session_id,
+        order,
         worker,
         cumulative_bytes: mark.map_or(0, |m| m.cumulative_bytes),
         conviction,

@@ -2,7 +2,7 @@
 //! message per frame, little-endian. Every frame is `"KVSR"`, version, kind, body length
 //! (u32), body. Decoding checks each length against the bytes present and against a limit
 //! before allocating anything, and reports a typed error; it never panics. A frame of another
-//! version is refused as `WireError::Version` ("protocol version 1, this node speaks 2"),
+//! version is refused as `WireError::Version` ("protocol version 2, this node speaks 3"),
 //! which is what a peer left on an older release sees in its log at the handshake.
 //!
 //! A request carries a layer step's rows once and, per expert, the indices of the rows routed
@@ -37,7 +37,8 @@ use kvasir_ledger::keys::{Address, BadSignature, Keypair, Signature};
 
 pub const MAGIC: [u8; 4] = *b"KVSR";
 /// 2: responses carry the worker's answer signature.
-pub const VERSION: u8 = 2;
+/// 3: a hello names the order its backbone acts for.
+pub const VERSION: u8 = 3;
 /// Magic, version, kind, body length.
 pub const HEADER: usize = 10;
 /// The answer signature that ends every response frame.
@@ -80,6 +81,9 @@ pub struct Hello {
     pub model_id: String,
     pub backend: String,
     pub experts: Vec<ExpertId>,
+    /// The market order a backbone acts for (its key must be the order's buyer or delegate);
+    /// zero for none, and always zero from a worker.
+    pub order: u64,
     pub signature: Signature,
 }
 
@@ -93,10 +97,11 @@ struct HelloClaims<'a> {
     model_id: &'a str,
     backend: &'a str,
     experts: &'a [ExpertId],
+    order: u64,
 }
 
 impl Hello {
-    /// A hello answering `challenge`, signed by `key`.
+    /// A hello answering `challenge`, signed by `key`, for no order.
     pub fn answer(
         challenge: &Challenge,
         key: &Keypair,
@@ -105,12 +110,26 @@ impl Hello {
         backend: String,
         experts: Vec<ExpertId>,
     ) -> Hello {
+        Hello::answer_for_order(challenge, key, role, model_id, backend, experts, 0)
+    }
+
+    /// A hello answering `challenge`, signed by `key`, acting for `order`.
+    pub fn answer_for_order(
+        challenge: &Challenge,
+        key: &Keypair,
+        role: Role,
+        model_id: String,
+        backend: String,
+        experts: Vec<ExpertId>,
+        order: u64,
+    ) -> Hello {
         let mut hello = Hello {
             role,
             key: key.address(),
             model_id,
             backend,
             experts,
+            order,
             signature: Signature([0; 64]),
         };
         hello.signature = intent::sign(
@@ -131,6 +150,7 @@ impl Hello {
             model_id: &self.model_id,
             backend: &self.backend,
             experts: &self.experts,
+            order: self.order,
         }
     }
 
@@ -448,6 +468,7 @@ impl Message {
                 w.text(&h.model_id);
                 w.text(&h.backend);
                 w.holdings(&h.experts);
+                w.u64(h.order);
                 w.bytes(&h.signature.0);
             }
             Message::Welcome(m) => w.u64(m.session),
@@ -504,6 +525,7 @@ impl Message {
                 model_id: r.text()?,
                 backend: r.text()?,
                 experts: r.holdings()?,
+                order: r.u64()?,
                 signature: Signature(r.array()?),
             }),
             KIND_WELCOME => Message::Welcome(Welcome { session: r.u64()? }),
@@ -1046,7 +1068,7 @@ mod tests {
                 Message::inspect(&frame).map(drop).unwrap_err(),
             ] {
                 assert_eq!(error, WireError::Version(1));
-                assert_eq!(error.to_string(), "protocol version 1, this node speaks 2");
+                assert_eq!(error.to_string(), "protocol version 1, this node speaks 3");
             }
         }
     }

@@ -149,6 +149,7 @@ async fn session(
         model_id: worker.model_id.clone(),
         backend: worker.backend.clone(),
         experts: worker.held.clone(),
+        order: 0,
     };
     let connected = tokio::time::timeout(idle, link::connect(url, tls, identity))
         .await

@@ -277,7 +277,7 @@ pub fn relay_script(data: &[u8]) {
     }
     // Counts only grow, so a wrong payment at any step still shows at the end.
     for s in &sessions {
-        let metered = hub.registry.meter(s.id, s.worker.address(), 0);
+        let metered = hub.registry.meter(s.id, s.worker.address(), 0, 0);
         let metered = metered.expect("a count");
         assert_eq!(metered, s.owed, "session {} paid other than owed", s.id);
     }

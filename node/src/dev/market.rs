@@ -1,0 +1,222 @@
+//! The market in `dev`: a buyer (a key kept in the data dir, funded from the faucet once)
+//! orders the whole model with an escrow deposit and names this run's backbone key as its
+//! delegate; each worker's key offers its slice at the chain's reward rate; the chain places
+//! the order on them at the block that takes it. The backbone acts for the order, so the
+//! workers are paid from its escrow. A run that does not `--serve` closes the order at the
+//! end, and what is left of the escrow goes back to the buyer.
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use kvasir_api::market::{MarketQuery, OrderView, PlacementView};
+use kvasir_api::reports::DevMarket;
+use kvasir_api::Client;
+use kvasir_inference::config::Config;
+use kvasir_ledger::market::{Rect, Selection};
+use kvasir_ledger::tx::{NewOffer, NewOrder};
+use kvasir_ledger::{Address, Amount, Keypair, TxKind};
+
+use super::launch::commit_all;
+
+/// What the buyer deposits in each run's order.
+const DEPOSIT_KVR: &str = "5";
+/// Blocks an order or offer of dev lasts; a run closes its order itself.
+const LIFETIME_BLOCKS: u64 = 100_000;
+
+/// The experts `first..=last` of every MoE layer of `config`, as the chain writes them.
+fn slice(config: &Config, first: usize, last: usize) -> Result<Selection> {
+    let layers: Vec<usize> = config.moe_layers().collect();
+    let (Some(low), Some(high)) = (layers.first(), layers.last()) else {
+        bail!("the model has no MoE layer to place");
+    };
+    let narrow = |v: usize| u16::try_from(v).context("the model is too large to place");
+    Ok(Selection(vec![Rect {
+        layers: (narrow(*low)?, narrow(*high)?),
+        experts: (narrow(first)?, narrow(last)?),
+    }]))
+}
+
+/// An order of `model` placed on the workers' offers, ready for the backbone.
+pub struct Placed {
+    pub order: u64,
+    pub buyer: Keypair,
+    pub escrow_before: Amount,
+}
+
+/// Offers each worker key's experts `first..=last` (an open offer of the same experts and
+/// price from an earlier run is reused), funds the buyer, and orders every expert of
+/// `model` with `backbone` as the delegate; returns once the chain has placed it.
+pub fn place(
+    ledger: &Client,
+    dir: &Path,
+    faucet: &Keypair,
+    workers: &[(&Keypair, (usize, usize))],
+    config: &Config,
+    model: &str,
+    backbone: Address,
+) -> Result<Placed> {
+    let params = ledger.params()?;
+    let chain = params.chain_id.as_str();
+    let price = params.reward_per_unit.base_units;
+    let head = ledger.head()?.height;
+    let mut offers = Vec::new();
+    for (key, (first, last)) in workers {
+        let experts = slice(config, *first, *last)?;
+        let query = MarketQuery {
+            model: Some(model.into()),
+            operator: Some(key.address().to_string()),
+            state: Some("open".into()),
+            ..MarketQuery::default()
+        };
+        let open = ledger.offers(&query)?.offers;
+        let reusable = open.iter().any(|o| {
+            o.experts == experts.to_string()
+                && o.price.base_units == price
+                && o.expiry_height > head + 1_000
+        });
+        if !reusable {
+            let nonce = ledger.account(&key.address())?.nonce;
+            let new = NewOffer {
+                model: model.into(),
+                experts,
+                price,
+                expiry_height: head + LIFETIME_BLOCKS,
+            };
+            offers.push(TxKind::OfferCreate(new).signed(chain, key, nonce));
+        }
+    }
+    commit_all(ledger, offers).context("offering the workers' experts")?;
+
+    let buyer = buyer_key(dir)?;
+    let deposit = Amount::parse(DEPOSIT_KVR)?;
+    let balance = ledger.account(&buyer.address())?.balance.base_units;
+    if balance < deposit {
+        let nonce = ledger.account(&faucet.address())?.nonce;
+        let amount = deposit.checked_sub(balance).unwrap_or(deposit);
+        let fund = TxKind::Transfer {
+            to: buyer.address(),
+            amount,
+        };
+        commit_all(ledger, vec![fund.signed(chain, faucet, nonce)])
+            .context("funding the buyer from the faucet")?;
+    }
+    let last_expert = config.num_experts.saturating_sub(1);
+    let new = NewOrder {
+        model: model.into(),
+        experts: slice(config, 0, last_expert)?,
+        replicas: 1,
+        max_price: price,
+        deposit,
+        end_height: ledger.head()?.height + LIFETIME_BLOCKS,
+        delegate: Some(backbone),
+    };
+    let nonce = ledger.account(&buyer.address())?.nonce;
+    let tx = TxKind::OrderCreate(new).signed(chain, &buyer, nonce);
+    let hash = ledger.submit(&tx)?;
+    let height = ledger.wait_committed(&hash, super::launch::COMMIT_TIMEOUT)?;
+    let query = MarketQuery {
+        buyer: Some(buyer.address().to_string()),
+        ..MarketQuery::default()
+    };
+    let mut after = None;
+    let order = loop {
+        let page = ledger.orders(&MarketQuery {
+            after,
+            ..query.clone()
+        })?;
+        if let Some(order) = page
+            .orders
+            .iter()
+            .rev()
+            .find(|o| o.created_height == height)
+        {
+            break order.clone();
+        }
+        match page.next_after {
+            Some(next) => after = Some(next),
+            None => bail!("the order committed at height {height} is not listed"),
+        }
+    };
+    Ok(Placed {
+        order: order.id,
+        buyer,
+        escrow_before: order.escrow.base_units,
+    })
+}
+
+/// The buyer's key, `DIR/keys/buyer.key`, made on first use.
+fn buyer_key(dir: &Path) -> Result<Keypair> {
+    let keyfile = dir.join("keys").join("buyer.key");
+    if keyfile.exists() {
+        return Ok(kvasir_keyfile::open(&keyfile)?);
+    }
+    let key = Keypair::generate();
+    kvasir_keyfile::write(&keyfile, &key, None)?;
+    Ok(key)
+}
+
+/// The order's live and closed placements.
+fn placements(ledger: &Client, order: u64) -> Result<Vec<PlacementView>> {
+    let mut all = Vec::new();
+    let mut after = None;
+    loop {
+        let query = MarketQuery {
+            order: Some(order),
+            after,
+            ..MarketQuery::default()
+        };
+        let page = ledger.placements(&query)?;
+        all.extend(page.placements);
+        match page.next_after {
+            Some(next) => after = Some(next),
+            None => return Ok(all),
+        }
+    }
+}
+
+/// Prints the order, its placements and its escrow before and after.
+pub fn report(ledger: &Client, placed: &Placed) -> Result<DevMarket> {
+    let order: OrderView = ledger.order(placed.order)?;
+    let placements = placements(ledger, placed.order)?;
+    println!(
+        "market: order {} ({}) of {} {} at most {} per unit, escrow {} before, {} after ({} paid to workers)",
+        order.id,
+        order.state,
+        order.model,
+        order.experts,
+        order.max_price.kvr,
+        placed.escrow_before,
+        order.escrow.kvr,
+        order.paid.kvr
+    );
+    for p in &placements {
+        println!(
+            "  placement {}: {} by {} at {} per unit ({})",
+            p.id, p.experts, p.operator, p.price.kvr, p.state
+        );
+    }
+    Ok(DevMarket {
+        escrow_before: placed.escrow_before.into(),
+        order,
+        placements,
+    })
+}
+
+/// Closes the order: what is left of the escrow goes back to the buyer.
+pub fn close(ledger: &Client, placed: &Placed) -> Result<()> {
+    let chain = ledger.head()?.chain_id;
+    let nonce = ledger.account(&placed.buyer.address())?.nonce;
+    let tx = TxKind::OrderClose {
+        order: placed.order,
+    }
+    .signed(&chain, &placed.buyer, nonce);
+    commit_all(ledger, vec![tx]).context("closing the order")?;
+    let order = ledger.order(placed.order)?;
+    println!(
+        "market: order {} closed, {} refunded to the buyer {}",
+        order.id,
+        order.refunded.kvr,
+        placed.buyer.address()
+    );
+    Ok(())
+}
