@@ -592,6 +592,11 @@ impl Swarm {
         self.backbone_process(&[remote, "--prompt", prompt, "--tokens", &tokens, "--json"])
     }
 
+    /// The backbone's key file (the hub's `--backbone`).
+    pub fn backbone_key(&self) -> &Path {
+        &self.backbone_key
+    }
+
     /// The key file of worker `index` (as `add_worker` returned it).
     pub fn worker_key(&self, index: usize) -> PathBuf {
         self.dir.path().join(format!("worker{index}.key"))

@@ -153,3 +153,143 @@ fn operators_offer_a_buyer_orders_the_chain_places_and_closing_refunds_once() {
         "no order 99",
     );
 }
+
+/// A worker's key file is its operator key: `kvasir-wallet` with it against the ledger.
+fn wallet_json(ledger: &str, key: &std::path::Path, args: &[&str]) -> String {
+    let mut all = vec!["--url", ledger, "--keyfile", kvasir_tests::path_str(key)];
+    all.extend(args);
+    all.push("--json");
+    let output = kvasir_tests::wallet::wallet(&all, None);
+    assert!(
+        output.status.success(),
+        "{args:?}: {}",
+        kvasir_tests::stderr(&output)
+    );
+    kvasir_tests::stdout(&output)
+}
+
+#[test]
+fn the_backbone_of_an_order_dispatches_only_to_placed_workers_who_are_paid_from_escrow() {
+    use kvasir_api::ledger::AccountView;
+    use kvasir_tests::swarm::{assert_all_remote_and_identical, Swarm};
+
+    let mut swarm = Swarm::start_with("tiny", true);
+    let ledger = swarm.ledger_url.clone().unwrap();
+    // Two workers hold every expert; only the first offers them (at 0.01 KVR a unit, not
+    // the pool's 0.007), so only it is placed.
+    let placed = swarm.add_worker("*:*");
+    let unplaced = swarm.add_worker("*:*");
+    let (placed_key, unplaced_key) = (swarm.worker_key(placed), swarm.worker_key(unplaced));
+    let offered: MarketTxReport = serde_json::from_str(&wallet_json(
+        &ledger,
+        &placed_key,
+        &[
+            "offer",
+            "create",
+            "--model",
+            &model_id(&swarm),
+            "--experts",
+            "0-63:0-255",
+            "--price",
+            "0.01",
+        ],
+    ))
+    .unwrap();
+    assert_eq!(offered.offer.unwrap().state, "open");
+
+    // The backbone's key is the buyer: funded from the faucet, it orders every expert.
+    let faucet = swarm.dir.path().join("chain/keys/faucet.key");
+    let buyer = swarm.backbone_key().to_path_buf();
+    let buyer_address = kvasir_keyfile::address(&buyer).unwrap().to_string();
+    wallet_json(&ledger, &faucet, &["transfer", &buyer_address, "3"]);
+    let ordered: MarketTxReport = serde_json::from_str(&wallet_json(
+        &ledger,
+        &buyer,
+        &[
+            "order",
+            "create",
+            "--model",
+            &model_id(&swarm),
+            "--experts",
+            "0-63:0-255",
+            "--max-price",
+            "0.02",
+            "--deposit",
+            "2",
+        ],
+    ))
+    .unwrap();
+    let order = ordered.order.unwrap();
+    assert_eq!((order.state.as_str(), order.placements), ("active", 1));
+
+    let id = order.id.to_string();
+    let remote = swarm.backbone_with("*:*", "The capital of France is", 12, &["--order", &id]);
+    let local = swarm.local("The capital of France is", 12);
+    assert_all_remote_and_identical(&remote, &local);
+
+    // Only the placed worker's session metered anything, under the order.
+    let listing = Client::new(&format!("http://{}", swarm.registry_addr))
+        .all_receipts()
+        .unwrap();
+    let placed_address = kvasir_keyfile::address(&placed_key).unwrap();
+    assert!(!listing.receipts.is_empty());
+    for receipt in &listing.receipts {
+        assert_eq!(receipt.worker, placed_address, "{receipt:?}");
+        assert_eq!(receipt.order, order.id);
+    }
+    let bytes: u64 = listing.receipts.iter().map(|r| r.cumulative_bytes).sum();
+
+    // Credited at the placement's price, from the escrow, to the base unit.
+    let client = Client::new(&ledger);
+    let earned = (u128::from(bytes) * 10_000_000 / 1_000_000) as u64;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let order = loop {
+        let now = client.order(order.id).unwrap();
+        if now.paid.base_units.base_units() == earned {
+            break now;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not credited: {now:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(
+        order.escrow.base_units,
+        kvr("2")
+            .checked_sub(Amount::from_base_units(earned))
+            .unwrap()
+    );
+    let worker: AccountView = client.account(&placed_address).unwrap();
+    let from_order: u64 = worker
+        .pending
+        .iter()
+        .filter(|p| p.order == Some(order.id))
+        .map(|p| p.amount.base_units.base_units())
+        .sum();
+    let settled = worker.balance.base_units.base_units();
+    assert_eq!(from_order + settled, earned, "{worker:?}");
+    let unplaced_address = kvasir_keyfile::address(&unplaced_key).unwrap();
+    let idle = client.account(&unplaced_address).unwrap();
+    assert!(
+        idle.pending.is_empty() && idle.balance.base_units.is_zero(),
+        "{idle:?}"
+    );
+
+    // A backbone naming an order its key may not act for is refused by the hub, and the
+    // generation runs locally.
+    let refused = swarm.backbone_with("*:*", "The capital of France is", 2, &["--order", "999"]);
+    assert_eq!(refused.token_ids, local.token_ids[..2].to_vec());
+    let hub_log = swarm.hub.as_ref().unwrap().stderr();
+    assert!(hub_log.contains("no order 999"), "{hub_log}");
+    swarm.workers.clear();
+}
+
+/// The id the swarm's model has on the chain (`kvasir-node model pin`).
+fn model_id(swarm: &kvasir_tests::swarm::Swarm) -> String {
+    let model = kvasir_tests::path_str(&swarm.model);
+    let out = kvasir_tests::run("kvasir-node", &["model", "pin", "--model", model]);
+    assert!(out.status.success(), "{}", kvasir_tests::stderr(&out));
+    let pin: serde_json::Value = serde_json::from_str(&kvasir_tests::stdout(&out)).unwrap();
+    pin["id"].as_str().unwrap().to_string()
+}
