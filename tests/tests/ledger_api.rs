@@ -511,6 +511,22 @@ fn malformed_requests_get_the_right_status_and_a_json_error() {
         ("GET", &spaced_hash, String::new(), 400),
         ("GET", &upper_account, String::new(), 400),
         ("GET", &long_page, String::new(), 400),
+        // The market's reads: ids are decimal, filters typed, unknown objects 404.
+        ("GET", "/offers/1", String::new(), 404),
+        ("GET", "/orders/18446744073709551615", String::new(), 404),
+        (
+            "GET",
+            "/placements/99999999999999999999",
+            String::new(),
+            400,
+        ),
+        ("GET", "/orders/+1", String::new(), 400),
+        ("GET", "/offers?operator=kvr1x", String::new(), 400),
+        ("GET", "/orders?buyer=nobody", String::new(), 400),
+        ("GET", "/placements?order=-1", String::new(), 400),
+        ("GET", "/offers?limit=lots", String::new(), 400),
+        ("GET", "/coverage/m?layer=70000", String::new(), 400),
+        ("POST", "/offers", String::new(), 405),
     ];
     let openapi: OpenApi = chain.client.get("/openapi.json").unwrap();
     for (method, path, body, expected) in &cases {
@@ -524,6 +540,35 @@ fn malformed_requests_get_the_right_status_and_a_json_error() {
         }
         let error: Result<ErrorBody, _> = serde_json::from_str(&reply);
         assert!(error.is_ok(), "{method} {path}: not an error body: {reply}");
+    }
+    // Empty market lists and coverage are empty pages, not errors; a huge limit is capped.
+    let offers: kvasir_api::market::OfferPage = chain.client.get("/offers?limit=99999999").unwrap();
+    assert!(offers.offers.is_empty() && offers.next_after.is_none());
+    let coverage = chain.client.coverage("no such model/..", None).unwrap();
+    assert!(coverage.experts.is_empty() && !coverage.truncated);
+    // An order whose selection is beyond the chain's bounds is refused before the mempool.
+    let buyer = (chain.key)("faucet");
+    let huge = TxKind::OrderCreate(kvasir_ledger::tx::NewOrder {
+        model: "m".into(),
+        experts: kvasir_ledger::market::Selection(vec![kvasir_ledger::market::Rect {
+            layers: (0, 999),
+            experts: (0, 999),
+        }]),
+        replicas: 1,
+        max_price: Amount::ZERO,
+        deposit: Amount::parse("1").unwrap(),
+        end_height: 1_000_000,
+        delegate: None,
+    })
+    .signed(&chain.chain_id(), &buyer, chain.nonce(&buyer));
+    match chain.client.submit(&huge) {
+        Err(ClientError::Api {
+            status, message, ..
+        }) => {
+            assert_eq!(status, 422, "{message}");
+            assert!(message.contains("over the limit of 16384"), "{message}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
     }
     // An account nobody has used is an empty account, not an error.
     let fresh = chain
