@@ -86,7 +86,8 @@ pub struct PlacementView {
     pub end_height: Option<u64>,
     /// `live` or `closed`.
     pub state: String,
-    /// Why it closed: `order_closed`, `offer_withdrawn` or `offer_expired`.
+    /// Why it closed: `order_closed`, `offer_withdrawn`, `offer_expired` or
+    /// `operator_ineligible` (jailed or unbonded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub close_reason: Option<String>,
 }
@@ -289,6 +290,7 @@ impl PlacementView {
             PlacementState::OrderClosed(_) => Some("order_closed"),
             PlacementState::OfferWithdrawn => Some("offer_withdrawn"),
             PlacementState::OfferExpired => Some("offer_expired"),
+            PlacementState::OperatorIneligible => Some("operator_ineligible"),
         };
         PlacementView {
             id: placement.id,

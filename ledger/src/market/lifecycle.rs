@@ -86,13 +86,14 @@ pub(crate) fn end_offer(
     Ok(())
 }
 
-fn end_placement(
+/// Closes placement `id` in `state` at `height` (its order's rematching is the caller's).
+pub(crate) fn end_placement(
     staged: &mut Staged,
     id: u64,
     state: PlacementState,
     height: u64,
 ) -> Result<(), TxError> {
-    let mut placement = staged.placement(id).ok_or(TxError::Overflow)?;
+    let mut placement = staged.placement(id).ok_or(TxError::UnknownPlacement(id))?;
     placement.state = state;
     placement.end_height = height;
     staged.set_placement(placement);

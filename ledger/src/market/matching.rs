@@ -1,6 +1,8 @@
 //! The market's block-boundary step, pure and deterministic like the rest of `apply_block`:
-//! offers past their expiry end, orders past their end height close, orders that need it
-//! are matched, and every live order's state follows its placements and escrow.
+//! offers past their expiry end, placements of operators jailed or unbonded since close,
+//! orders past their end height close, every live order's state follows its escrow (paused,
+//! resumed, closed for funds or for want of placements), and orders that need it are
+//! matched.
 //!
 //! Matching one order: its wanted experts each need `replicas` placements from distinct
 //! operators. Open offers of its model are taken cheapest first (ties by id) up to its max
@@ -11,8 +13,9 @@
 //!
 //! An order is matched when it is new, got money, or lost a placement (`Order::rematch`),
 //! and when it is short of replicas and a newer offer of its model exists. The work of one
-//! boundary is bounded (`MATCH_WORK_PER_BLOCK` expert-by-rectangle tests): an order not
-//! reached keeps its flag and is matched at the next boundary, in id order.
+//! boundary is bounded (`MATCH_WORK_PER_BLOCK`, at most `MATCH_WORK_PER_ORDER` of it for
+//! one order): an order not reached, or not finished, keeps its flag and is matched at a
+//! later boundary; each boundary starts at another order.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -21,14 +24,18 @@ use crate::keys::Address;
 use crate::state::{Staged, State};
 use crate::tx::TxError;
 
-use super::lifecycle::{close_order, end_offer};
+use super::lifecycle::{close_order, end_offer, end_placement};
 use super::{
-    CloseReason, OfferState, Order, OrderState, Placement, PlacementState, Selection,
-    PAUSED_BLOCKS_BEFORE_CLOSE, UNPLACED_BLOCKS_BEFORE_CLOSE,
+    CloseReason, ExpertKey, OfferState, Order, OrderState, Placement, PlacementState, Rect,
+    Selection, PAUSED_BLOCKS_BEFORE_CLOSE, UNPLACED_BLOCKS_BEFORE_CLOSE,
 };
 
-/// Expert-by-rectangle containment tests one block boundary may spend on matching.
+/// The work one block boundary may spend on matching: rectangles compared and experts
+/// looked at (`Coverage::overlap`), offers visited.
 pub const MATCH_WORK_PER_BLOCK: u64 = 4_000_000;
+/// The most of it one order may take, so that no order (however large, however many
+/// fruitless offers its model has) holds up the others.
+pub const MATCH_WORK_PER_ORDER: u64 = 1_000_000;
 
 /// The market's part of the block boundary at `height`.
 pub fn end_block(state: &mut State, height: u64) -> Result<(), TxError> {
@@ -38,6 +45,7 @@ pub fn end_block(state: &mut State, height: u64) -> Result<(), TxError> {
         })?;
     }
     let live: Vec<u64> = state.market().live_order_ids().collect();
+    drop_ineligible(state, &live, height)?;
     for &id in &live {
         let expired = state
             .market()
@@ -49,26 +57,62 @@ pub fn end_block(state: &mut State, height: u64) -> Result<(), TxError> {
             })?;
         }
     }
-    let mut work = MATCH_WORK_PER_BLOCK;
+    // Funds first: an order resumed by a deposit is matched again at this boundary.
     for &id in &live {
+        run(state, |staged| follow_funds(staged, id, height))?;
+    }
+    // Orders are taken from a point that moves with the height, so that no order, however
+    // costly, is always first and no order is always last.
+    let start = match live.len() {
+        0 => 0,
+        n => (height.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize % n,
+    };
+    let mut budget = MATCH_WORK_PER_BLOCK;
+    for &id in live[start..].iter().chain(&live[..start]) {
         let Some(order) = state.market().order(id) else {
             continue;
         };
+        if budget == 0 {
+            break;
+        }
         if !needs_matching(state, order) {
             continue;
         }
         let order = order.clone();
-        let mut finished = true;
+        let mut work = budget.min(MATCH_WORK_PER_ORDER);
+        let given = work;
         run(state, |staged| {
-            finished = match_order(staged, order, height, &mut work)?;
+            match_order(staged, order, height, &mut work)
+        })?;
+        budget -= given - work;
+    }
+    Ok(())
+}
+
+/// Closes the live placements whose operator may no longer be placed (jailed, or unbonded
+/// below `min_bond`), so their orders are matched again: a placement that cannot be paid
+/// or dispatched to must not hold a replica.
+fn drop_ineligible(state: &mut State, live: &[u64], height: u64) -> Result<(), TxError> {
+    let market = state.market();
+    let gone: Vec<(u64, u64)> = live
+        .iter()
+        .flat_map(|&order| market.live_placements_of_order(order))
+        .filter(|p| !eligible(state, &p.operator, height))
+        .map(|p| (p.id, p.order))
+        .collect();
+    for (placement, order) in gone {
+        run(state, |staged| {
+            end_placement(
+                staged,
+                placement,
+                PlacementState::OperatorIneligible,
+                height,
+            )?;
+            let mut order = staged.order(order).ok_or(TxError::UnknownOrder(order))?;
+            order.rematch = true;
+            staged.set_order(order);
             Ok(())
         })?;
-        if !finished {
-            break;
-        }
-    }
-    for id in live {
-        run(state, |staged| follow_funds(staged, id, height))?;
     }
     Ok(())
 }
@@ -104,32 +148,59 @@ fn eligible(state: &State, operator: &Address, height: u64) -> bool {
 /// What matching knows of one order's coverage: for each wanted expert (sorted), how many
 /// replicas it has and from which operators.
 struct Coverage {
-    wanted: Vec<(u16, u16)>,
+    wanted: Vec<ExpertKey>,
+    rects: Vec<Rect>,
     replicas: Vec<u8>,
     by_operator: BTreeMap<Address, Vec<bool>>,
     target: u8,
 }
 
 impl Coverage {
-    fn new(order: &Order) -> Coverage {
+    /// An order's coverage before any placement; `None` when `work` cannot pay for it.
+    fn new(order: &Order, work: &mut u64) -> Option<Coverage> {
         let wanted = order.experts.expand();
-        Coverage {
+        charge(work, wanted.len() as u64)?;
+        Some(Coverage {
             replicas: vec![0; wanted.len()],
             wanted,
+            rects: order.experts.0.clone(),
             by_operator: BTreeMap::new(),
             target: order.replicas,
-        }
+        })
     }
 
-    /// Experts of `experts` that `operator` could still add a replica to; costs `work`.
-    fn gaps(&self, operator: &Address, experts: &Selection, work: &mut u64) -> Vec<usize> {
-        *work = work.saturating_sub(self.wanted.len() as u64 * experts.0.len() as u64);
+    /// The wanted experts (their indexes) that `experts` covers. What it costs, charged to
+    /// `work` before anything is computed, is the rectangles compared and the experts they
+    /// share, so an offer far from the order costs little and none costs more than it
+    /// yields; `None` when `work` cannot pay.
+    fn overlap(&self, experts: &Selection, work: &mut u64) -> Option<Vec<usize>> {
+        let pairs = (experts.0.len() * self.rects.len()) as u64;
+        let shared: Vec<Rect> = experts
+            .0
+            .iter()
+            .flat_map(|a| self.rects.iter().filter_map(|b| a.intersect(b)))
+            .collect();
+        charge(work, pairs + shared.iter().map(Rect::size).sum::<u64>())?;
+        let mut indexes: Vec<usize> = shared
+            .iter()
+            .flat_map(Rect::keys)
+            .filter_map(|key| self.wanted.binary_search(&key).ok())
+            .collect();
+        indexes.sort_unstable();
+        indexes.dedup();
+        Some(indexes)
+    }
+
+    /// Experts of `experts` that `operator` could still add a replica to.
+    fn gaps(&self, operator: &Address, experts: &Selection, work: &mut u64) -> Option<Vec<usize>> {
         let mine = self.by_operator.get(operator);
-        (0..self.wanted.len())
-            .filter(|&i| self.replicas[i] < self.target)
-            .filter(|&i| !mine.is_some_and(|m| m[i]))
-            .filter(|&i| experts.contains(self.wanted[i]))
-            .collect()
+        let overlap = self.overlap(experts, work)?;
+        Some(
+            overlap
+                .into_iter()
+                .filter(|&i| self.replicas[i] < self.target && !mine.is_some_and(|m| m[i]))
+                .collect(),
+        )
     }
 
     fn add(&mut self, operator: Address, indexes: &[usize]) {
@@ -144,6 +215,15 @@ impl Coverage {
                 self.replicas[i] = self.replicas[i].saturating_add(1);
             }
         }
+    }
+
+    /// Counts the order's live placements; `None` when `work` cannot pay for it.
+    fn of_placements(mut self, placements: &[&Placement], work: &mut u64) -> Option<Coverage> {
+        for placement in placements {
+            let indexes = self.overlap(&placement.experts, work)?;
+            self.add(placement.operator, &indexes);
+        }
+        Some(self)
     }
 
     fn full(&self) -> bool {
@@ -161,78 +241,89 @@ impl Coverage {
     }
 }
 
-/// Matches one order; false when the work budget ran out before it was done (its flag
-/// stays, so the next boundary goes on from its placements).
+/// Takes `cost` (at least one) from `work`, or nothing when it cannot pay (`None`).
+fn charge(work: &mut u64, cost: u64) -> Option<()> {
+    *work = work.checked_sub(cost.max(1))?;
+    Some(())
+}
+
+/// Matches one order within `work`. An order the work ran out on keeps its flag: a later
+/// boundary goes on from the placements made so far.
 fn match_order(
     staged: &mut Staged,
     mut order: Order,
     height: u64,
     work: &mut u64,
-) -> Result<bool, TxError> {
+) -> Result<(), TxError> {
     let state = staged.state();
     let market = state.market();
-    let mut coverage = Coverage::new(&order);
-    let mut placed_offers = BTreeSet::new();
+    let live: Vec<&Placement> = market.live_placements_of_order(order.id).collect();
+    let mut placements = live.len();
     let mut reserve = Amount::ZERO;
-    let mut placements = 0;
-    for placement in market.live_placements_of_order(order.id) {
-        let indexes = coverage.gaps(&placement.operator, &placement.experts, work);
-        coverage.add(placement.operator, &indexes);
-        placed_offers.insert(placement.offer);
+    for placement in &live {
         reserve = reserve
             .checked_add(placement.price)
             .ok_or(TxError::Overflow)?;
-        placements += 1;
     }
-    let mut finished = true;
-    let mut next_id = staged.next_placement_id();
-    for offer in market.open_offers_of_model(&order.model) {
-        if coverage.full() || offer.price > order.max_price {
-            break;
+    let placed_offers: BTreeSet<u64> = live.iter().map(|p| p.offer).collect();
+    let coverage =
+        Coverage::new(&order, work).and_then(|coverage| coverage.of_placements(&live, work));
+    let mut finished = false;
+    if let Some(mut coverage) = coverage {
+        let mut next_id = staged.next_placement_id();
+        finished = true;
+        for offer in market.open_offers_of_model(&order.model) {
+            if coverage.full() || offer.price > order.max_price {
+                break;
+            }
+            // Every offer looked at costs something, even one passed over.
+            if charge(work, 1).is_none() {
+                finished = false;
+                break;
+            }
+            if placed_offers.contains(&offer.id) || !eligible(state, &offer.operator, height) {
+                continue;
+            }
+            let with_offer = reserve.checked_add(offer.price).ok_or(TxError::Overflow)?;
+            if order.escrow < with_offer {
+                // Every later offer costs at least as much.
+                break;
+            }
+            let Some(indexes) = coverage.gaps(&offer.operator, &offer.experts, work) else {
+                finished = false;
+                break;
+            };
+            if indexes.is_empty() {
+                continue;
+            }
+            let keys: Vec<ExpertKey> = indexes.iter().map(|&i| coverage.wanted[i]).collect();
+            coverage.add(offer.operator, &indexes);
+            staged.set_placement(Placement {
+                id: next_id,
+                order: order.id,
+                offer: offer.id,
+                operator: offer.operator,
+                model: order.model.clone(),
+                experts: Selection::from_keys(&keys),
+                price: offer.price,
+                start_height: height,
+                end_height: 0,
+                state: PlacementState::Live,
+            });
+            next_id += 1;
+            placements += 1;
+            reserve = with_offer;
         }
-        if *work == 0 {
-            finished = false;
-            break;
+        let next = coverage.state(placements);
+        if next != order.state {
+            order.state = next;
+            order.since_height = height;
         }
-        if placed_offers.contains(&offer.id) || !eligible(state, &offer.operator, height) {
-            continue;
-        }
-        let with_offer = reserve.checked_add(offer.price).ok_or(TxError::Overflow)?;
-        if order.escrow < with_offer {
-            // Every later offer costs at least as much.
-            break;
-        }
-        let indexes = coverage.gaps(&offer.operator, &offer.experts, work);
-        if indexes.is_empty() {
-            continue;
-        }
-        let keys: Vec<(u16, u16)> = indexes.iter().map(|&i| coverage.wanted[i]).collect();
-        coverage.add(offer.operator, &indexes);
-        staged.set_placement(Placement {
-            id: next_id,
-            order: order.id,
-            offer: offer.id,
-            operator: offer.operator,
-            model: order.model.clone(),
-            experts: Selection::from_keys(&keys),
-            price: offer.price,
-            start_height: height,
-            end_height: 0,
-            state: PlacementState::Live,
-        });
-        next_id += 1;
-        placements += 1;
-        reserve = with_offer;
     }
     order.rematch = !finished;
     order.matched_through = market.newest_open_offer(&order.model);
-    let next = coverage.state(placements);
-    if next != order.state {
-        order.state = next;
-        order.since_height = height;
-    }
     staged.set_order(order);
-    Ok(finished)
+    Ok(())
 }
 
 /// Keeps a live order's state in step with its escrow, and closes one that stayed paused
@@ -262,15 +353,14 @@ fn follow_funds(staged: &mut Staged, id: u64, height: u64) -> Result<(), TxError
             }
             return Ok(());
         }
+        // Resumed: its coverage is found again at the next boundary's matching.
         OrderState::Paused => {
-            let mut coverage = Coverage::new(&order);
-            let mut unlimited = u64::MAX;
-            for placement in market.live_placements_of_order(id) {
-                let indexes =
-                    coverage.gaps(&placement.operator, &placement.experts, &mut unlimited);
-                coverage.add(placement.operator, &indexes);
+            order.rematch = true;
+            if placements == 0 {
+                OrderState::Open
+            } else {
+                OrderState::Degraded
             }
-            coverage.state(placements)
         }
         _ if short => OrderState::Paused,
         OrderState::Open if placements == 0 => {

@@ -20,7 +20,7 @@ use crate::amount::Amount;
 use crate::keys::Address;
 
 pub(crate) use lifecycle::{close_order, end_offer, return_pay};
-pub use matching::{end_block, MATCH_WORK_PER_BLOCK};
+pub use matching::{end_block, MATCH_WORK_PER_BLOCK, MATCH_WORK_PER_ORDER};
 pub use selection::{ExpertKey, Rect, Selection, SelectionError};
 
 /// Open offers one operator may hold at once.
@@ -153,6 +153,8 @@ pub enum PlacementState {
     OrderClosed(CloseReason),
     OfferWithdrawn,
     OfferExpired,
+    /// Its operator was jailed or fell below the chain's `min_bond`.
+    OperatorIneligible,
 }
 
 /// A lease: `experts` of an order served by an offer's operator at the offer's price.

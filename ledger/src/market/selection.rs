@@ -34,9 +34,28 @@ impl Rect {
             && (self.experts.0..=self.experts.1).contains(&expert)
     }
 
-    fn size(&self) -> u64 {
+    /// How many experts it covers.
+    pub fn size(&self) -> u64 {
         let span = |(a, b): (u16, u16)| u64::from(b.saturating_sub(a)) + 1;
         span(self.layers) * span(self.experts)
+    }
+
+    /// The experts both cover, if any.
+    pub fn intersect(&self, other: &Rect) -> Option<Rect> {
+        let side = |(a, b): Span, (c, d): Span| {
+            let (low, high) = (a.max(c), b.min(d));
+            (low <= high).then_some((low, high))
+        };
+        Some(Rect {
+            layers: side(self.layers, other.layers)?,
+            experts: side(self.experts, other.experts)?,
+        })
+    }
+
+    /// Its experts, layer by layer.
+    pub fn keys(&self) -> impl Iterator<Item = ExpertKey> {
+        let Rect { layers, experts } = *self;
+        (layers.0..=layers.1).flat_map(move |l| (experts.0..=experts.1).map(move |e| (l, e)))
     }
 }
 
@@ -90,14 +109,7 @@ impl Selection {
     /// Every expert covered, sorted and without repeats. Bounded by `validate`, which every
     /// stored selection passed.
     pub fn expand(&self) -> Vec<ExpertKey> {
-        let mut keys: Vec<ExpertKey> = self
-            .0
-            .iter()
-            .flat_map(|r| {
-                (r.layers.0..=r.layers.1)
-                    .flat_map(move |l| (r.experts.0..=r.experts.1).map(move |e| (l, e)))
-            })
-            .collect();
+        let mut keys: Vec<ExpertKey> = self.0.iter().flat_map(Rect::keys).collect();
         keys.sort_unstable();
         keys.dedup();
         keys

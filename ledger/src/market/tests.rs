@@ -697,3 +697,77 @@ fn the_market_survives_a_store_reopen_with_the_same_root() {
     assert_eq!(placed(&reopened, 1), vec![(1, "0-1:0-1".to_string())]);
     assert_eq!(reopened.receipts().count(), 2);
 }
+
+#[test]
+fn an_operator_that_unbonds_loses_its_placements_and_the_order_moves_on() {
+    let keys = TestKeys::new();
+    let state = bonded(&keys, &[0, 1]);
+    let offers = vec![
+        offer(&state, 0, "0:0-3", "0.001"),
+        offer(&state, 1, "0:0-3", "0.002"),
+    ];
+    let state = block_of(&state, &keys, offers);
+    let state = block_of(
+        &state,
+        &keys,
+        vec![order(&state, &keys, new_order("0:0-3", 1, "0.01", "1"))],
+    );
+    assert_eq!(placed(&state, 1), vec![(1, "0:0-3".to_string())]);
+    // Below min_bond the operator can be neither dispatched to nor paid: its placement
+    // closes at the boundary, and the order is placed on the next offer at once.
+    let unbond = tx(&state, &operator(0), TxKind::Unbond { amount: kvr("5") });
+    let state = block_of(&state, &keys, vec![unbond]);
+    assert_eq!(
+        state.market().placement(1).unwrap().state,
+        PlacementState::OperatorIneligible
+    );
+    assert_eq!(placed(&state, 1), vec![(2, "0:0-3".to_string())]);
+    assert_eq!(order_state(&state, 1), OrderState::Active);
+}
+
+#[test]
+fn an_order_that_exhausts_its_share_of_matching_holds_up_no_other() {
+    let keys = TestKeys::new();
+    let state = bonded(&keys, &[0]);
+    // One operator offers a whole 64 x 256 model over and over: for an order wanting two
+    // replicas of all of it, every offer after the first is fruitless and costs 16,384.
+    let mut state = state;
+    for _ in 0..8 {
+        let txs: Vec<SignedTx> = {
+            let mut nonce = state.account(&operator(0).address()).nonce;
+            (0..8)
+                .map(|_| {
+                    let new = NewOffer {
+                        model: "m".into(),
+                        experts: "0-63:0-255".parse().unwrap(),
+                        price: kvr("0.001"),
+                        expiry_height: 1_000_000,
+                    };
+                    nonce += 1;
+                    TxKind::OfferCreate(new).signed("kvasir-test", &operator(0), nonce - 1)
+                })
+                .collect()
+        };
+        state = block_of(&state, &keys, txs);
+    }
+    let huge = order(&state, &keys, new_order("0-63:0-255", 2, "0.01", "10"));
+    let state = block_of(&state, &keys, vec![huge]);
+    let big = state.market().order(1).unwrap();
+    assert_eq!(big.state, OrderState::Degraded);
+    assert!(
+        big.rematch,
+        "its matching ran out of work and goes on later"
+    );
+    // A small order after it is placed at its first boundary all the same.
+    let small = tx(
+        &state,
+        &keys.alice,
+        TxKind::OrderCreate(new_order("0:0", 1, "0.01", "1")),
+    );
+    let state = block_of(&state, &keys, vec![small]);
+    assert_eq!(order_state(&state, 2), OrderState::Active);
+    // And blocks go on being made and applied while the big one keeps trying.
+    let later = state.height() + 3;
+    let state = until(state, &keys, later);
+    assert_eq!(order_state(&state, 1), OrderState::Degraded);
+}

@@ -170,7 +170,9 @@ pub(super) fn execute(staged: &mut Staged, receipt: &Receipt) -> Result<(), TxEr
         let delta = earned(receipt.cumulative_bytes)?
             .checked_sub(earned(old)?)
             .ok_or(TxError::Overflow)?;
-        let mut order = staged.order(receipt.order).ok_or(TxError::Overflow)?;
+        let mut order = staged
+            .order(receipt.order)
+            .ok_or(TxError::UnknownOrder(receipt.order))?;
         let paid = delta.min(order.escrow);
         order.escrow = order.escrow.checked_sub(paid).ok_or(TxError::Overflow)?;
         order.paid = order.paid.checked_add(paid).ok_or(TxError::Overflow)?;

@@ -165,14 +165,6 @@ pub(super) fn execute(
         .iter()
         .try_fold(Amount::ZERO, |sum, p| sum.checked_add(p.amount))
         .ok_or(TxError::Overflow)?;
-    let mut to_pool = Amount::ZERO;
-    for pay in &cancelled {
-        if pay.order == 0 {
-            to_pool = to_pool.checked_add(pay.amount).ok_or(TxError::Overflow)?;
-        } else {
-            crate::market::return_pay(staged, pay.order, pay.amount)?;
-        }
-    }
     // The slash, from the bond first, then from the newest unbonding.
     let stake = worker
         .bonded
@@ -197,6 +189,16 @@ pub(super) fn execute(
     let jailed_until = worker.jailed_until;
     staged.set_account(evidence.worker, worker);
 
+    // Only once the worker's account is written: an escrow refund may go to a buyer who is
+    // the worker itself, and must not be overwritten by the copy read above.
+    let mut to_pool = Amount::ZERO;
+    for pay in &cancelled {
+        if pay.order == 0 {
+            to_pool = to_pool.checked_add(pay.amount).ok_or(TxError::Overflow)?;
+        } else {
+            crate::market::return_pay(staged, pay.order, pay.amount)?;
+        }
+    }
     let pool_address = state.rewards_pool();
     let mut pool = staged.account(&pool_address);
     pool.balance = pool.balance.checked_add(to_pool).ok_or(TxError::Overflow)?;

@@ -263,6 +263,8 @@ pub enum TxError {
     UnknownOrder(u64),
     #[error("order {0} is closed")]
     OrderClosed(u64),
+    #[error("there is no placement {0}")]
+    UnknownPlacement(u64),
     #[error("{0} is not the owner of what it names")]
     NotYours(Address),
 }
