@@ -52,8 +52,11 @@ pub struct OrderView {
     pub escrow: AmountView,
     /// Paid out to workers so far.
     pub paid: AmountView,
-    /// Returned to the buyer on closing.
+    /// Returned to the buyer, `CLOSE_GRACE_BLOCKS` (10) after it closed.
     pub refunded: AmountView,
+    /// Closed, the height at whose end the escrow left is refunded; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refund_height: Option<u64>,
     /// One block's expected pay of its live placements (each one reward unit at its price):
     /// the escrow must hold this much or the order pauses.
     pub reserve: AmountView,
@@ -272,6 +275,7 @@ impl OrderView {
             escrow: order.escrow.into(),
             paid: order.paid.into(),
             refunded: order.refunded.into(),
+            refund_height: (order.refund_height != 0).then_some(order.refund_height),
             reserve: reserve.into(),
             end_height: order.end_height,
             created_height: order.created_height,

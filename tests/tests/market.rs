@@ -108,7 +108,7 @@ fn operators_offer_a_buyer_orders_the_chain_places_and_closing_refunds_once() {
     let closed = &report.placements[1];
     assert_eq!(closed.close_reason.as_deref(), Some("offer_withdrawn"));
 
-    // The buyer closes: the whole escrow comes back, once, with one reason.
+    // The buyer closes: the whole escrow comes back, once, with one reason, after the grace.
     let before = client
         .account(&buyer_address.parse().unwrap())
         .unwrap()
@@ -121,6 +121,11 @@ fn operators_offer_a_buyer_orders_the_chain_places_and_closing_refunds_once() {
         (order.state.as_str(), order.close_reason.as_deref()),
         ("closed", Some("buyer"))
     );
+    let refund_height = order.refund_height.unwrap();
+    while client.head().unwrap().height < refund_height {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let order = client.order(order.id).unwrap();
     assert_eq!(
         (order.escrow.kvr, order.refunded.kvr),
         (Amount::ZERO, kvr("5"))

@@ -7,12 +7,13 @@ use crate::amount::Amount;
 use crate::state::Staged;
 use crate::tx::TxError;
 
-use super::{CloseReason, OfferState, OrderState, PlacementState};
+use super::{CloseReason, OfferState, OrderState, PlacementState, CLOSE_GRACE_BLOCKS};
 
 /// Closes order `id` with `reason` at `height`: every live placement under it closes, and
-/// what is left in the escrow goes back to the buyer, once (the escrow is then zero). Pay
+/// what is left in the escrow goes back to the buyer `CLOSE_GRACE_BLOCKS` later, once
+/// (`refund`); meanwhile credits for traffic its placements served are still paid. Pay
 /// already credited from it stays pending with the workers; if evidence cancels some, it
-/// returns to the buyer (`return_pay`).
+/// returns to the escrow, or to the buyer once refunded (`return_pay`).
 pub(crate) fn close_order(
     staged: &mut Staged,
     id: u64,
@@ -37,14 +38,25 @@ pub(crate) fn close_order(
             height,
         )?;
     }
+    order.state = OrderState::Closed(reason);
+    order.since_height = height;
+    order.rematch = false;
+    order.refund_height = height
+        .checked_add(CLOSE_GRACE_BLOCKS)
+        .ok_or(TxError::Overflow)?;
+    staged.set_order(order);
+    Ok(())
+}
+
+/// Refunds closed order `id`'s escrow to its buyer, once: the escrow is then zero.
+pub(crate) fn refund(staged: &mut Staged, id: u64) -> Result<(), TxError> {
+    let mut order = staged.order(id).ok_or(TxError::UnknownOrder(id))?;
     let refund = std::mem::replace(&mut order.escrow, Amount::ZERO);
     order.refunded = order
         .refunded
         .checked_add(refund)
         .ok_or(TxError::Overflow)?;
-    order.state = OrderState::Closed(reason);
-    order.since_height = height;
-    order.rematch = false;
+    order.refund_height = 0;
     let buyer = order.buyer;
     staged.set_order(order);
     staged.add_balance(buyer, refund)
@@ -100,12 +112,12 @@ pub(crate) fn end_placement(
     Ok(())
 }
 
-/// Pay from order `id`'s escrow that evidence cancelled goes back: into the escrow while
-/// the order is live, to the buyer once it is closed (its escrow was refunded already).
+/// Pay from order `id`'s escrow that evidence cancelled goes back: into the escrow until it
+/// is refunded, to the buyer after.
 pub(crate) fn return_pay(staged: &mut Staged, id: u64, amount: Amount) -> Result<(), TxError> {
     let mut order = staged.order(id).ok_or(TxError::UnknownOrder(id))?;
     order.paid = order.paid.checked_sub(amount).ok_or(TxError::Overflow)?;
-    if order.state.is_closed() {
+    if order.state.is_closed() && order.refund_height == 0 {
         order.refunded = order
             .refunded
             .checked_add(amount)

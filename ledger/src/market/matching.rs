@@ -1,5 +1,5 @@
 //! The market's block-boundary step, pure and deterministic like the rest of `apply_block`:
-//! offers past their expiry end, placements of operators jailed or unbonded since close,
+//! closed orders past their grace refund their escrow, offers past their expiry end, placements of operators jailed or unbonded since close,
 //! orders past their end height close, every live order's state follows its escrow (paused,
 //! resumed, closed for funds or for want of placements), and orders that need it are
 //! matched.
@@ -24,7 +24,7 @@ use crate::keys::Address;
 use crate::state::{Staged, State};
 use crate::tx::TxError;
 
-use super::lifecycle::{close_order, end_offer, end_placement};
+use super::lifecycle::{close_order, end_offer, end_placement, refund};
 use super::{
     CloseReason, ExpertKey, OfferState, Order, OrderState, Placement, PlacementState, Rect,
     Selection, PAUSED_BLOCKS_BEFORE_CLOSE, UNPLACED_BLOCKS_BEFORE_CLOSE,
@@ -43,6 +43,9 @@ pub fn end_block(state: &mut State, height: u64) -> Result<(), TxError> {
         run(state, |staged| {
             end_offer(staged, id, OfferState::Expired, height)
         })?;
+    }
+    for id in state.market().refunds_due_by(height) {
+        run(state, |staged| refund(staged, id))?;
     }
     let live: Vec<u64> = state.market().live_order_ids().collect();
     drop_ineligible(state, &live, height)?;

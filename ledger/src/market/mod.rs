@@ -6,7 +6,8 @@
 //! Money: an order's escrow is counted in the supply. A credit for a placed session moves
 //! pay from the escrow into the worker's pending rewards (tagged with the order); if
 //! evidence cancels that pay it returns to the escrow (or, the order being closed, to the
-//! buyer). Closing an order refunds what is left in the escrow once.
+//! buyer). Closing an order refunds what is left in the escrow once, `CLOSE_GRACE_BLOCKS`
+//! later, so that credits for work done before the close are still paid.
 
 mod lifecycle;
 mod matching;
@@ -36,6 +37,10 @@ pub const MAX_MODEL_ID_LEN: usize = 64;
 pub const PAUSED_BLOCKS_BEFORE_CLOSE: u64 = 1_000;
 /// Blocks an order may hold no placement at all before it closes as unfillable.
 pub const UNPLACED_BLOCKS_BEFORE_CLOSE: u64 = 1_000;
+/// Blocks a closed order keeps its escrow before refunding it: the gateway's credits for
+/// traffic served before the close land within them and are paid, so closing cannot be
+/// used to skip paying for work already done.
+pub const CLOSE_GRACE_BLOCKS: u64 = 10;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, BorshSerialize, BorshDeserialize)]
 #[serde(rename_all = "snake_case")]
@@ -122,8 +127,11 @@ pub struct Order {
     pub escrow: Amount,
     /// Paid out of the escrow so far (net of pay that evidence returned).
     pub paid: Amount,
-    /// Refunded to the buyer when the order closed.
+    /// Refunded to the buyer after the order closed.
     pub refunded: Amount,
+    /// Closed, it refunds what is left of its escrow at the end of this block (zero: not
+    /// closed, or refunded already).
+    pub refund_height: u64,
     /// The order closes at the end of this block.
     pub end_height: u64,
     pub created_height: u64,
@@ -195,7 +203,10 @@ pub struct Market {
     open_offers_of: OrdMap<Address, OrdSet<u64>>,
     live_orders: OrdSet<u64>,
     live_orders_of: OrdMap<Address, OrdSet<u64>>,
-    /// Live placements per order and per offer.
+    /// Closed orders per refund height, while their escrow waits out the grace.
+    refunds_due: OrdMap<u64, OrdSet<u64>>,
+    /// Every placement an order had, live or not; and the live ones per order and per offer.
+    all_order_placements: OrdMap<u64, OrdSet<u64>>,
     order_placements: OrdMap<u64, OrdSet<u64>>,
     offer_placements: OrdMap<u64, OrdSet<u64>>,
 }
@@ -289,6 +300,22 @@ impl Market {
             .filter_map(|id| self.placements.get(id))
     }
 
+    /// Every placement an order had, oldest first.
+    pub fn placements_of_order(&self, order: u64) -> impl Iterator<Item = &Placement> {
+        self.all_order_placements
+            .get(&order)
+            .into_iter()
+            .flat_map(|set| set.iter())
+            .filter_map(|id| self.placements.get(id))
+    }
+
+    pub(crate) fn refunds_due_by(&self, height: u64) -> Vec<u64> {
+        self.refunds_due
+            .range(..=height)
+            .flat_map(|(_, ids)| ids.iter().copied())
+            .collect()
+    }
+
     pub fn live_placements_of_offer(&self, offer: u64) -> impl Iterator<Item = &Placement> {
         self.offer_placements
             .get(&offer)
@@ -345,6 +372,13 @@ impl Market {
     }
 
     pub(crate) fn set_order(&mut self, order: Order) {
+        if let Some(old) = self.orders.get(&order.id) {
+            let old_due = old.refund_height;
+            index_remove(&mut self.refunds_due, &old_due, &order.id);
+        }
+        if order.refund_height != 0 {
+            index_insert(&mut self.refunds_due, order.refund_height, order.id);
+        }
         if order.state.is_closed() {
             self.live_orders.remove(&order.id);
             index_remove(&mut self.live_orders_of, &order.buyer, &order.id);
@@ -356,6 +390,11 @@ impl Market {
     }
 
     pub(crate) fn set_placement(&mut self, placement: Placement) {
+        index_insert(
+            &mut self.all_order_placements,
+            placement.order,
+            placement.id,
+        );
         if placement.is_live() {
             index_insert(&mut self.order_placements, placement.order, placement.id);
             index_insert(&mut self.offer_placements, placement.offer, placement.id);

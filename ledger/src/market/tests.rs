@@ -192,12 +192,30 @@ fn a_closed_order_refunds_exactly_once_with_one_reason() {
     assert_eq!(order_state(&state, 1), OrderState::Active);
     let close = tx(&state, &keys.alice, TxKind::OrderClose { order: 1 });
     let state = block_of(&state, &keys, vec![close]);
+    let closed_at = state.height();
     let closed = state.market().order(1).unwrap();
     assert_eq!(closed.state, OrderState::Closed(CloseReason::Buyer));
-    assert_eq!((closed.escrow, closed.refunded), (Amount::ZERO, kvr("5")));
-    assert_eq!(state.account(&alice).balance, before);
     let lease = state.market().placement(1).unwrap();
     assert_eq!(lease.state, PlacementState::OrderClosed(CloseReason::Buyer));
+    // The escrow waits out the grace: a credit for traffic served before the close, landing
+    // after it, is still paid at the placement's price (closing skips no work done).
+    assert_eq!((closed.escrow, closed.refunded), (kvr("5"), Amount::ZERO));
+    let state = block_of(&state, &keys, vec![credit(&state, &keys, 0, 1, 2_000_000)]);
+    let worker = state.account(&operator(0).address());
+    assert_eq!(worker.pending_total(), kvr("0.002"));
+    let state = until(state, &keys, closed_at + CLOSE_GRACE_BLOCKS);
+    let closed = state.market().order(1).unwrap();
+    assert_eq!(
+        (closed.escrow, closed.refunded),
+        (Amount::ZERO, kvr("4.998"))
+    );
+    assert_eq!(
+        state.account(&alice).balance,
+        before.checked_sub(kvr("0.002")).unwrap()
+    );
+    // After the refund, a later credit of the order pays nothing.
+    let state = block_of(&state, &keys, vec![credit(&state, &keys, 0, 1, 9_000_000)]);
+    assert_eq!(state.market().order(1).unwrap().paid, kvr("0.002"));
     // Closing again, depositing, or letting its end height pass refunds nothing more.
     let again = tx(&state, &keys.alice, TxKind::OrderClose { order: 1 });
     assert_eq!(rejection(&state, &keys, again), TxError::OrderClosed(1));
@@ -315,6 +333,7 @@ fn orders_and_offers_end_at_their_heights_and_unplaced_or_unfunded_orders_close(
         order_state(&state, 1),
         OrderState::Closed(CloseReason::Expired)
     );
+    let state = until(state, &keys, h + 3 + CLOSE_GRACE_BLOCKS);
     assert_eq!(state.market().order(1).unwrap().refunded, kvr("1"));
 
     // An order nobody can serve closes as unfillable.
@@ -471,9 +490,11 @@ fn evidence_returns_escrow_pay_to_the_escrow_or_to_the_buyer_once_closed() {
     live.write(staged.into_writes());
     let o = live.market().order(1).unwrap();
     assert_eq!((o.escrow, o.paid), (kvr("4"), Amount::ZERO));
-    // Once closed, the same return goes to the buyer and counts as refunded.
+    // Once closed and refunded, the same return goes to the buyer and counts as refunded.
     let close = tx(&state, &keys.alice, TxKind::OrderClose { order: 1 });
     let closed = block_of(&state, &keys, vec![close]);
+    let refunded_at = closed.height() + CLOSE_GRACE_BLOCKS;
+    let closed = until(closed, &keys, refunded_at);
     let before = closed.account(&keys.alice.address()).balance;
     let mut staged = crate::state::Staged::new(&closed);
     return_pay(&mut staged, 1, kvr("1")).unwrap();
@@ -579,8 +600,13 @@ fn check_invariants(state: &State, supply: u128) -> Result<(), TestCaseError> {
     }
     for order in market.orders() {
         if order.state.is_closed() {
-            prop_assert_eq!(order.escrow, Amount::ZERO);
             prop_assert_eq!(market.live_placements_of_order(order.id).count(), 0);
+            // Refunded once its grace is over, and then holding nothing.
+            let due = order.since_height + CLOSE_GRACE_BLOCKS;
+            prop_assert_eq!(order.refund_height == 0, state.height() >= due);
+            if order.refund_height == 0 {
+                prop_assert_eq!(order.escrow, Amount::ZERO);
+            }
         }
     }
     Ok(())

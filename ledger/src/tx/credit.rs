@@ -12,7 +12,7 @@ use crate::amount::Amount;
 use crate::genesis::Genesis;
 use crate::intent::{self, Intent};
 use crate::keys::{Address, Keypair, Signature, SignatureCheck};
-use crate::market::Placement;
+use crate::market::{Placement, PlacementState};
 use crate::state::{MeterKey, ReceiptMark, SessionKey, Staged, State};
 
 use super::{TxError, TxSignature};
@@ -121,12 +121,22 @@ fn may_be_paid(state: &State, receipt: &Receipt) -> bool {
     !convicted && !worker.is_jailed(state.height() + 1) && bonded
 }
 
-/// The live placement under `order` of `worker`'s offers that pays its traffic: the oldest.
+/// The placement under `order` of `worker`'s offers that pays its traffic: its oldest live
+/// one; or, while a closed order waits out its grace before the refund, the one that closed
+/// with it (traffic served before the close is paid).
 fn placement_for(state: &State, order: u64, worker: &Address) -> Option<Placement> {
-    state
-        .market()
-        .live_placements_of_order(order)
-        .find(|p| p.operator == *worker)
+    let market = state.market();
+    let mine = |p: &&Placement| p.operator == *worker;
+    if let Some(live) = market.live_placements_of_order(order).find(mine) {
+        return Some(live.clone());
+    }
+    let closing = market
+        .order(order)
+        .is_some_and(|o| o.state.is_closed() && o.refund_height != 0);
+    market
+        .placements_of_order(order)
+        .filter(|p| closing && matches!(p.state, PlacementState::OrderClosed(_)))
+        .find(mine)
         .cloned()
 }
 

@@ -1,8 +1,8 @@
 //! The order actions. `OrderCreate`: a buyer asks for replicas of experts of a model at most
 //! at a price, and moves a deposit from its balance into the order's escrow; matching
 //! places it at the block boundary. `OrderDeposit`: anyone adds to a live order's escrow
-//! (a paused order resumes). `OrderClose`: the buyer closes it; its placements close and
-//! the escrow left is refunded, in the same transaction.
+//! (a paused order resumes). `OrderClose`: the buyer closes it; its placements close in the
+//! same transaction, and the escrow left is refunded `CLOSE_GRACE_BLOCKS` later.
 
 use borsh::{BorshDeserialize, BorshSerialize};
 
@@ -94,6 +94,7 @@ pub(super) fn execute_create(
         escrow: new.deposit,
         paid: Amount::ZERO,
         refunded: Amount::ZERO,
+        refund_height: 0,
         end_height: new.end_height,
         created_height: height,
         state: OrderState::Open,

@@ -1,8 +1,8 @@
 //! Dispatch follows the market: a backbone acting for an order sends an expert's rows only
 //! to workers whose operator key holds a live placement of that expert under the order, as
 //! the ledger says. A thread re-reads the order's live placements as blocks arrive; an
-//! expert without a live placement (none yet, or its placement closed) is computed locally,
-//! so the output never changes.
+//! expert without a live placement (none yet, its placement closed, or the order paused or
+//! closed) is computed locally, so the output never changes.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -35,9 +35,14 @@ impl Placements {
         }
     }
 
-    /// The order's live placements, page by page; an error leaves the last reading standing.
+    /// The order's live placements, page by page; none while the order is paused (its
+    /// escrow cannot pay the next block) or closed. An error leaves the last reading standing.
     fn read(&self) -> anyhow::Result<Placed> {
         let mut placed = Placed::new();
+        let order = self.ledger.order(self.order)?;
+        if order.state == "paused" || order.state == "closed" {
+            return Ok(placed);
+        }
         let mut after = None;
         loop {
             let query = MarketQuery {

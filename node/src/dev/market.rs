@@ -2,8 +2,8 @@
 //! orders the whole model with an escrow deposit and names this run's backbone key as its
 //! delegate; each worker's key offers its slice at the chain's reward rate; the chain places
 //! the order on them at the block that takes it. The backbone acts for the order, so the
-//! workers are paid from its escrow. A run that does not `--serve` closes the order at the
-//! end, and what is left of the escrow goes back to the buyer.
+//! workers are paid from its escrow. Each run closes its order at the end; what is left of
+//! the escrow goes back to the buyer a few blocks later (the grace for late credits).
 
 use std::path::Path;
 
@@ -202,7 +202,7 @@ pub fn report(ledger: &Client, placed: &Placed) -> Result<DevMarket> {
     })
 }
 
-/// Closes the order: what is left of the escrow goes back to the buyer.
+/// Closes the order: what is left of the escrow goes back to the buyer after the grace.
 pub fn close(ledger: &Client, placed: &Placed) -> Result<()> {
     let chain = ledger.head()?.chain_id;
     let nonce = ledger.account(&placed.buyer.address())?.nonce;
@@ -213,10 +213,11 @@ pub fn close(ledger: &Client, placed: &Placed) -> Result<()> {
     commit_all(ledger, vec![tx]).context("closing the order")?;
     let order = ledger.order(placed.order)?;
     println!(
-        "market: order {} closed, {} refunded to the buyer {}",
+        "market: order {} closed; its escrow left, {}, goes back to the buyer {} at height {}",
         order.id,
-        order.refunded.kvr,
-        placed.buyer.address()
+        order.escrow.kvr,
+        placed.buyer.address(),
+        order.refund_height.unwrap_or(0)
     );
     Ok(())
 }
