@@ -81,8 +81,11 @@ enum GenesisCommand {
 /// Our own logs at info; the consensus engine's only when it warns (at info it narrates every
 /// step of every round), its network's only on errors (it warns of every connection a
 /// stopping peer closes).
+// The engine's network layer logs every gossip it could not publish as an error, once a
+// second per channel when no peer listens: always so for a lone validator, and during any
+// partition, which consensus itself reports. `RUST_LOG=arc_malachitebft_network=error` shows it.
 const DEFAULT_LOG: &str = "info,arc_malachitebft_core_consensus=warn,arc_malachitebft_engine=warn,\
-arc_malachitebft_network=error,arc_malachitebft_discovery=error,arc_malachitebft_sync=warn,\
+arc_malachitebft_network=off,arc_malachitebft_discovery=error,arc_malachitebft_sync=warn,\
 arc_malachitebft_wal=warn,libp2p_swarm=warn,libp2p_gossipsub=error,ractor=warn";
 
 fn main() -> ExitCode {
