@@ -1,7 +1,8 @@
 //! A transaction from a stranger (the ledger's `POST /txs` body). Decoding never panics and
 //! accepts only the canonical encoding. Then the same action, re-signed by the dev key that may
-//! send it (the faucet for a transfer, a bond, an unbond and evidence, whose answer it also
-//! re-signs as the worker; the gateway for a credit, whose receipt the hub re-signs), goes
+//! send it (the faucet for a transfer, a bond, an unbond, the market's offers and orders, and
+//! evidence, whose answer it also re-signs as the worker; the gateway for a credit, whose
+//! receipt the hub re-signs; an order the faucet can fund is matched at the boundary), goes
 //! through admission and into a produced block: the producer and a verifier
 //! replaying that block reach the same state, and supply is unchanged.
 #![no_main]
@@ -35,6 +36,11 @@ fuzz_target!(|bytes: &[u8]| {
             evidence.signature = evidence.claim().sign(&chain_id, &chain.faucet);
             (&chain.faucet, TxKind::Evidence(evidence))
         }
+        kind @ (TxKind::OfferCreate(_)
+        | TxKind::OfferWithdraw { .. }
+        | TxKind::OrderCreate(_)
+        | TxKind::OrderDeposit { .. }
+        | TxKind::OrderClose { .. }) => (&chain.faucet, kind),
     };
     let resigned = Tx {
         chain_id,
