@@ -654,6 +654,17 @@ impl<'a> Staged<'a> {
             .max(self.state.market.next_placement_id())
     }
 
+    /// Takes `amount` from `address`'s spendable balance (checked by the caller's stage two).
+    pub(crate) fn sub_balance(&mut self, address: Address, amount: Amount) -> Result<(), TxError> {
+        let mut account = self.account(&address);
+        account.balance = account
+            .balance
+            .checked_sub(amount)
+            .ok_or(TxError::Overflow)?;
+        self.set_account(address, account);
+        Ok(())
+    }
+
     /// Credits `amount` to `address`'s spendable balance.
     pub(crate) fn add_balance(&mut self, address: Address, amount: Amount) -> Result<(), TxError> {
         let mut account = self.account(&address);

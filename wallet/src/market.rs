@@ -152,7 +152,7 @@ fn placement_line(p: &PlacementView) -> String {
 }
 
 pub fn offer(command: OfferCommand, client: &Client, keyfile: &Path, json: bool) -> Result<()> {
-    match command {
+    let (Committed { hash, height }, id) = match command {
         OfferCommand::Create {
             model,
             experts,
@@ -166,7 +166,7 @@ pub fn offer(command: OfferCommand, client: &Client, keyfile: &Path, json: bool)
                 price,
                 expiry_height: height_after(client, blocks)?,
             };
-            let Committed { hash, height } = commit(client, keyfile, TxKind::OfferCreate(new))?;
+            let committed = commit(client, keyfile, TxKind::OfferCreate(new))?;
             let offer = created_at(
                 |after| {
                     let query = MarketQuery {
@@ -178,38 +178,14 @@ pub fn offer(command: OfferCommand, client: &Client, keyfile: &Path, json: bool)
                     let page = client.offers(&query)?;
                     Ok((page.offers, page.next_after))
                 },
-                height,
+                committed.height,
                 |o| o.created_height,
             )?;
-            let report = MarketTxReport {
-                hash,
-                height,
-                offer: Some(offer.clone()),
-                order: None,
-            };
-            print_report(json, &report, || {
-                format!(
-                    "{} (transaction {hash}, height {height})",
-                    offer_line(&offer)
-                )
-            })
+            (committed, offer.id)
         }
         OfferCommand::Withdraw { id } => {
-            let Committed { hash, height } =
-                commit(client, keyfile, TxKind::OfferWithdraw { offer: id })?;
-            let offer = client.offer(id)?;
-            let report = MarketTxReport {
-                hash,
-                height,
-                offer: Some(offer.clone()),
-                order: None,
-            };
-            print_report(json, &report, || {
-                format!(
-                    "{} (transaction {hash}, height {height})",
-                    offer_line(&offer)
-                )
-            })
+            let committed = commit(client, keyfile, TxKind::OfferWithdraw { offer: id })?;
+            (committed, id)
         }
         OfferCommand::List {
             model,
@@ -231,15 +207,28 @@ pub fn offer(command: OfferCommand, client: &Client, keyfile: &Path, json: bool)
                 ..MarketQuery::default()
             };
             let page = client.offers(&query)?;
-            print_report(json, &page, || {
+            return print_report(json, &page, || {
                 let mut lines: Vec<String> = page.offers.iter().map(offer_line).collect();
                 if let Some(next) = page.next_after {
                     lines.push(format!("more: offer list --after {next}"));
                 }
                 lines.join("\n")
-            })
+            });
         }
-    }
+    };
+    let offer = client.offer(id)?;
+    let report = MarketTxReport {
+        hash,
+        height,
+        offer: Some(offer.clone()),
+        order: None,
+    };
+    print_report(json, &report, || {
+        format!(
+            "{} (transaction {hash}, height {height})",
+            offer_line(&offer)
+        )
+    })
 }
 
 pub fn order(command: OrderCommand, client: &Client, keyfile: &Path, json: bool) -> Result<()> {

@@ -77,12 +77,7 @@ pub(super) fn execute_create(
 ) -> Result<(), TxError> {
     let state = staged.state();
     let height = next_height(state);
-    let mut account = staged.account(buyer);
-    account.balance = account
-        .balance
-        .checked_sub(new.deposit)
-        .ok_or(TxError::Overflow)?;
-    staged.set_account(*buyer, account);
+    staged.sub_balance(*buyer, new.deposit)?;
     staged.set_order(Order {
         id: state.market().next_order_id(),
         buyer: *buyer,
@@ -132,12 +127,7 @@ pub(super) fn execute_deposit(
     id: u64,
     amount: Amount,
 ) -> Result<(), TxError> {
-    let mut account = staged.account(sender);
-    account.balance = account
-        .balance
-        .checked_sub(amount)
-        .ok_or(TxError::Overflow)?;
-    staged.set_account(*sender, account);
+    staged.sub_balance(*sender, amount)?;
     let mut order = staged.order(id).ok_or(TxError::UnknownOrder(id))?;
     order.escrow = order.escrow.checked_add(amount).ok_or(TxError::Overflow)?;
     order.rematch = true;
