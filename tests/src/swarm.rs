@@ -604,7 +604,14 @@ impl Swarm {
 
     /// Starts a backbone serving HTTP on a free port; the process and its address.
     pub fn serve_backbone(&self, remote: &str) -> (Proc, String) {
-        let mut backbone = self.backbone_process(&[remote, "--listen", "127.0.0.1:0"]);
+        self.serve_backbone_with(remote, &[])
+    }
+
+    /// As `serve_backbone`, the backbone also given `extra` (e.g. `--order 3`).
+    pub fn serve_backbone_with(&self, remote: &str, extra: &[&str]) -> (Proc, String) {
+        let mut args = vec![remote, "--listen", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        let mut backbone = self.backbone_process(&args);
         let addr = backbone.listening("backbone");
         (backbone, addr)
     }

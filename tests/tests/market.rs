@@ -287,6 +287,26 @@ fn the_backbone_of_an_order_dispatches_only_to_placed_workers_who_are_paid_from_
     assert_eq!(refused.token_ids, local.token_ids[..2].to_vec());
     let hub_log = swarm.hub.as_ref().unwrap().stderr();
     assert!(hub_log.contains("no order 999"), "{hub_log}");
+
+    // A backbone serving the order is dropped by the hub once the buyer closes it: its
+    // workers do not go on serving an order that no longer pays.
+    let hub = swarm.hub.as_ref().unwrap();
+    let attached = |log: &str| log.matches("backbone attached").count();
+    let before = attached(&hub.stderr());
+    let (mut serving, _) = swarm.serve_backbone_with("*:*", &["--order", &id]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while attached(&hub.stderr()) == before {
+        assert!(std::time::Instant::now() < deadline, "{}", hub.stderr());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    wallet_json(&ledger, &buyer, &["order", "close", &id]);
+    let dropped = format!("dropping the backbone of order {id}: order {id} is closed");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !hub.stderr().contains(&dropped) {
+        assert!(std::time::Instant::now() < deadline, "{}", hub.stderr());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    serving.kill();
     swarm.workers.clear();
 }
 

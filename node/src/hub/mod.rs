@@ -394,19 +394,28 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
                 }
             }
             let _ = tx.send(Message::Welcome(Welcome { session: 0 }).encode().into());
+            let (stop, mut stopped) = tokio::sync::oneshot::channel();
             let connection = {
                 let mut links = hub.links();
                 links.backbone_connections += 1;
                 let connection = links.backbone_connections;
                 links.backbone = Some((connection, tx));
                 links.order = hello.order;
+                links.backbone_stop = Some(stop);
                 links.send_directory();
                 connection
             };
-            tracing::info!("backbone attached");
+            tracing::info!(order = hello.order, "backbone attached");
             let result = async {
                 loop {
-                    hub.relay_request(next_frame(&mut source).await?)?;
+                    tokio::select! {
+                        frame = next_frame(&mut source) => hub.relay_request(frame?)?,
+                        why = &mut stopped => match why {
+                            Ok(why) => bail!("backbone dropped: {why}"),
+                            // Replaced by a newer connection of the backbone.
+                            Err(_) => bail!("backbone connection {connection} replaced"),
+                        },
+                    }
                 }
             }
             .await;
@@ -425,6 +434,40 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
 }
 
 impl Hub {
+    /// Drops the attached backbone if its order has closed on the ledger (or its key may no
+    /// longer act for it): workers must not go on serving an order that no longer pays. A
+    /// ledger that cannot be read changes nothing. Blocking (one HTTP request).
+    fn recheck_order(&self) {
+        let order = self.links().order;
+        if order == 0 {
+            return;
+        }
+        let Some(ledger) = &self.ledger else {
+            return;
+        };
+        let why = match ledger.order(order) {
+            Err(kvasir_api::ClientError::Unreachable { .. }) => return,
+            Err(e) => format!("reading order {order}: {e}"),
+            Ok(view) => match refusal(&view, &self.backbone) {
+                Some(why) => why,
+                None => return,
+            },
+        };
+        let mut links = self.links();
+        if links.order != order {
+            return;
+        }
+        links.order = 0;
+        if let Some((_, tx)) = &links.backbone {
+            let failure = Failure::new(0, why.clone());
+            let _ = tx.send(Message::Failure(failure).encode().into());
+        }
+        if let Some(stop) = links.backbone_stop.take() {
+            tracing::warn!("dropping the backbone of order {order}: {why}");
+            let _ = stop.send(why);
+        }
+    }
+
     /// Whether `key` may run the backbone for market `order`: the order is live on the
     /// ledger and `key` is its buyer or its delegate. Blocking (one HTTP request).
     fn may_act_for(&self, key: &Address, order: u64) -> Result<()> {
@@ -435,14 +478,26 @@ impl Hub {
         let found = ledger
             .order(order)
             .with_context(|| format!("reading order {order}"))?;
-        if found.state == "closed" {
-            bail!("order {order} is closed");
+        match refusal(&found, key) {
+            Some(why) => bail!("{why}"),
+            None => Ok(()),
         }
-        if found.buyer != *key && found.delegate != Some(*key) {
-            bail!("{key} is neither the buyer nor the delegate of order {order}");
-        }
-        Ok(())
     }
+}
+
+/// Why `key` may not run the backbone for `order`: closed, or neither its buyer nor its
+/// delegate; `None` when it may.
+fn refusal(order: &kvasir_api::market::OrderView, key: &Address) -> Option<String> {
+    if order.state == "closed" {
+        return Some(format!("order {} is closed", order.id));
+    }
+    if order.buyer != *key && order.delegate != Some(*key) {
+        return Some(format!(
+            "{key} is neither the buyer nor the delegate of order {}",
+            order.id
+        ));
+    }
+    None
 }
 
 #[cfg(test)]

@@ -59,6 +59,8 @@ pub(super) struct Links {
     /// The market order the attached backbone acts for (zero: none); answers are metered for
     /// it. A session is metered under one order only (`Registry::meter`).
     pub order: u64,
+    /// Ends the attached backbone's connection, with the reason (its order closed).
+    pub backbone_stop: Option<tokio::sync::oneshot::Sender<String>>,
     /// Requests relayed and not yet answered: (session, request id) -> what answers them.
     outstanding: HashMap<(u64, u64), Waiting>,
     /// Claims of every connected session together.

@@ -4,7 +4,9 @@
 //! connected would otherwise go on serving and being metered. So a thread asks the ledger
 //! again, every `--bond-recheck-ms`, once per distinct connected key (never under the links
 //! lock: the requests block), and every session of a key that is refused is expelled
-//! (`Hub::expel`): out of the directory as if it had disconnected, told why.
+//! (`Hub::expel`): out of the directory as if it had disconnected, told why. The backbone of
+//! a market order is held to its order the same way: once the order closes it is dropped
+//! (`Hub::recheck_order`).
 //!
 //! A key whose standing cannot be read (the ledger unreachable, `Refused::Unknown`) is kept
 //! while its standing was last confirmed within `UNKNOWN_GRACE`: a ledger restart or a
@@ -90,6 +92,7 @@ impl Hub {
                     tracing::warn!(session, "worker dropped: {message}");
                 }
             }
+            self.recheck_order();
         }
     }
 }
