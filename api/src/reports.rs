@@ -140,3 +140,36 @@ pub struct OrderReport {
     pub order: crate::market::OrderView,
     pub placements: Vec<crate::market::PlacementView>,
 }
+
+/// `kvasir-node model inspect --json`: what an operator reads before offering capacity.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelReport {
+    /// The id the swarm and the market know the checkpoint by.
+    pub model_id: String,
+    /// `model_type` of config.json (`qwen3_moe`, `qwen2_moe`).
+    pub family: String,
+    pub layers: usize,
+    /// Layers routing to experts; the others are dense.
+    pub moe_layers: Vec<usize>,
+    pub experts_per_layer: usize,
+    pub experts_per_token: usize,
+    /// Every expert of every MoE layer.
+    pub experts: usize,
+    /// Stored bytes of one expert (gate, up and down), the largest if they differ.
+    pub bytes_per_expert: u64,
+    pub expert_bytes: u64,
+    pub total_bytes: u64,
+    /// `expert_bytes / total_bytes`: how much of the model workers can hold.
+    pub expert_share: f64,
+    /// With `--experts`: the selection, how many experts it names, and their bytes (what a
+    /// worker serving it holds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slice: Option<SliceReport>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SliceReport {
+    pub experts: String,
+    pub count: usize,
+    pub bytes: u64,
+}

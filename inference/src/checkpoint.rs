@@ -131,6 +131,13 @@ impl Checkpoint {
             .collect()
     }
 
+    /// Every tensor's name and stored size in bytes, in no particular order.
+    pub fn tensor_sizes(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.entries
+            .iter()
+            .map(|(name, e)| (name.as_str(), (e.end - e.start) as u64))
+    }
+
     /// The stored bytes of tensor `name`, as the file holds them: what a weight hash covers.
     pub fn tensor_bytes(&self, name: &str) -> Result<&[u8], LoadError> {
         let entry = self

@@ -1,5 +1,5 @@
-//! `kvasir-node model synth` and `kvasir-node generate`: the inference engine on the
-//! command line, all experts local.
+//! `kvasir-node model synth|pin|inspect` and `kvasir-node generate`: the inference engine on
+//! the command line, all experts local.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -13,6 +13,7 @@ use kvasir_inference::synth::{preset, synthesize};
 use kvasir_inference::tokenizer::Tokenizer;
 
 use crate::engine::{load_experts, model_pin, run_generation, Backend, SamplingArgs};
+use crate::spec::ExpertSpec;
 
 #[derive(clap::Subcommand)]
 pub enum ModelCommand {
@@ -32,6 +33,20 @@ pub enum ModelCommand {
         /// Checkpoint directory.
         #[arg(long)]
         model: PathBuf,
+    },
+    /// What an operator reads before offering capacity: family, model id, layers by kind,
+    /// experts, bytes per expert and the share of the weights in experts, and with
+    /// `--experts` the bytes a worker serving that slice holds.
+    Inspect {
+        /// Checkpoint directory.
+        #[arg(long)]
+        model: PathBuf,
+        /// A slice, `LAYERS:EXPERTS` items (`*:0-63`).
+        #[arg(long)]
+        experts: Option<ExpertSpec>,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -59,6 +74,19 @@ pub fn run(command: ModelCommand) -> Result<()> {
             let pin = model_pin(&model)
                 .with_context(|| format!("reading the checkpoint in {}", model.display()))?;
             println!("{}", serde_json::to_string_pretty(&pin)?);
+            Ok(())
+        }
+        ModelCommand::Inspect {
+            model,
+            experts,
+            json,
+        } => {
+            let report = super::inspect::report(&model, experts.as_ref())?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                println!("{}", super::inspect::text(&report));
+            }
             Ok(())
         }
     }
