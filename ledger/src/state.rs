@@ -370,6 +370,11 @@ impl State {
         self.accounts.get(address).cloned().unwrap_or_default()
     }
 
+    /// An account without copying it; `None` for one never seen.
+    pub fn account_ref(&self, address: &Address) -> Option<&Account> {
+        self.accounts.get(address)
+    }
+
     /// Whether `address` has an account: it was allocated in genesis or a transaction wrote
     /// to it. Accounts are never removed.
     pub fn has_account(&self, address: &Address) -> bool {

@@ -144,8 +144,11 @@ fn needs_matching(state: &State, order: &Order) -> bool {
 
 /// Whether `operator` may be placed now: bonded as the chain asks and not jailed.
 fn eligible(state: &State, operator: &Address, height: u64) -> bool {
-    let account = state.account(operator);
-    account.bonded >= state.genesis().params.min_bond && !account.is_jailed(height)
+    let min_bond = state.genesis().params.min_bond;
+    match state.account_ref(operator) {
+        Some(account) => account.bonded >= min_bond && !account.is_jailed(height),
+        None => min_bond.is_zero(),
+    }
 }
 
 /// What matching knows of one order's coverage: for each wanted expert (sorted), how many
@@ -192,6 +195,17 @@ impl Coverage {
         indexes.sort_unstable();
         indexes.dedup();
         Some(indexes)
+    }
+
+    /// Whether `experts` shares any expert with the order, at the cost of the rectangles
+    /// compared (charged to `work`, which may run out: then it says no).
+    fn touches(&self, experts: &Selection, work: &mut u64) -> bool {
+        let pairs = (experts.0.len() * self.rects.len()) as u64;
+        charge(work, pairs).is_some()
+            && experts
+                .0
+                .iter()
+                .any(|a| self.rects.iter().any(|b| a.intersect(b).is_some()))
     }
 
     /// Experts of `experts` that `operator` could still add a replica to.
@@ -272,6 +286,7 @@ fn match_order(
     let coverage =
         Coverage::new(&order, work).and_then(|coverage| coverage.of_placements(&live, work));
     let mut finished = false;
+    let mut eligibility: BTreeMap<Address, bool> = BTreeMap::new();
     if let Some(mut coverage) = coverage {
         let mut next_id = staged.next_placement_id();
         finished = true;
@@ -284,7 +299,14 @@ fn match_order(
                 finished = false;
                 break;
             }
-            if placed_offers.contains(&offer.id) || !eligible(state, &offer.operator, height) {
+            // The cheap tests first: most of a model's offers are elsewhere in it.
+            if placed_offers.contains(&offer.id) || !coverage.touches(&offer.experts, work) {
+                continue;
+            }
+            let operator_ok = *eligibility
+                .entry(offer.operator)
+                .or_insert_with(|| eligible(state, &offer.operator, height));
+            if !operator_ok {
                 continue;
             }
             let with_offer = reserve.checked_add(offer.price).ok_or(TxError::Overflow)?;
