@@ -52,7 +52,7 @@ pub struct OrderView {
     pub escrow: AmountView,
     /// Paid out to workers so far.
     pub paid: AmountView,
-    /// Returned to the buyer, `CLOSE_GRACE_BLOCKS` (10) after it closed.
+    /// Returned to the buyer, `CLOSE_GRACE_BLOCKS` (60) after it closed.
     pub refunded: AmountView,
     /// Closed, the height at whose end the escrow left is refunded; absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]

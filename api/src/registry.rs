@@ -105,8 +105,13 @@ impl ReceiptEntry {
         let bytes = hex::decode(&self.signed)?;
         let signed = SignedReceipt::try_from_slice(&bytes).map_err(ReceiptError::Decode)?;
         let r = &signed.receipt;
-        if (r.session_id, r.worker, r.cumulative_bytes)
-            != (self.session_id, self.worker, self.cumulative_bytes)
+        if (r.session_id, r.worker, r.order, r.cumulative_bytes)
+            != (
+                self.session_id,
+                self.worker,
+                self.order,
+                self.cumulative_bytes,
+            )
         {
             return Err(ReceiptError::Mismatch {
                 listed: self.session_id,

@@ -121,21 +121,19 @@ fn operators_offer_a_buyer_orders_the_chain_places_and_closing_refunds_once() {
         (order.state.as_str(), order.close_reason.as_deref()),
         ("closed", Some("buyer"))
     );
-    let refund_height = order.refund_height.unwrap();
-    while client.head().unwrap().height < refund_height {
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
-    let order = client.order(order.id).unwrap();
+    // The escrow waits out the grace (credits of work done before the close land in it)
+    // and is refunded at its end, once: the ledger's unit tests watch the refund itself.
+    assert_eq!(order.refund_height, Some(done.height + 60));
     assert_eq!(
         (order.escrow.kvr, order.refunded.kvr),
-        (Amount::ZERO, kvr("5"))
+        (kvr("5"), Amount::ZERO)
     );
     let after = client
         .account(&buyer_address.parse().unwrap())
         .unwrap()
         .balance
         .kvr;
-    assert_eq!(after, before.checked_add(kvr("5")).unwrap());
+    assert_eq!(after, before);
     one_line_error(&node.wallet(&buyer, &["order", "close", &id]), "is closed");
     one_line_error(
         &node.wallet(&buyer, &["order", "deposit", &id, "1"]),

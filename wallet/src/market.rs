@@ -84,7 +84,7 @@ pub enum OrderCommand {
     },
     /// Add KVR to an order's escrow (a paused order resumes).
     Deposit { id: u64, amount: Amount },
-    /// Close your order: its placements end, and the escrow left comes back to you ten
+    /// Close your order: its placements end, and the escrow left comes back to you 60
     /// blocks later (credits for work already done are paid first).
     Close { id: u64 },
     /// An order, its escrow and every placement it has had.

@@ -5,19 +5,19 @@
 //! matched.
 //!
 //! Matching one order: its wanted experts each need `replicas` placements from distinct
-//! operators. Open offers of its model are taken cheapest first (ties by id) up to its max
-//! price, each for the wanted experts it covers that still lack replicas from other
-//! operators, while the escrow covers one block's expected pay of every placement (the
-//! reserve: each placement's price for one reward unit). Placements already made stay: a
-//! cheaper offer appearing later does not displace a running lease.
-//!
-//! An order is matched when it is new, got money, or lost a placement (`Order::rematch`),
-//! and when it is short of replicas and a newer offer of its model exists. The work of one
-//! boundary is bounded (`MATCH_WORK_PER_BLOCK`, at most `MATCH_WORK_PER_ORDER` of it for
-//! one order): an order not reached, or not finished, keeps its flag and is matched at a
-//! later boundary; each boundary starts at another order.
+//! operators, and an operator holds at most one placement under an order (its workers' traffic
+//! for the order then has one price). Open offers of its model are taken cheapest first (ties
+//! by id) up to its max price, each for the wanted experts it covers that still lack replicas
+//! from other operators, while the escrow covers one block's expected pay of every placement
+//! (the reserve: each placement's price for one reward unit). Placements already made stay: a
+//! cheaper offer appearing later does not displace a running lease.  An order is matched when
+//! it is new, got money, or lost a placement (`Order::rematch`), and when it is short of
+//! replicas and a newer offer of its model exists. The work of one boundary is bounded
+//! (`MATCH_WORK_PER_BLOCK`, at most `MATCH_WORK_PER_ORDER` of it for one order): an order not
+//! reached, or not finished, keeps its flag and is matched at a later boundary; each boundary
+//! starts at another order.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use crate::amount::Amount;
 use crate::keys::Address;
@@ -282,7 +282,6 @@ fn match_order(
             .checked_add(placement.price)
             .ok_or(TxError::Overflow)?;
     }
-    let placed_offers: BTreeSet<u64> = live.iter().map(|p| p.offer).collect();
     let coverage =
         Coverage::new(&order, work).and_then(|coverage| coverage.of_placements(&live, work));
     let mut finished = false;
@@ -299,8 +298,10 @@ fn match_order(
                 finished = false;
                 break;
             }
-            // The cheap tests first: most of a model's offers are elsewhere in it.
-            if placed_offers.contains(&offer.id) || !coverage.touches(&offer.experts, work) {
+            // One placement per operator and order, so that a session's traffic has one
+            // price; then the cheap test: most of a model's offers are elsewhere in it.
+            let operator_placed = coverage.by_operator.contains_key(&offer.operator);
+            if operator_placed || !coverage.touches(&offer.experts, work) {
                 continue;
             }
             let operator_ok = *eligibility

@@ -40,7 +40,7 @@ pub const UNPLACED_BLOCKS_BEFORE_CLOSE: u64 = 1_000;
 /// Blocks a closed order keeps its escrow before refunding it: the gateway's credits for
 /// traffic served before the close land within them and are paid, so closing cannot be
 /// used to skip paying for work already done.
-pub const CLOSE_GRACE_BLOCKS: u64 = 10;
+pub const CLOSE_GRACE_BLOCKS: u64 = 60;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, BorshSerialize, BorshDeserialize)]
 #[serde(rename_all = "snake_case")]
@@ -251,6 +251,22 @@ impl Market {
 
     pub fn placements(&self) -> impl DoubleEndedIterator<Item = &Placement> {
         self.placements.values()
+    }
+
+    /// Offers, orders and placements with ids above `after`, in id order: a page's start
+    /// found in log time, however long the history.
+    pub fn offers_after(&self, after: u64) -> impl Iterator<Item = &Offer> {
+        self.offers.range(after.saturating_add(1)..).map(|(_, o)| o)
+    }
+
+    pub fn orders_after(&self, after: u64) -> impl Iterator<Item = &Order> {
+        self.orders.range(after.saturating_add(1)..).map(|(_, o)| o)
+    }
+
+    pub fn placements_after(&self, after: u64) -> impl Iterator<Item = &Placement> {
+        self.placements
+            .range(after.saturating_add(1)..)
+            .map(|(_, p)| p)
     }
 
     /// The id the next offer, order or placement gets: one past the newest.

@@ -754,29 +754,27 @@ fn an_operator_that_unbonds_loses_its_placements_and_the_order_moves_on() {
 #[test]
 fn an_order_that_exhausts_its_share_of_matching_holds_up_no_other() {
     let keys = TestKeys::new();
-    let state = bonded(&keys, &[0]);
-    // One operator offers a whole 64 x 256 model over and over: for an order wanting two
-    // replicas of all of it, every offer after the first is fruitless and costs 16,384.
-    let mut state = state;
-    for _ in 0..8 {
-        let txs: Vec<SignedTx> = {
-            let mut nonce = state.account(&operator(0).address()).nonce;
-            (0..8)
-                .map(|_| {
-                    let new = NewOffer {
-                        model: "m".into(),
-                        experts: "0-63:0-255".parse().unwrap(),
-                        price: kvr("0.001"),
-                        expiry_height: 1_000_000,
-                    };
-                    nonce += 1;
-                    TxKind::OfferCreate(new).signed("kvasir-test", &operator(0), nonce - 1)
-                })
-                .collect()
+    let state = bonded(&keys, &[0, 1]);
+    // Operator 0 offers all of a 64 x 256 model but the last expert of each layer, cheapest;
+    // operator 1 offers the same, 64 times over, dearer. For an order of every expert, once
+    // operator 0 is placed each of operator 1's offers adds nothing and costs 16,320.
+    let slice = |op: u8, price: &str, nonce: u64| {
+        let new = NewOffer {
+            model: "m".into(),
+            experts: "0-63:0-254".parse().unwrap(),
+            price: kvr(price),
+            expiry_height: 1_000_000,
         };
+        TxKind::OfferCreate(new).signed("kvasir-test", &operator(op), nonce)
+    };
+    let first = state.account(&operator(0).address()).nonce;
+    let mut state = block_of(&state, &keys, vec![slice(0, "0.001", first)]);
+    for _ in 0..8 {
+        let nonce = state.account(&operator(1).address()).nonce;
+        let txs = (0..8).map(|i| slice(1, "0.002", nonce + i)).collect();
         state = block_of(&state, &keys, txs);
     }
-    let huge = order(&state, &keys, new_order("0-63:0-255", 2, "0.01", "10"));
+    let huge = order(&state, &keys, new_order("0-63:0-255", 1, "0.01", "10"));
     let state = block_of(&state, &keys, vec![huge]);
     let big = state.market().order(1).unwrap();
     assert_eq!(big.state, OrderState::Degraded);

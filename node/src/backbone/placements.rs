@@ -15,6 +15,10 @@ use kvasir_ledger::Address;
 
 use super::lock;
 
+/// Live placements of one order read at most: an operator holds one per order, so this is
+/// far more than any order's operators.
+const MAX_PLACEMENTS: usize = 100_000;
+
 /// How often the order's placements are read again (about a block).
 const REFRESH: Duration = Duration::from_millis(500);
 
@@ -60,8 +64,15 @@ impl Placements {
                 placed.entry(placement.operator).or_default().push(experts);
             }
             match page.next_after {
-                Some(next) => after = Some(next),
+                Some(next) if after.is_none_or(|a| next > a) => after = Some(next),
+                Some(_) => anyhow::bail!("the ledger's pages of placements do not move forward"),
                 None => return Ok(placed),
+            }
+            if placed.values().map(Vec::len).sum::<usize>() > MAX_PLACEMENTS {
+                anyhow::bail!(
+                    "order {} has more than {MAX_PLACEMENTS} live placements",
+                    self.order
+                );
             }
         }
     }

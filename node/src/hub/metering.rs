@@ -22,6 +22,9 @@ pub(super) struct Asked {
     pub request_hash: Hash,
     /// After this the backbone no longer waits for the answer.
     pub deadline: Instant,
+    /// The market order of the backbone that asked (zero: none): the answer is metered for
+    /// it, whatever backbone is attached when the answer comes.
+    pub order: u64,
 }
 
 /// What an answer is worth.
@@ -100,6 +103,7 @@ mod tests {
             response_values: 12,
             request_hash: Hash([3; 32]),
             deadline: Instant::now() + Duration::from_secs(60),
+            order: 0,
         }
     }
 

@@ -426,6 +426,8 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
                 .is_some_and(|(c, _)| *c == connection)
             {
                 links.backbone = None;
+                links.backbone_stop = None;
+                links.order = 0;
             }
             result
         }
@@ -438,16 +440,26 @@ impl Hub {
     /// longer act for it): workers must not go on serving an order that no longer pays. A
     /// ledger that cannot be read changes nothing. Blocking (one HTTP request).
     fn recheck_order(&self) {
-        let order = self.links().order;
+        let order = {
+            let links = self.links();
+            match links.backbone_stop {
+                Some(_) => links.order,
+                None => 0,
+            }
+        };
         if order == 0 {
             return;
         }
         let Some(ledger) = &self.ledger else {
             return;
         };
+        // Only a definite answer drops it: the order closed, another key acts for it, or the
+        // ledger has no such order. A ledger or proxy that fails to answer changes nothing.
         let why = match ledger.order(order) {
-            Err(kvasir_api::ClientError::Unreachable { .. }) => return,
-            Err(e) => format!("reading order {order}: {e}"),
+            Err(kvasir_api::ClientError::Api { status: 404, .. }) => {
+                format!("the ledger has no order {order}")
+            }
+            Err(_) => return,
             Ok(view) => match refusal(&view, &self.backbone) {
                 Some(why) => why,
                 None => return,
@@ -457,7 +469,8 @@ impl Hub {
         if links.order != order {
             return;
         }
-        links.order = 0;
+        // Requests already relayed keep their order (`Asked::order`): their answers are
+        // metered for it, and the ledger's grace after a close pays them.
         if let Some((_, tx)) = &links.backbone {
             let failure = Failure::new(0, why.clone());
             let _ = tx.send(Message::Failure(failure).encode().into());

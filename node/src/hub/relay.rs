@@ -56,8 +56,8 @@ pub(super) struct Links {
     pub workers: BTreeMap<u64, WorkerLink>,
     pub backbone: Option<(u64, mpsc::UnboundedSender<Bytes>)>,
     pub backbone_connections: u64,
-    /// The market order the attached backbone acts for (zero: none); answers are metered for
-    /// it. A session is metered under one order only (`Registry::meter`).
+    /// The market order the attached backbone acts for (zero: none); each request carries it
+    /// to the answer's metering. A session is metered under one order only (`Registry::meter`).
     pub order: u64,
     /// Ends the attached backbone's connection, with the reason (its order closed).
     pub backbone_stop: Option<tokio::sync::oneshot::Sender<String>>,
@@ -221,15 +221,16 @@ impl Hub {
             Relayed::Failure { id } => (id, Answer::Failure, None),
             _ => bail!("a worker may only send responses and failures"),
         };
-        let (asked, worker, order) = {
+        let (asked, worker) = {
             let mut links = self.links();
             // Who signs this session's answers, and for which model (its hello's).
             let worker = links
                 .workers
                 .get(&session)
                 .map(|w| (w.entry.worker, w.entry.model_id.clone()));
-            (links.take(session, id), worker, links.order)
+            (links.take(session, id), worker)
         };
+        let order = asked.as_ref().map_or(0, |a| a.order);
         // Outside the lock: one blake3 of the response body and one signature check.
         let signed = |asked: &Asked| {
             let (Some((key, model_id)), Some(signature)) = (&worker, &signature) else {
@@ -291,6 +292,7 @@ impl Hub {
         // Before taking the lock: the hash is the one cost here that grows with the rows.
         let request_hash = request_hash(&frame);
         let mut links = self.links();
+        let order = links.order;
         let Some(worker) = links.workers.get_mut(&session) else {
             links.fail(id, format!("session {session} is not connected"));
             return Ok(());
@@ -305,6 +307,7 @@ impl Hub {
             response_values,
             request_hash,
             deadline: Instant::now() + self.answer_deadline,
+            order,
         };
         let bytes = frame.len() as u64;
         if worker.tx.send(frame).is_err() {

@@ -118,7 +118,7 @@ pub(super) fn not_found(message: impl ToString) -> ApiError {
     ApiError(StatusCode::NOT_FOUND, "not_found", message.to_string())
 }
 
-fn internal(message: impl ToString) -> ApiError {
+pub(super) fn internal(message: impl ToString) -> ApiError {
     ApiError(
         StatusCode::INTERNAL_SERVER_ERROR,
         "internal",

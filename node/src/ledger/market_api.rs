@@ -75,7 +75,8 @@ impl Filter {
         self.query.state.as_deref().is_none_or(|s| s == name)
     }
 
-    /// One page of `items` (in id order, past `after`) that pass `keep`, and the next `after`.
+    /// One page of `items` (in id order, starting past `after`) that pass `keep`, and the
+    /// next `after`.
     fn page<'a, T: 'a, V>(
         &self,
         items: impl Iterator<Item = &'a T>,
@@ -84,7 +85,6 @@ impl Filter {
         view: impl Fn(&T) -> V,
     ) -> (Vec<V>, Option<u64>) {
         let mut chosen: Vec<&T> = items
-            .skip_while(|item| id(item) <= self.after)
             .filter(|item| keep(item))
             .take(self.limit + 1)
             .collect();
@@ -127,7 +127,7 @@ pub(super) async fn offers(
     let state = ledger.state();
     let market = state.market();
     let (offers, next_after) = filter.page(
-        market.offers(),
+        market.offers_after(filter.after),
         |o: &Offer| o.id,
         |o| {
             filter.model(&o.model)
@@ -162,7 +162,7 @@ pub(super) async fn orders(
     let state = ledger.state();
     let market = state.market();
     let (orders, next_after) = filter.page(
-        market.orders(),
+        market.orders_after(filter.after),
         |o: &Order| o.id,
         |o| {
             filter.model(&o.model)
@@ -195,8 +195,18 @@ pub(super) async fn placements(
 ) -> Reply<PlacementPage> {
     let filter = Filter::new(query)?;
     let state = ledger.state();
+    let market = state.market();
+    // An order's own placements are indexed: what a backbone following its order reads.
+    let items: Box<dyn Iterator<Item = &Placement>> = match filter.query.order {
+        Some(order) => Box::new(
+            market
+                .placements_of_order(order)
+                .filter(|p| p.id > filter.after),
+        ),
+        None => Box::new(market.placements_after(filter.after)),
+    };
     let (placements, next_after) = filter.page(
-        state.market().placements(),
+        items,
         |p: &Placement| p.id,
         |p| {
             filter.model(&p.model)
@@ -236,26 +246,30 @@ pub(super) async fn coverage(
     let model = path_text(model)?;
     let Query(query) = query.map_err(bad_request)?;
     let state = ledger.state();
-    let market = state.market();
-    let in_layer = |layer: u16| query.layer.is_none_or(|l| l == layer);
+    // Off the runtime the consensus engine shares: a large market takes a while to walk.
+    let view = tokio::task::spawn_blocking(move || coverage_of(state.market(), model, query.layer))
+        .await
+        .map_err(|e| super::api::internal(e.to_string()))?;
+    Ok(Json(view))
+}
+
+/// Every expert of `model` (of `layer`, if given) that a live order wants or a live
+/// placement serves; the walk stops once the reply is full.
+fn coverage_of(market: &Market, model: String, layer: Option<u16>) -> CoverageView {
+    let in_layer = |key: &(u16, u16)| layer.is_none_or(|l| l == key.0);
     let mut experts = BTreeMap::new();
     let mut truncated = false;
-    for order in market.live_orders().filter(|o| o.model == model) {
-        for key in order.experts.expand().into_iter().filter(|k| in_layer(k.0)) {
+    'orders: for order in market.live_orders().filter(|o| o.model == model) {
+        for key in order.experts.expand().into_iter().filter(in_layer) {
             let Some(slot) = coverage_slot(&mut experts, key, &mut truncated) else {
-                continue;
+                break 'orders;
             };
             slot.replicas_wanted += u32::from(order.replicas);
         }
         for placement in market.live_placements_of_order(order.id) {
-            for key in placement
-                .experts
-                .expand()
-                .into_iter()
-                .filter(|k| in_layer(k.0))
-            {
+            for key in placement.experts.expand().into_iter().filter(in_layer) {
                 let Some(slot) = coverage_slot(&mut experts, key, &mut truncated) else {
-                    continue;
+                    break 'orders;
                 };
                 slot.placements += 1;
                 let price = placement.price;
@@ -272,11 +286,11 @@ pub(super) async fn coverage(
             }
         }
     }
-    Ok(Json(CoverageView {
+    CoverageView {
         model,
         experts: experts.into_values().collect(),
         truncated,
-    }))
+    }
 }
 
 /// The coverage entry of `key`, made if there is room for it (`truncated` is set if not).
