@@ -122,6 +122,10 @@ async fn hub_session(
         }
         match Message::decode(&frame)? {
             Message::Directory(directory) => lock(state).directory = directory.sessions,
+            // Id 0 answers no request: it is the hub telling this link why it ends.
+            Message::Failure(failure) if failure.id == 0 => {
+                tracing::warn!("the hub: {}", failure.message)
+            }
             Message::Failure(failure) => route(failure.id, Err(failure.message)),
             _ => bail!("unexpected message from the hub"),
         }
