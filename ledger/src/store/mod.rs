@@ -41,6 +41,12 @@ const CERTIFICATE: &[u8] = b"c/";
 const OFFER: &[u8] = b"o/";
 const ORDER: &[u8] = b"d/";
 const PLACEMENT: &[u8] = b"p/";
+/// The record's format: how its state entries are encoded and which rules its blocks were
+/// made under. A record of another format cannot be loaded or re-verified by this build.
+const FORMAT: &[u8] = b"m/format";
+/// 2: the market (orders on receipts and pending rewards, offers, orders, placements).
+/// A record without the key is of format 1.
+const FORMAT_VERSION: u8 = 2;
 /// Present once every stored block is in the HISTORY index (stores written before it existed
 /// are indexed when opened).
 const HISTORY_INDEXED: &[u8] = b"m/history-indexed";
@@ -63,6 +69,8 @@ pub enum StoreError {
     Corrupt(String),
     #[error("ledger at {0} is in use by another process")]
     InUse(String),
+    #[error("ledger at {path} was written by an older Kvasir (store format {found}; this one reads {FORMAT_VERSION}): its blocks follow other rules and cannot be replayed here; start a new data directory (for dev: another --data-dir)")]
+    OldFormat { path: String, found: u8 },
 }
 
 /// Where a transaction was included.
@@ -347,6 +355,7 @@ fn write_genesis(kv: &impl KeyValue, genesis: &Genesis) -> Result<(), StoreError
     let state = State::from_genesis(genesis.clone());
     let mut batch = Batch::default();
     batch.insert(GENESIS.to_vec(), genesis.to_json());
+    batch.insert(FORMAT.to_vec(), [FORMAT_VERSION]);
     batch.insert(HISTORY_INDEXED.to_vec(), []);
     let changes = ChangeSet {
         accounts: state.accounts().map(|(a, acc)| (*a, acc.clone())).collect(),
@@ -354,6 +363,24 @@ fn write_genesis(kv: &impl KeyValue, genesis: &Genesis) -> Result<(), StoreError
     };
     write_block(&mut batch, &genesis_block(genesis), &changes);
     kv.write(batch)
+}
+
+/// Refuses a record written in another format than this build's (`path` names it).
+fn check_format(kv: &impl KeyValue, path: &str) -> Result<(), StoreError> {
+    let found = match kv.get(FORMAT)?.as_deref() {
+        None => 1,
+        Some([FORMAT_VERSION]) => return Ok(()),
+        Some([other]) => *other,
+        Some(_) => {
+            return Err(StoreError::Corrupt(
+                "the store format is not one byte".into(),
+            ))
+        }
+    };
+    Err(StoreError::OldFormat {
+        path: path.to_string(),
+        found,
+    })
 }
 
 /// Refuses a record that holds another chain than `genesis`.

@@ -8,8 +8,8 @@ use std::path::Path;
 use crate::genesis::Genesis;
 
 use super::{
-    check_genesis, holds_chain, index_history_if_missing, write_genesis, Batch, Entries, KeyValue,
-    StoreError,
+    check_format, check_genesis, holds_chain, index_history_if_missing, write_genesis, Batch,
+    Entries, KeyValue, StoreError,
 };
 
 impl From<sled::Error> for StoreError {
@@ -65,6 +65,7 @@ impl SledStore {
         if !holds_chain(&store)? {
             return Err(not_there());
         }
+        check_format(&store, &path.display().to_string())?;
         index_history_if_missing(&store)?;
         Ok(store)
     }
@@ -117,7 +118,7 @@ impl KeyValue for SledStore {
 #[cfg(test)]
 mod tests {
     use super::super::tests::{commit_blocks, three_blocks, three_blocks_history};
-    use super::super::{Storage, HISTORY, HISTORY_INDEXED};
+    use super::super::{Storage, FORMAT, HISTORY, HISTORY_INDEXED};
     use super::*;
     use crate::genesis::tests::test_genesis;
 
@@ -152,6 +153,21 @@ mod tests {
         assert_eq!(
             store.history(&bob, None, 10).unwrap(),
             three_blocks_history()
+        );
+    }
+
+    #[test]
+    fn a_store_of_an_older_format_is_refused_with_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let (genesis, _) = test_genesis();
+        let store = SledStore::create(dir.path(), &genesis).unwrap();
+        store.db.remove(FORMAT).unwrap();
+        drop(store);
+        let refused = SledStore::open(dir.path()).err().unwrap();
+        assert!(matches!(refused, StoreError::OldFormat { found: 1, .. }));
+        assert!(
+            refused.to_string().contains("start a new data directory"),
+            "{refused}"
         );
     }
 

@@ -36,18 +36,33 @@ fn slice(config: &Config, first: usize, last: usize) -> Result<Selection> {
     }]))
 }
 
-/// An order of `model` placed on the workers' offers, ready for the backbone.
+/// An order of `model` placed on the workers' offers, ready for the backbone. Dropped
+/// before `close`, on a run that fails midway, it still closes the order (best effort), so
+/// no failed run leaves the buyer's escrow locked until the order's end height.
 pub struct Placed {
     pub order: u64,
     pub buyer: Keypair,
     pub escrow_before: Amount,
+    ledger: String,
+    closed: bool,
+}
+
+impl Drop for Placed {
+    fn drop(&mut self) {
+        if !self.closed {
+            let ledger = Client::new(&self.ledger);
+            if let Err(e) = close(&ledger, self) {
+                eprintln!("market: order {} was left open: {e:#}", self.order);
+            }
+        }
+    }
 }
 
 /// Offers each worker key's experts `first..=last` (an open offer of the same experts and
 /// price from an earlier run is reused), funds the buyer, and orders every expert of
 /// `model` with `backbone` as the delegate; returns once the chain has placed it.
 pub fn place(
-    ledger: &Client,
+    ledger_url: &str,
     dir: &Path,
     faucet: &Keypair,
     workers: &[(&Keypair, (usize, usize))],
@@ -55,6 +70,7 @@ pub fn place(
     model: &str,
     backbone: Address,
 ) -> Result<Placed> {
+    let ledger = &Client::new(ledger_url);
     let params = ledger.params()?;
     let chain = params.chain_id.as_str();
     let price = params.reward_per_unit.base_units;
@@ -141,6 +157,8 @@ pub fn place(
         order: order.id,
         buyer,
         escrow_before: order.escrow.base_units,
+        ledger: ledger_url.to_string(),
+        closed: false,
     })
 }
 
@@ -203,7 +221,8 @@ pub fn report(ledger: &Client, placed: &Placed) -> Result<DevMarket> {
 }
 
 /// Closes the order: what is left of the escrow goes back to the buyer after the grace.
-pub fn close(ledger: &Client, placed: &Placed) -> Result<()> {
+pub fn close(ledger: &Client, placed: &mut Placed) -> Result<()> {
+    placed.closed = true;
     let chain = ledger.head()?.chain_id;
     let nonce = ledger.account(&placed.buyer.address())?.nonce;
     let tx = TxKind::OrderClose {

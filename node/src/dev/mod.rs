@@ -223,8 +223,8 @@ pub fn run(args: Args) -> Result<()> {
         .map(|(_, k)| k)
         .zip(ranges.iter().copied())
         .collect();
-    let placed = market::place(
-        &ledger,
+    let mut placed = market::place(
+        &ledger_url,
         dir,
         &faucet,
         &offers,
@@ -430,7 +430,7 @@ pub fn run(args: Args) -> Result<()> {
         println!("stopping the swarm");
     }
     drop(backbone);
-    market::close(&ledger, &placed)?;
+    market::close(&ledger, &mut placed)?;
     swarm.stop();
     // Evidence in the chain is recomputed with the checkpoint the ledger judged it with.
     let answers = PinnedAnswers::shared(PinnedAnswers::for_genesis(&genesis, &pinned_dirs)?);
