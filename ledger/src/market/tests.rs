@@ -294,21 +294,25 @@ fn escrow_pays_the_placed_worker_at_its_price_pauses_when_overdrawn_and_resumes_
     assert_eq!(state.account(&worker).balance, kvr("92"));
 }
 
-#[test]
-fn a_withdrawn_offers_experts_are_placed_on_another_offer_at_once() {
-    let keys = TestKeys::new();
-    let state = bonded(&keys, &[0, 1]);
+/// Operators 0 and 1 offer experts 0:0-3 at 0.001 and 0.002; order 1 wants one replica of
+/// them and is placed on operator 0's offer (offer 1).
+fn placed_on_the_cheaper_of_two(keys: &TestKeys) -> State {
+    let state = bonded(keys, &[0, 1]);
     let offers = vec![
         offer(&state, 0, "0:0-3", "0.001"),
         offer(&state, 1, "0:0-3", "0.002"),
     ];
-    let state = block_of(&state, &keys, offers);
-    let state = block_of(
-        &state,
-        &keys,
-        vec![order(&state, &keys, new_order("0:0-3", 1, "0.01", "1"))],
-    );
+    let state = block_of(&state, keys, offers);
+    let order = order(&state, keys, new_order("0:0-3", 1, "0.01", "1"));
+    let state = block_of(&state, keys, vec![order]);
     assert_eq!(placed(&state, 1), vec![(1, "0:0-3".to_string())]);
+    state
+}
+
+#[test]
+fn a_withdrawn_offers_experts_are_placed_on_another_offer_at_once() {
+    let keys = TestKeys::new();
+    let state = placed_on_the_cheaper_of_two(&keys);
     let withdraw = tx(&state, &operator(0), TxKind::OfferWithdraw { offer: 1 });
     let state = block_of(&state, &keys, vec![withdraw]);
     assert_eq!(
@@ -727,18 +731,7 @@ fn the_market_survives_a_store_reopen_with_the_same_root() {
 #[test]
 fn an_operator_that_unbonds_loses_its_placements_and_the_order_moves_on() {
     let keys = TestKeys::new();
-    let state = bonded(&keys, &[0, 1]);
-    let offers = vec![
-        offer(&state, 0, "0:0-3", "0.001"),
-        offer(&state, 1, "0:0-3", "0.002"),
-    ];
-    let state = block_of(&state, &keys, offers);
-    let state = block_of(
-        &state,
-        &keys,
-        vec![order(&state, &keys, new_order("0:0-3", 1, "0.01", "1"))],
-    );
-    assert_eq!(placed(&state, 1), vec![(1, "0:0-3".to_string())]);
+    let state = placed_on_the_cheaper_of_two(&keys);
     // Below min_bond the operator can be neither dispatched to nor paid: its placement
     // closes at the boundary, and the order is placed on the next offer at once.
     let unbond = tx(&state, &operator(0), TxKind::Unbond { amount: kvr("5") });
