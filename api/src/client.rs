@@ -29,6 +29,8 @@ use crate::registry::ReceiptListing;
 /// Most bytes of a reply read (ureq's own default): a peer cannot make the client allocate
 /// without bound.
 const MAX_REPLY: u64 = 10 << 20;
+/// Placements of one order read at most (`Client::order_placements`).
+pub const MAX_ORDER_PLACEMENTS: usize = 100_000;
 /// How long one request may take, connection included.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -308,6 +310,39 @@ impl Client {
         limit: usize,
     ) -> Result<HubSessions, ClientError> {
         self.get(&format!("/sessions/{hub}?after={after}&limit={limit}"))
+    }
+
+    /// Every placement of `order` (only the live ones with `live`), walking the pages; a
+    /// page that does not move forward ends the walk, and more than `MAX_ORDER_PLACEMENTS`
+    /// is refused as a bad reply (an operator holds one per order: no real order has as many).
+    pub fn order_placements(
+        &self,
+        order: u64,
+        live: bool,
+    ) -> Result<Vec<PlacementView>, ClientError> {
+        let mut all = Vec::new();
+        let mut after = None;
+        loop {
+            let query = MarketQuery {
+                order: Some(order),
+                state: live.then(|| "live".to_string()),
+                after,
+                limit: Some(PAGE_MAX as u64),
+                ..MarketQuery::default()
+            };
+            let page = self.placements(&query)?;
+            all.extend(page.placements);
+            if all.len() > MAX_ORDER_PLACEMENTS {
+                return Err(ClientError::BadReply {
+                    url: self.base().to_string(),
+                    reason: format!("order {order} has over {MAX_ORDER_PLACEMENTS} placements"),
+                });
+            }
+            match page.next_after {
+                Some(next) if after.is_none_or(|a| next > a) => after = Some(next),
+                _ => return Ok(all),
+            }
+        }
     }
 
     /// Every credited session of the hub, walking the pages.

@@ -281,21 +281,7 @@ pub fn order(command: OrderCommand, client: &Client, keyfile: &Path, json: bool)
         }
         OrderCommand::Show { id } => {
             let order = client.order(id)?;
-            let mut placements = Vec::new();
-            let mut after = None;
-            loop {
-                let query = MarketQuery {
-                    order: Some(id),
-                    after,
-                    ..MarketQuery::default()
-                };
-                let page = client.placements(&query)?;
-                placements.extend(page.placements);
-                match page.next_after {
-                    Some(next) => after = Some(next),
-                    None => break,
-                }
-            }
+            let placements = client.order_placements(id, false)?;
             let report = OrderReport { order, placements };
             return print_report(json, &report, || {
                 let mut lines = vec![order_line(&report.order)];

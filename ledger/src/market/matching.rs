@@ -47,7 +47,7 @@ pub fn end_block(state: &mut State, height: u64) -> Result<(), TxError> {
     for id in state.market().refunds_due_by(height) {
         run(state, |staged| refund(staged, id))?;
     }
-    let live: Vec<u64> = state.market().live_order_ids().collect();
+    let live: Vec<u64> = state.market().live_orders().map(|o| o.id).collect();
     drop_ineligible(state, &live, height)?;
     for &id in &live {
         let expired = state

@@ -345,10 +345,6 @@ impl Market {
         self.live_orders.iter().filter_map(|id| self.orders.get(id))
     }
 
-    pub(crate) fn live_order_ids(&self) -> impl Iterator<Item = u64> + '_ {
-        self.live_orders.iter().copied()
-    }
-
     pub(crate) fn offers_expiring_by(&self, height: u64) -> Vec<u64> {
         self.offer_expiry
             .range(..=height)

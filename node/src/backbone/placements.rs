@@ -8,16 +8,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use kvasir_api::market::MarketQuery;
 use kvasir_api::Client;
 use kvasir_ledger::market::Selection;
 use kvasir_ledger::Address;
 
 use super::lock;
-
-/// Live placements of one order read at most: an operator holds one per order, so this is
-/// far more than any order's operators.
-const MAX_PLACEMENTS: usize = 100_000;
 
 /// How often the order's placements are read again (about a block).
 const REFRESH: Duration = Duration::from_millis(500);
@@ -47,34 +42,14 @@ impl Placements {
         if order.state == "paused" || order.state == "closed" {
             return Ok(placed);
         }
-        let mut after = None;
-        loop {
-            let query = MarketQuery {
-                order: Some(self.order),
-                state: Some("live".into()),
-                after,
-                ..MarketQuery::default()
-            };
-            let page = self.ledger.placements(&query)?;
-            for placement in page.placements {
-                let experts: Selection = placement
-                    .experts
-                    .parse()
-                    .map_err(|e| anyhow::anyhow!("placement {}: {e}", placement.id))?;
-                placed.entry(placement.operator).or_default().push(experts);
-            }
-            match page.next_after {
-                Some(next) if after.is_none_or(|a| next > a) => after = Some(next),
-                Some(_) => anyhow::bail!("the ledger's pages of placements do not move forward"),
-                None => return Ok(placed),
-            }
-            if placed.values().map(Vec::len).sum::<usize>() > MAX_PLACEMENTS {
-                anyhow::bail!(
-                    "order {} has more than {MAX_PLACEMENTS} live placements",
-                    self.order
-                );
-            }
+        for placement in self.ledger.order_placements(self.order, true)? {
+            let experts: Selection = placement
+                .experts
+                .parse()
+                .map_err(|e| anyhow::anyhow!("placement {}: {e}", placement.id))?;
+            placed.entry(placement.operator).or_default().push(experts);
         }
+        Ok(placed)
     }
 
     /// Keeps `placed` to the order's live placements until its owner is gone.

@@ -8,7 +8,7 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use kvasir_api::market::{MarketQuery, OrderView, PlacementView};
+use kvasir_api::market::{MarketQuery, OrderView};
 use kvasir_api::reports::DevMarket;
 use kvasir_api::Client;
 use kvasir_inference::config::Config;
@@ -173,29 +173,10 @@ fn buyer_key(dir: &Path) -> Result<Keypair> {
     Ok(key)
 }
 
-/// The order's live and closed placements.
-fn placements(ledger: &Client, order: u64) -> Result<Vec<PlacementView>> {
-    let mut all = Vec::new();
-    let mut after = None;
-    loop {
-        let query = MarketQuery {
-            order: Some(order),
-            after,
-            ..MarketQuery::default()
-        };
-        let page = ledger.placements(&query)?;
-        all.extend(page.placements);
-        match page.next_after {
-            Some(next) => after = Some(next),
-            None => return Ok(all),
-        }
-    }
-}
-
 /// Prints the order, its placements and its escrow before and after.
 pub fn report(ledger: &Client, placed: &Placed) -> Result<DevMarket> {
     let order: OrderView = ledger.order(placed.order)?;
-    let placements = placements(ledger, placed.order)?;
+    let placements = ledger.order_placements(placed.order, false)?;
     println!(
         "market: order {} ({}) of {} {} at most {} per unit, escrow {} before, {} after ({} paid to workers)",
         order.id,
