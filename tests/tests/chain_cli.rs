@@ -114,6 +114,31 @@ fn assert_paid_exactly(report: &DevReport, genesis: &Genesis) {
         );
         assert_eq!(held, earned, "worker {}: {account:?}", worker.address);
     }
+    // This run's pay came from its market order's escrow: what the honest workers earned in
+    // its sessions, to the base unit, and exactly what left the escrow.
+    let market = &report.market;
+    let order = market.order.id;
+    let honest_earned: u64 = report
+        .sessions
+        .iter()
+        .filter(|s| s.order == order && !report.caught.iter().any(|c| c.address == s.worker))
+        .map(|s| genesis.earned(s.cumulative_bytes).unwrap().base_units())
+        .sum();
+    assert_eq!(
+        market.order.paid.base_units.base_units(),
+        honest_earned,
+        "{market:?}"
+    );
+    assert_eq!(
+        market.escrow_before.base_units,
+        market
+            .order
+            .escrow
+            .base_units
+            .checked_add(market.order.paid.base_units)
+            .unwrap()
+    );
+    assert_eq!(market.placements.len(), report.workers.len(), "{market:?}");
 }
 
 /// `dev --dishonest 1`: the last worker signs wrong answers; the backbone's audit catches it

@@ -498,11 +498,12 @@ impl Hub {
     }
 }
 
-/// Why `key` may not run the backbone for `order`: closed, or neither its buyer nor its
-/// delegate; `None` when it may.
+/// Why `key` may not run the backbone for `order`: closed or paused, or neither its buyer
+/// nor its delegate; `None` when it may.
 fn refusal(order: &kvasir_api::market::OrderView, key: &Address) -> Option<String> {
-    if order.state == "closed" {
-        return Some(format!("order {} is closed", order.id));
+    // Paused, its escrow cannot pay the next block: its workers must not be kept busy.
+    if order.state == "closed" || order.state == "paused" {
+        return Some(format!("order {} is {}", order.id, order.state));
     }
     if order.buyer != *key && order.delegate != Some(*key) {
         return Some(format!(
