@@ -1,6 +1,14 @@
 //! A Hugging Face checkpoint directory: `model.safetensors`, or shards listed by
 //! `model.safetensors.index.json`, memory-mapped. Every lookup checks the shape the config
 //! implies and names the tensor in its error.
+//!
+//! The engine sees one naming whatever the checkpoint's class and expert storage: a
+//! multimodal wrapper's `model.language_model.*` reads as `model.*`, its vision tower
+//! (`model.visual.*`) and multi-token-prediction head (`mtp.*`) are left out, and experts
+//! stored fused (`mlp.experts.gate_up_proj` of `experts x 2·width x hidden`,
+//! `mlp.experts.down_proj` of `experts x hidden x width`, as transformers holds them) read
+//! as one `mlp.experts.E.{gate,up,down}_proj.weight` per expert: each is a contiguous run
+//! of the fused tensor's bytes, so nothing is copied.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -30,6 +38,73 @@ pub struct Checkpoint {
 #[derive(Deserialize)]
 struct Index {
     weight_map: HashMap<String, String>,
+}
+
+/// The name the engine knows a stored tensor by, or `None` for the parts a text engine
+/// leaves out.
+fn engine_name(stored: &str) -> Option<String> {
+    if stored.starts_with("model.visual.") || stored.starts_with("mtp.") {
+        return None;
+    }
+    Some(match stored.strip_prefix("model.language_model.") {
+        Some(rest) => format!("model.{rest}"),
+        None => stored.to_string(),
+    })
+}
+
+/// A fused expert tensor as one entry per expert (and part), or the entry as it is.
+fn split_fused(name: &str, entry: Entry) -> Result<Vec<(String, Entry)>, String> {
+    let parts: &[&str] = if name.ends_with(".mlp.experts.gate_up_proj") {
+        &["gate_proj", "up_proj"]
+    } else if name.ends_with(".mlp.experts.down_proj") {
+        &["down_proj"]
+    } else {
+        return Ok(vec![(name.to_string(), entry)]);
+    };
+    let [experts, rows, cols] = entry.shape[..] else {
+        return Err(format!(
+            "fused expert tensor {name} has shape {:?}, not experts x rows x columns",
+            entry.shape
+        ));
+    };
+    if !rows.is_multiple_of(parts.len()) {
+        return Err(format!(
+            "fused expert tensor {name} has an odd number of rows"
+        ));
+    }
+    let rows = rows / parts.len();
+    let part_bytes = rows
+        .checked_mul(cols)
+        .and_then(|v| v.checked_mul(entry.dtype.size()));
+    let total = part_bytes
+        .and_then(|v| v.checked_mul(parts.len()))
+        .and_then(|v| v.checked_mul(experts));
+    let (Some(part_bytes), Some(total)) = (part_bytes, total) else {
+        return Err(format!("fused expert tensor {name} is too large"));
+    };
+    if total != entry.end - entry.start {
+        return Err(format!(
+            "fused expert tensor {name}: its shape and size disagree"
+        ));
+    }
+    let prefix = &name[..name.rfind('.').unwrap_or(0)];
+    let mut split = Vec::new();
+    for expert in 0..experts {
+        for (i, part) in parts.iter().enumerate() {
+            let start = entry.start + (expert * parts.len() + i) * part_bytes;
+            split.push((
+                format!("{prefix}.{expert}.{part}.weight"),
+                Entry {
+                    file: entry.file,
+                    start,
+                    end: start + part_bytes,
+                    dtype: entry.dtype,
+                    shape: vec![rows, cols],
+                },
+            ));
+        }
+    }
+    Ok(split)
 }
 
 impl Checkpoint {
@@ -80,14 +155,17 @@ impl Checkpoint {
             SafeTensors::read_metadata(&map).map_err(|e| format(e.to_string()))?;
         let data_start = 8 + header_len;
         let index = self.maps.len();
-        for (name, info) in metadata.tensors() {
+        for (stored, info) in metadata.tensors() {
+            let Some(name) = engine_name(&stored) else {
+                continue;
+            };
             let dtype = match info.dtype {
                 safetensors::Dtype::F32 => DType::F32,
                 safetensors::Dtype::BF16 => DType::BF16,
                 safetensors::Dtype::F16 => DType::F16,
                 other => {
                     return Err(LoadError::DType {
-                        name,
+                        name: stored,
                         dtype: format!("{other:?}"),
                     })
                 }
@@ -97,18 +175,23 @@ impl Checkpoint {
                 data_start + info.data_offsets.1,
             );
             if end > map.len() || start > end {
-                return Err(format(format!("tensor {name} lies outside the file")));
+                return Err(format(format!("tensor {stored} lies outside the file")));
             }
-            self.entries.insert(
-                name,
-                Entry {
-                    file: index,
-                    start,
-                    end,
-                    dtype,
-                    shape: info.shape.clone(),
-                },
-            );
+            let entry = Entry {
+                file: index,
+                start,
+                end,
+                dtype,
+                shape: info.shape.clone(),
+            };
+            for (name, entry) in split_fused(&name, entry).map_err(&format)? {
+                if self.entries.contains_key(&name) {
+                    return Err(format(format!(
+                        "tensor {name} appears twice (stored as {stored} here)"
+                    )));
+                }
+                self.entries.insert(name, entry);
+            }
         }
         self.maps.push(Arc::new(map));
         Ok(())

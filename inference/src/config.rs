@@ -1,5 +1,7 @@
-//! `config.json` of a Hugging Face Qwen3-MoE (or Qwen2-MoE) checkpoint, with the field
-//! aliases newer transformers versions write.
+//! `config.json` of a Hugging Face Qwen3-MoE, Qwen2-MoE or Qwen3.5-MoE checkpoint, with the
+//! field aliases newer transformers versions write. A Qwen3.5-MoE checkpoint as published
+//! (`Qwen3_5MoeForConditionalGeneration`) nests the text model's config in `text_config`;
+//! the engine reads that part and leaves the vision tower's alone.
 
 use std::path::Path;
 
@@ -13,10 +15,12 @@ pub struct Config {
     pub model_type: String,
     pub vocab_size: usize,
     pub hidden_size: usize,
-    /// Width of the dense SwiGLU layers (`mlp_only_layers`, or off the sparse step).
+    /// Width of the dense SwiGLU layers (`mlp_only_layers`, or off the sparse step); Qwen3.5
+    /// has none.
+    #[serde(default)]
     pub intermediate_size: usize,
     pub moe_intermediate_size: usize,
-    /// Qwen2-MoE's shared expert; 0 for Qwen3-MoE.
+    /// The shared expert of Qwen2-MoE and Qwen3.5-MoE; 0 for Qwen3-MoE.
     #[serde(default)]
     pub shared_expert_intermediate_size: usize,
     pub num_hidden_layers: usize,
@@ -44,6 +48,26 @@ pub struct Config {
     #[serde(default)]
     pub attention_bias: bool,
     pub max_position_embeddings: usize,
+    /// Qwen3.5: `linear_attention` (gated DeltaNet) or `full_attention` per layer; absent,
+    /// every `full_attention_interval`-th layer is full attention.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layer_types: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub full_attention_interval: Option<usize>,
+    /// Qwen3.5's gated DeltaNet: the causal convolution's width and the key and value heads.
+    #[serde(default)]
+    pub linear_conv_kernel_dim: usize,
+    #[serde(default)]
+    pub linear_key_head_dim: usize,
+    #[serde(default)]
+    pub linear_value_head_dim: usize,
+    #[serde(default)]
+    pub linear_num_key_heads: usize,
+    #[serde(default)]
+    pub linear_num_value_heads: usize,
+    /// Older configs put it here rather than in `rope_parameters`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial_rotary_factor: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bos_token_id: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -59,7 +83,33 @@ pub struct RopeParameters {
     pub rope_theta: Option<f64>,
     #[serde(default)]
     pub rope_type: Option<String>,
+    /// The share of each head's dimensions that rotate (Qwen3.5: 0.25). Qwen3.5's
+    /// `mrope_section` needs nothing: text positions are equal on its three axes, where
+    /// multimodal RoPE is plain RoPE.
+    #[serde(default)]
+    pub partial_rotary_factor: Option<f64>,
 }
+
+/// The architectures this engine runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    Qwen2Moe,
+    Qwen3Moe,
+    /// Gated DeltaNet and gated full attention, `(1 + weight)` norms, a gated shared expert.
+    Qwen35Moe,
+}
+
+/// A layer's token mixer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mixer {
+    FullAttention,
+    /// Qwen3.5's gated DeltaNet.
+    LinearAttention,
+}
+
+/// The bound on every count and width a config names: far above any published model, and
+/// low enough that no product of a few of them overflows.
+const MAX_DIMENSION: usize = 1 << 20;
 
 fn one() -> usize {
     1
@@ -73,19 +123,83 @@ impl Config {
     pub fn load(dir: &Path) -> Result<Config, LoadError> {
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path).map_err(|e| LoadError::io(&path, e))?;
-        let config: Config = serde_json::from_str(&text)
-            .map_err(|e| LoadError::Config(format!("{}: {e}", path.display())))?;
+        Config::parse(&text).map_err(|e| match e {
+            LoadError::Config(m) => LoadError::Config(format!("{}: {m}", path.display())),
+            other => other,
+        })
+    }
+
+    /// A config.json's text, the text model's part of a multimodal wrapper, validated.
+    pub fn parse(text: &str) -> Result<Config, LoadError> {
+        let bad = |e: serde_json::Error| LoadError::Config(e.to_string());
+        let mut value: serde_json::Value = serde_json::from_str(text).map_err(bad)?;
+        if value["model_type"] == "qwen3_5_moe" {
+            let Some(mut text_config) = value.get("text_config").filter(|t| t.is_object()).cloned()
+            else {
+                return Err(LoadError::Config(
+                    "model_type qwen3_5_moe needs a text_config object".into(),
+                ));
+            };
+            // The wrapper's own fields the text model reads when its part is silent.
+            for key in ["tie_word_embeddings", "architectures"] {
+                if text_config.get(key).is_none() {
+                    if let Some(v) = value.get(key) {
+                        text_config[key] = v.clone();
+                    }
+                }
+            }
+            if text_config.get("model_type").is_none() {
+                text_config["model_type"] = "qwen3_5_moe_text".into();
+            }
+            value = text_config;
+        }
+        let config: Config = serde_json::from_value(value).map_err(bad)?;
         config.validate()?;
         Ok(config)
     }
 
+    pub fn family(&self) -> Family {
+        match self.model_type.as_str() {
+            "qwen2_moe" => Family::Qwen2Moe,
+            "qwen3_5_moe_text" => Family::Qwen35Moe,
+            _ => Family::Qwen3Moe,
+        }
+    }
+
     pub fn validate(&self) -> Result<(), LoadError> {
         let bad = |m: &str| Err(LoadError::Config(m.to_string()));
-        if !matches!(self.model_type.as_str(), "qwen3_moe" | "qwen2_moe") {
+        if !matches!(
+            self.model_type.as_str(),
+            "qwen3_moe" | "qwen2_moe" | "qwen3_5_moe_text"
+        ) {
             return bad(&format!(
-                "model_type {:?} is not qwen3_moe or qwen2_moe",
+                "model_type {:?} is not qwen3_moe, qwen2_moe or qwen3_5_moe",
                 self.model_type
             ));
+        }
+        for (name, v) in [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("moe_intermediate_size", self.moe_intermediate_size),
+            (
+                "shared_expert_intermediate_size",
+                self.shared_expert_intermediate_size,
+            ),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("head_dim", self.head_dim()),
+            ("num_experts", self.num_experts),
+            ("linear_conv_kernel_dim", self.linear_conv_kernel_dim),
+            ("linear_key_head_dim", self.linear_key_head_dim),
+            ("linear_value_head_dim", self.linear_value_head_dim),
+            ("linear_num_key_heads", self.linear_num_key_heads),
+            ("linear_num_value_heads", self.linear_num_value_heads),
+        ] {
+            if v > MAX_DIMENSION {
+                return bad(&format!("{name} {v} is over {MAX_DIMENSION}"));
+            }
         }
         for (name, v) in [
             ("vocab_size", self.vocab_size),
@@ -116,7 +230,110 @@ impl Config {
         if !positive(self.rms_norm_eps) || !positive(self.rope_theta()) {
             return bad("rms_norm_eps and rope_theta must be positive");
         }
+        if (0..self.num_hidden_layers).any(|l| !self.is_moe_layer(l)) && self.intermediate_size == 0
+        {
+            return bad("a dense layer needs intermediate_size greater than zero");
+        }
+        let factor = self.partial_rotary_factor();
+        if !(factor > 0.0 && factor <= 1.0) {
+            return bad("partial_rotary_factor must be in (0, 1]");
+        }
+        let rotary = self.rotary_dim();
+        if rotary == 0 || !rotary.is_multiple_of(2) {
+            return bad("head_dim x partial_rotary_factor must be a positive even number");
+        }
+        if self.family() == Family::Qwen35Moe {
+            self.validate_qwen35()?;
+        }
         Ok(())
+    }
+
+    fn validate_qwen35(&self) -> Result<(), LoadError> {
+        let bad = |m: String| Err(LoadError::Config(m));
+        if self.num_experts == 0 {
+            return bad("qwen3_5_moe routes every layer: num_experts must be above zero".into());
+        }
+        for (name, v) in [
+            ("linear_conv_kernel_dim", self.linear_conv_kernel_dim),
+            ("linear_key_head_dim", self.linear_key_head_dim),
+            ("linear_value_head_dim", self.linear_value_head_dim),
+            ("linear_num_key_heads", self.linear_num_key_heads),
+            ("linear_num_value_heads", self.linear_num_value_heads),
+        ] {
+            if v == 0 {
+                return bad(format!("{name} must be greater than zero"));
+            }
+        }
+        if !self
+            .linear_num_value_heads
+            .is_multiple_of(self.linear_num_key_heads)
+        {
+            return bad("linear_num_value_heads must be a multiple of linear_num_key_heads".into());
+        }
+        if self.full_attention_interval == Some(0) {
+            return bad("full_attention_interval must be greater than zero".into());
+        }
+        if !self.layer_types.is_empty() {
+            if self.layer_types.len() != self.num_hidden_layers {
+                return bad(format!(
+                    "layer_types names {} layers, num_hidden_layers is {}",
+                    self.layer_types.len(),
+                    self.num_hidden_layers
+                ));
+            }
+            if let Some(other) = self
+                .layer_types
+                .iter()
+                .find(|t| !matches!(t.as_str(), "linear_attention" | "full_attention"))
+            {
+                return bad(format!(
+                    "layer type {other:?} is not linear_attention or full_attention"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Layer `layer`'s token mixer: Qwen3.5 per `layer_types` (or one full attention layer
+    /// every `full_attention_interval`, 4 by default, as transformers fills it in); full
+    /// attention everywhere in the other families.
+    pub fn mixer(&self, layer: usize) -> Mixer {
+        if self.family() != Family::Qwen35Moe {
+            return Mixer::FullAttention;
+        }
+        let full = match self.layer_types.get(layer) {
+            Some(kind) => kind == "full_attention",
+            None => (layer + 1).is_multiple_of(self.full_attention_interval.unwrap_or(4)),
+        };
+        if full {
+            Mixer::FullAttention
+        } else {
+            Mixer::LinearAttention
+        }
+    }
+
+    /// The share of a head that rotates: 1 but for Qwen3.5 (0.25 unless the config says).
+    pub fn partial_rotary_factor(&self) -> f64 {
+        let default = if self.family() == Family::Qwen35Moe {
+            0.25
+        } else {
+            1.0
+        };
+        self.rope_parameters
+            .as_ref()
+            .and_then(|p| p.partial_rotary_factor)
+            .or(self.partial_rotary_factor)
+            .unwrap_or(default)
+    }
+
+    /// The rotating dimensions of a head, truncated as transformers does.
+    pub fn rotary_dim(&self) -> usize {
+        (self.head_dim() as f64 * self.partial_rotary_factor()) as usize
+    }
+
+    /// Whether the router renormalises the top-k probabilities: Qwen3.5 always does.
+    pub fn renormalizes_top_k(&self) -> bool {
+        self.norm_topk_prob || self.family() == Family::Qwen35Moe
     }
 
     pub fn head_dim(&self) -> usize {
@@ -147,7 +364,7 @@ impl Config {
 
     /// Qwen2-MoE carries q/k/v biases and a shared expert; Qwen3-MoE has q/k norms.
     pub fn is_qwen2(&self) -> bool {
-        self.model_type == "qwen2_moe"
+        self.family() == Family::Qwen2Moe
     }
 
     pub fn qkv_bias(&self) -> bool {

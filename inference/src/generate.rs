@@ -2,7 +2,7 @@
 //! that sequences can join and leave between steps.
 
 use crate::kernels::cpu::softmax;
-use crate::model::qwen_moe::{ForwardError, KvCache, Model, Step};
+use crate::model::qwen_moe::{Cache, ForwardError, Model, Step};
 use crate::moe::ExpertExecutor;
 
 /// How the next token is chosen: greedy when `temperature` is 0, else sampled from the
@@ -35,7 +35,7 @@ impl Rng {
 
 /// One sequence being generated.
 pub struct Sequence {
-    cache: KvCache,
+    cache: Cache,
     /// Tokens to feed on the next step: the prompt first, then each new token.
     pending: Vec<u32>,
     generated: Vec<u32>,

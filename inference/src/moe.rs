@@ -9,7 +9,7 @@ use rayon::prelude::*;
 
 use crate::checkpoint::Checkpoint;
 use crate::config::Config;
-use crate::kernels::cpu::{exp, matmul_t, silu, softmax};
+use crate::kernels::cpu::{matmul_t, sigmoid, silu, softmax};
 use crate::weights::Weight;
 use crate::LoadError;
 
@@ -278,7 +278,7 @@ impl MoeBlock {
             layer,
             router,
             top_k: config.num_experts_per_tok,
-            norm_topk_prob: config.norm_topk_prob,
+            norm_topk_prob: config.renormalizes_top_k(),
             shared,
         })
     }
@@ -368,7 +368,7 @@ impl MoeBlock {
             let mut gates = vec![0f32; tokens];
             matmul_t(x, tokens, gate, &mut gates);
             for (token, g) in gates.iter().enumerate() {
-                let g = 1.0 / (1.0 + exp(-g));
+                let g = sigmoid(*g);
                 for (o, s) in out[token * hidden..(token + 1) * hidden]
                     .iter_mut()
                     .zip(&shared[token * hidden..])

@@ -1,6 +1,7 @@
 //! Agreement with Hugging Face transformers itself: `inference/golden/make_golden.py`
 //! computed reference logits and greedy tokens for the synthetic presets; this engine must
-//! match them (f32 weights, max abs logit difference <= 1e-3, identical greedy tokens).
+//! match them (max abs logit difference <= 1e-3, identical greedy tokens; the reference runs
+//! in f32, over bf16 weights widened for the bf16 presets).
 
 use std::path::Path;
 
@@ -72,4 +73,16 @@ fn qwen3_moe_with_a_dense_layer_matches_transformers() {
 #[test]
 fn qwen2_moe_with_shared_expert_and_tied_embeddings_matches_transformers() {
     check("tiny-qwen2");
+}
+
+#[test]
+fn qwen35_moe_text_model_matches_transformers() {
+    check("qwen35-tiny");
+}
+
+/// As Qwen3.5 is published: `Qwen3_5MoeForConditionalGeneration` (a vision tower and an
+/// `mtp.` tensor to skip), experts fused, bf16, in shards with an index.
+#[test]
+fn qwen35_moe_multimodal_checkpoint_in_bf16_shards_matches_transformers() {
+    check("qwen35-tiny-vl");
 }

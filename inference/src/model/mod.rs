@@ -1,3 +1,4 @@
-//! Model families, one file each.
+//! Model families: the Qwen MoE decoders in one file, Qwen3.5's gated DeltaNet beside it.
 
+mod deltanet;
 pub mod qwen_moe;

@@ -1,25 +1,35 @@
-//! Qwen3-MoE (and Qwen2-MoE) as transformers publishes it: weight names mirror the
-//! checkpoint. The backbone holds embeddings, attention, norms and routers; routed experts
+//! The Qwen MoE decoders as transformers publishes them: Qwen3-MoE, Qwen2-MoE and
+//! Qwen3.5-MoE, with weight names mirroring the checkpoint. The backbone holds embeddings,
+//! token mixers (attention, or Qwen3.5's gated DeltaNet), norms and routers; routed experts
 //! are reached through an `ExpertExecutor`.
 
 use rayon::prelude::*;
 
+use super::deltanet::{DeltaState, GatedDeltaNet};
 use crate::checkpoint::Checkpoint;
-use crate::config::Config;
-use crate::kernels::cpu::{dot, matmul_t, rms_norm, softmax};
+use crate::config::{Config, Family, Mixer};
+use crate::kernels::cpu::{dot, matmul_t, rms_norm, sigmoid, softmax};
 use crate::moe::{ExpertError, ExpertExecutor, MoeBlock, SwiGlu};
 use crate::weights::Weight;
 use crate::LoadError;
 
 struct Attention {
+    /// Qwen3.5's doubles its rows: each head's query, then its output gate.
     q: Weight,
     k: Weight,
     v: Weight,
     o: Weight,
     /// Qwen2-MoE's q/k/v biases.
     bias: Option<[Vec<f32>; 3]>,
-    /// Qwen3's per-head RMSNorm of q and k, before RoPE.
+    /// Qwen3's and Qwen3.5's per-head RMSNorm of q and k, before RoPE.
     qk_norm: Option<[Vec<f32>; 2]>,
+    /// Qwen3.5: the output is multiplied by `sigmoid(gate)` before `o_proj`.
+    output_gate: bool,
+}
+
+enum TokenMixer {
+    Attention(Attention),
+    DeltaNet(GatedDeltaNet),
 }
 
 enum Mlp {
@@ -30,8 +40,70 @@ enum Mlp {
 struct Layer {
     input_norm: Vec<f32>,
     post_norm: Vec<f32>,
-    attention: Attention,
+    mixer: TokenMixer,
     mlp: Mlp,
+}
+
+/// An RMSNorm's weight as the family applies it: Qwen3.5's norms scale by `1 + weight`,
+/// added here once in f32 as transformers adds it on every call.
+fn norm_weight(
+    checkpoint: &Checkpoint,
+    config: &Config,
+    name: &str,
+    len: usize,
+) -> Result<Vec<f32>, LoadError> {
+    let mut weight = checkpoint.tensor(name, &[len])?.to_f32();
+    if config.family() == Family::Qwen35Moe {
+        weight.iter_mut().for_each(|w| *w += 1.0);
+    }
+    Ok(weight)
+}
+
+impl Attention {
+    fn load(
+        checkpoint: &Checkpoint,
+        config: &Config,
+        prefix: &str,
+    ) -> Result<Attention, LoadError> {
+        let (h, hd) = (config.hidden_size, config.head_dim());
+        let (heads, kv) = (config.num_attention_heads, config.num_key_value_heads);
+        let output_gate = config.family() == Family::Qwen35Moe;
+        let vector = |name: &str, len: usize| {
+            checkpoint
+                .tensor(&format!("{prefix}.{name}"), &[len])
+                .map(|w| w.to_f32())
+        };
+        let bias = if config.qkv_bias() {
+            Some([
+                vector("q_proj.bias", heads * hd)?,
+                vector("k_proj.bias", kv * hd)?,
+                vector("v_proj.bias", kv * hd)?,
+            ])
+        } else {
+            None
+        };
+        let qk_norm = if config.is_qwen2() {
+            None
+        } else {
+            Some([
+                norm_weight(checkpoint, config, &format!("{prefix}.q_norm.weight"), hd)?,
+                norm_weight(checkpoint, config, &format!("{prefix}.k_norm.weight"), hd)?,
+            ])
+        };
+        let q_rows = if output_gate { 2 } else { 1 } * heads * hd;
+        let matrix = |name: &str, rows: usize, cols: usize| {
+            checkpoint.tensor(&format!("{prefix}.{name}"), &[rows, cols])
+        };
+        Ok(Attention {
+            q: matrix("q_proj.weight", q_rows, h)?,
+            k: matrix("k_proj.weight", kv * hd, h)?,
+            v: matrix("v_proj.weight", kv * hd, h)?,
+            o: matrix("o_proj.weight", h, heads * hd)?,
+            bias,
+            qk_norm,
+            output_gate,
+        })
+    }
 }
 
 pub struct Model {
@@ -44,17 +116,42 @@ pub struct Model {
     inv_freq: Vec<f32>,
 }
 
-/// One sequence's keys and values so far, per layer: `positions x kv_heads x head_dim`.
-#[derive(Clone, Default)]
-pub struct KvCache {
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
+/// One sequence's memory of the tokens so far, per layer: for attention its keys and
+/// values (`positions x kv_heads x head_dim`), for a DeltaNet its convolution and
+/// recurrent state.
+#[derive(Clone)]
+pub struct Cache {
+    layers: Vec<LayerCache>,
     len: usize,
+}
+
+#[derive(Clone)]
+enum LayerCache {
+    Attention { keys: Vec<f32>, values: Vec<f32> },
+    DeltaNet(DeltaState),
+}
+
+impl Cache {
+    /// Tokens seen so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn keys_values(&self, layer: usize) -> (&[f32], &[f32]) {
+        match &self.layers[layer] {
+            LayerCache::Attention { keys, values } => (keys, values),
+            LayerCache::DeltaNet(_) => (&[], &[]),
+        }
+    }
 }
 
 /// New tokens for one sequence in a forward pass.
 pub struct Step<'a> {
-    pub cache: &'a mut KvCache,
+    pub cache: &'a mut Cache,
     pub tokens: &'a [u32],
 }
 
@@ -66,42 +163,29 @@ pub enum ForwardError {
     BadToken(u32),
     #[error("position {0} is beyond max_position_embeddings")]
     TooLong(usize),
+    #[error("a sequence's cache was made by another model")]
+    ForeignCache,
+    #[error("a sequence in the batch has no new tokens")]
+    NoTokens,
 }
 
 impl Model {
     /// Loads everything but the routed experts.
     pub fn load(checkpoint: &Checkpoint, config: Config) -> Result<Model, LoadError> {
-        let (h, hd) = (config.hidden_size, config.head_dim());
-        let (heads, kv) = (config.num_attention_heads, config.num_key_value_heads);
-        let vector = |name: &str, len: usize| checkpoint.tensor(name, &[len]).map(|w| w.to_f32());
+        let h = config.hidden_size;
+        let norm = |name: &str, len: usize| norm_weight(checkpoint, &config, name, len);
         let mut layers = Vec::new();
         for i in 0..config.num_hidden_layers {
             let p = format!("model.layers.{i}");
-            let a = format!("{p}.self_attn");
-            let bias = if config.qkv_bias() {
-                Some([
-                    vector(&format!("{a}.q_proj.bias"), heads * hd)?,
-                    vector(&format!("{a}.k_proj.bias"), kv * hd)?,
-                    vector(&format!("{a}.v_proj.bias"), kv * hd)?,
-                ])
-            } else {
-                None
-            };
-            let qk_norm = if config.is_qwen2() {
-                None
-            } else {
-                Some([
-                    vector(&format!("{a}.q_norm.weight"), hd)?,
-                    vector(&format!("{a}.k_norm.weight"), hd)?,
-                ])
-            };
-            let attention = Attention {
-                q: checkpoint.tensor(&format!("{a}.q_proj.weight"), &[heads * hd, h])?,
-                k: checkpoint.tensor(&format!("{a}.k_proj.weight"), &[kv * hd, h])?,
-                v: checkpoint.tensor(&format!("{a}.v_proj.weight"), &[kv * hd, h])?,
-                o: checkpoint.tensor(&format!("{a}.o_proj.weight"), &[h, heads * hd])?,
-                bias,
-                qk_norm,
+            let mixer = match config.mixer(i) {
+                Mixer::FullAttention => TokenMixer::Attention(Attention::load(
+                    checkpoint,
+                    &config,
+                    &format!("{p}.self_attn"),
+                )?),
+                Mixer::LinearAttention => {
+                    TokenMixer::DeltaNet(GatedDeltaNet::load(checkpoint, &config, i)?)
+                }
             };
             let mlp = if config.is_moe_layer(i) {
                 Mlp::Moe(MoeBlock::load(checkpoint, &config, i)?)
@@ -114,9 +198,9 @@ impl Model {
                 )?)
             };
             layers.push(Layer {
-                input_norm: vector(&format!("{p}.input_layernorm.weight"), h)?,
-                post_norm: vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
-                attention,
+                input_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
+                post_norm: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                mixer,
                 mlp,
             });
         }
@@ -127,11 +211,12 @@ impl Model {
             checkpoint.tensor("lm_head.weight", &[config.vocab_size, h])?
         };
         let theta = config.rope_theta() as f32;
-        let inv_freq = (0..hd / 2)
-            .map(|i| 1.0 / theta.powf((2 * i) as f32 / hd as f32))
+        let rotary = config.rotary_dim();
+        let inv_freq = (0..rotary / 2)
+            .map(|i| 1.0 / theta.powf((2 * i) as f32 / rotary as f32))
             .collect();
         Ok(Model {
-            norm: vector("model.norm.weight", h)?,
+            norm: norm("model.norm.weight", h)?,
             config,
             embed,
             layers,
@@ -152,11 +237,13 @@ impl Model {
             .layers
             .iter()
             .map(|l| {
-                let a = &l.attention;
-                a.q.byte_len()
-                    + a.k.byte_len()
-                    + a.v.byte_len()
-                    + a.o.byte_len()
+                let mixer = match &l.mixer {
+                    TokenMixer::Attention(a) => {
+                        a.q.byte_len() + a.k.byte_len() + a.v.byte_len() + a.o.byte_len()
+                    }
+                    TokenMixer::DeltaNet(d) => d.byte_len(),
+                };
+                mixer
                     + 2 * h * 4
                     + match &l.mlp {
                         Mlp::Dense(m) => m.byte_len(),
@@ -167,13 +254,31 @@ impl Model {
         per_layer + self.lm_head.byte_len() + h * self.embed.dtype().size()
     }
 
-    pub fn new_cache(&self) -> KvCache {
-        let layers = self.config.num_hidden_layers;
-        KvCache {
-            keys: vec![Vec::new(); layers],
-            values: vec![Vec::new(); layers],
-            len: 0,
-        }
+    /// Whether `cache` has this model's layers (as `new_cache` makes them).
+    fn made(&self, cache: &Cache) -> bool {
+        cache.layers.len() == self.layers.len()
+            && cache.layers.iter().zip(&self.layers).all(|(c, l)| {
+                matches!(
+                    (c, &l.mixer),
+                    (LayerCache::Attention { .. }, TokenMixer::Attention(_))
+                        | (LayerCache::DeltaNet(_), TokenMixer::DeltaNet(_))
+                )
+            })
+    }
+
+    pub fn new_cache(&self) -> Cache {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| match &l.mixer {
+                TokenMixer::Attention(_) => LayerCache::Attention {
+                    keys: Vec::new(),
+                    values: Vec::new(),
+                },
+                TokenMixer::DeltaNet(d) => LayerCache::DeltaNet(d.new_state()),
+            })
+            .collect();
+        Cache { layers, len: 0 }
     }
 
     /// Runs the new tokens of every sequence in `steps` through the model as one batch,
@@ -201,6 +306,12 @@ impl Model {
         // Row r of the batch is token `offset` of sequence `seq`, at absolute `position`.
         let mut rows = Vec::new();
         for (seq, step) in steps.iter().enumerate() {
+            if !self.made(step.cache) {
+                return Err(ForwardError::ForeignCache);
+            }
+            if step.tokens.is_empty() {
+                return Err(ForwardError::NoTokens);
+            }
             for (offset, token) in step.tokens.iter().enumerate() {
                 if *token as usize >= c.vocab_size {
                     return Err(ForwardError::BadToken(*token));
@@ -220,7 +331,19 @@ impl Model {
         let mut normed = vec![0f32; n * h];
         for (index, layer) in self.layers.iter().enumerate() {
             rms_norm(&x, &layer.input_norm, eps, &mut normed);
-            let attended = self.attention(index, layer, &normed, &rows, steps);
+            let attended = match &layer.mixer {
+                TokenMixer::Attention(a) => self.attention(index, a, &normed, &rows, steps)?,
+                TokenMixer::DeltaNet(d) => {
+                    let mut segments = steps
+                        .iter_mut()
+                        .map(|s| match &mut s.cache.layers[index] {
+                            LayerCache::DeltaNet(state) => Ok((s.tokens.len(), state)),
+                            LayerCache::Attention { .. } => Err(ForwardError::ForeignCache),
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    d.forward(&normed, &mut segments)
+                }
+            };
             for (a, b) in x.iter_mut().zip(&attended) {
                 *a += b;
             }
@@ -255,15 +378,14 @@ impl Model {
     fn attention(
         &self,
         index: usize,
-        layer: &Layer,
+        a: &Attention,
         x: &[f32],
         rows: &[(usize, u32, usize)],
         steps: &mut [Step<'_>],
-    ) -> Vec<f32> {
+    ) -> Result<Vec<f32>, ForwardError> {
         let c = &self.config;
         let (hd, heads, kv) = (c.head_dim(), c.num_attention_heads, c.num_key_value_heads);
         let n = rows.len();
-        let a = &layer.attention;
         let project = |w: &Weight, bias: Option<&Vec<f32>>| {
             let mut out = vec![0f32; n * w.rows()];
             matmul_t(x, n, w, &mut out);
@@ -278,6 +400,14 @@ impl Model {
         };
         let bias = |i: usize| a.bias.as_ref().map(|b| &b[i]);
         let mut q = project(&a.q, bias(0));
+        // Qwen3.5: each head's query is followed by its gate; part them.
+        let gate = a.output_gate.then(|| {
+            let (queries, gates): (Vec<&[f32]>, Vec<&[f32]>) =
+                q.chunks(2 * hd).map(|both| both.split_at(hd)).unzip();
+            let gates: Vec<f32> = gates.concat();
+            q = queries.concat();
+            gates
+        });
         let mut k = project(&a.k, bias(1));
         let v = project(&a.v, bias(2));
         let eps = c.rms_norm_eps as f32;
@@ -298,9 +428,12 @@ impl Model {
         }
         // Append this layer's keys and values to each sequence's cache, in row order.
         for (r, (seq, _, _)) in rows.iter().enumerate() {
-            let cache = &mut *steps[*seq].cache;
-            cache.keys[index].extend_from_slice(&k[r * kv * hd..(r + 1) * kv * hd]);
-            cache.values[index].extend_from_slice(&v[r * kv * hd..(r + 1) * kv * hd]);
+            let LayerCache::Attention { keys, values } = &mut steps[*seq].cache.layers[index]
+            else {
+                return Err(ForwardError::ForeignCache);
+            };
+            keys.extend_from_slice(&k[r * kv * hd..(r + 1) * kv * hd]);
+            values.extend_from_slice(&v[r * kv * hd..(r + 1) * kv * hd]);
         }
         let scale = 1.0 / (hd as f32).sqrt();
         let group = heads / kv;
@@ -310,8 +443,7 @@ impl Model {
         out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
             let (r, head) = (i / heads, i % heads);
             let (seq, _, position) = rows[r];
-            let cache = &steps[seq].cache;
-            let (keys, values) = (&cache.keys[index], &cache.values[index]);
+            let (keys, values) = steps[seq].cache.keys_values(index);
             let at = |p: usize| (p * kv + head / group) * hd;
             let query = &q[(r * heads + head) * hd..(r * heads + head + 1) * hd];
             let mut scores: Vec<f32> = (0..=position)
@@ -324,14 +456,20 @@ impl Model {
                 }
             }
         });
+        if let Some(gate) = gate {
+            for (o, g) in out.iter_mut().zip(&gate) {
+                *o *= sigmoid(*g);
+            }
+        }
         let mut projected = vec![0f32; n * c.hidden_size];
         matmul_t(&out, n, &a.o, &mut projected);
-        projected
+        Ok(projected)
     }
 
-    /// Rotate-half RoPE of one head at `position`, as transformers applies it.
+    /// Rotate-half RoPE of one head at `position`, as transformers applies it: over the
+    /// first `rotary_dim` dimensions, the rest passing through.
     fn rotate(&self, head: &mut [f32], position: usize) {
-        let half = head.len() / 2;
+        let half = self.inv_freq.len();
         for (i, inv_freq) in self.inv_freq.iter().enumerate() {
             let angle = (position as f32 * inv_freq) as f64;
             let (sin, cos) = (angle.sin() as f32, angle.cos() as f32);
