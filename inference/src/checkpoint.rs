@@ -23,6 +23,8 @@ use crate::weights::{DType, Weight};
 use crate::LoadError;
 
 struct Entry {
+    /// The tensor's name in the file, which errors give.
+    stored: String,
     file: usize,
     start: usize,
     end: usize,
@@ -33,6 +35,8 @@ struct Entry {
 pub struct Checkpoint {
     maps: Vec<Arc<Mmap>>,
     entries: HashMap<String, Entry>,
+    /// Whether the text model is stored under `model.language_model.`.
+    multimodal: bool,
 }
 
 #[derive(Deserialize)]
@@ -95,6 +99,7 @@ fn split_fused(name: &str, entry: Entry) -> Result<Vec<(String, Entry)>, String>
             split.push((
                 format!("{prefix}.{expert}.{part}.weight"),
                 Entry {
+                    stored: format!("{} (expert {expert}'s {part})", entry.stored),
                     file: entry.file,
                     start,
                     end: start + part_bytes,
@@ -135,6 +140,7 @@ impl Checkpoint {
         let mut checkpoint = Checkpoint {
             maps: Vec::new(),
             entries: HashMap::new(),
+            multimodal: false,
         };
         for path in files {
             checkpoint.add_file(&path)?;
@@ -159,6 +165,7 @@ impl Checkpoint {
             let Some(name) = engine_name(&stored) else {
                 continue;
             };
+            self.multimodal |= stored.starts_with("model.language_model.");
             let dtype = match info.dtype {
                 safetensors::Dtype::F32 => DType::F32,
                 safetensors::Dtype::BF16 => DType::BF16,
@@ -178,6 +185,7 @@ impl Checkpoint {
                 return Err(format(format!("tensor {stored} lies outside the file")));
             }
             let entry = Entry {
+                stored: stored.clone(),
                 file: index,
                 start,
                 end,
@@ -223,23 +231,27 @@ impl Checkpoint {
 
     /// The stored bytes of tensor `name`, as the file holds them: what a weight hash covers.
     pub fn tensor_bytes(&self, name: &str) -> Result<&[u8], LoadError> {
-        let entry = self
-            .entries
-            .get(name)
-            .ok_or_else(|| LoadError::Missing(name.to_string()))?;
+        let entry = self.entry(name)?;
         Ok(&self.maps[entry.file][entry.start..entry.end])
+    }
+
+    /// The entry of `name`, or an error naming it as this checkpoint would store it.
+    fn entry(&self, name: &str) -> Result<&Entry, LoadError> {
+        self.entries.get(name).ok_or_else(|| {
+            LoadError::Missing(match name.strip_prefix("model.") {
+                Some(rest) if self.multimodal => format!("model.language_model.{rest}"),
+                _ => name.to_string(),
+            })
+        })
     }
 
     /// The tensor `name`, which must have exactly `shape`; viewed as `rows x cols` with the
     /// last dimension as columns.
     pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Weight, LoadError> {
-        let entry = self
-            .entries
-            .get(name)
-            .ok_or_else(|| LoadError::Missing(name.to_string()))?;
+        let entry = self.entry(name)?;
         if entry.shape != shape {
             return Err(LoadError::Shape {
-                name: name.to_string(),
+                name: entry.stored.clone(),
                 expected: shape.to_vec(),
                 found: entry.shape.clone(),
             });
@@ -255,5 +267,112 @@ impl Checkpoint {
             rows,
             cols,
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use safetensors::tensor::TensorView;
+
+    /// Writes `tensors` (name, shape, f32 values) as `model.safetensors` in a new directory.
+    fn write(tensors: &[(&str, Vec<usize>, Vec<f32>)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes: Vec<Vec<u8>> = tensors
+            .iter()
+            .map(|(_, _, v)| v.iter().flat_map(|x| x.to_le_bytes()).collect())
+            .collect();
+        let views: Vec<(String, TensorView<'_>)> = tensors
+            .iter()
+            .zip(&bytes)
+            .map(|((name, shape, _), b)| {
+                let view = TensorView::new(safetensors::Dtype::F32, shape.clone(), b).unwrap();
+                (name.to_string(), view)
+            })
+            .collect();
+        safetensors::serialize_to_file(views, &None, &dir.path().join("model.safetensors"))
+            .unwrap();
+        dir
+    }
+
+    #[test]
+    fn fused_experts_read_as_the_per_expert_tensors_they_hold() {
+        let (experts, width, hidden) = (3, 2, 4);
+        let value = |e: usize, part: usize, i: usize| (e * 100 + part * 10 + i) as f32;
+        let part = |e: usize, p: usize, len: usize| (0..len).map(|i| value(e, p, i)).collect();
+        let gate_up: Vec<f32> = (0..experts)
+            .flat_map(|e| [part(e, 0, width * hidden), part(e, 1, width * hidden)].concat())
+            .collect();
+        let down: Vec<f32> = (0..experts)
+            .flat_map(|e| part(e, 2, hidden * width))
+            .collect::<Vec<f32>>();
+        let p = "model.language_model.layers.0.mlp.experts";
+        let fused = write(&[
+            (
+                &format!("{p}.gate_up_proj"),
+                vec![experts, 2 * width, hidden],
+                gate_up,
+            ),
+            (
+                &format!("{p}.down_proj"),
+                vec![experts, hidden, width],
+                down,
+            ),
+            ("model.visual.patch_embed.proj.weight", vec![1], vec![0.0]),
+            ("mtp.fc.weight", vec![1], vec![0.0]),
+        ]);
+        let checkpoint = Checkpoint::open(fused.path()).unwrap();
+        for e in 0..experts {
+            for (i, (name, shape)) in [
+                ("gate_proj", [width, hidden]),
+                ("up_proj", [width, hidden]),
+                ("down_proj", [hidden, width]),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let w = checkpoint
+                    .tensor(
+                        &format!("model.layers.0.mlp.experts.{e}.{name}.weight"),
+                        &shape,
+                    )
+                    .unwrap();
+                let expected: Vec<f32> = part(e, i, shape[0] * shape[1]);
+                assert_eq!(w.to_f32(), expected, "expert {e} {name}");
+            }
+        }
+        // The vision tower and the mtp head are not the text model's.
+        assert_eq!(checkpoint.tensor_sizes().count(), experts * 3);
+    }
+
+    #[test]
+    fn malformed_fused_experts_and_doubled_names_are_format_errors() {
+        let p = "model.layers.0.mlp.experts";
+        for tensors in [
+            // Not experts x rows x columns.
+            vec![(format!("{p}.gate_up_proj"), vec![4, 4], vec![0.0; 16])],
+            // An odd number of gate-and-up rows.
+            vec![(format!("{p}.gate_up_proj"), vec![1, 3, 2], vec![0.0; 6])],
+            // The same tensor under the wrapper's name and the text model's.
+            vec![
+                ("model.norm.weight".to_string(), vec![2], vec![1.0; 2]),
+                (
+                    "model.language_model.norm.weight".to_string(),
+                    vec![2],
+                    vec![1.0; 2],
+                ),
+            ],
+        ] {
+            let named: Vec<(&str, Vec<usize>, Vec<f32>)> = tensors
+                .iter()
+                .map(|(n, s, v)| (n.as_str(), s.clone(), v.clone()))
+                .collect();
+            let dir = write(&named);
+            assert!(
+                matches!(Checkpoint::open(dir.path()), Err(LoadError::Format { .. })),
+                "{:?} was accepted",
+                tensors.iter().map(|t| &t.0).collect::<Vec<_>>()
+            );
+        }
     }
 }

@@ -5,7 +5,7 @@ use std::path::Path;
 use kvasir_inference::checkpoint::Checkpoint;
 use kvasir_inference::config::Config;
 use kvasir_inference::generate::{generate, step, Sampling, Sequence};
-use kvasir_inference::model::qwen_moe::Model;
+use kvasir_inference::model::qwen_moe::{ForwardError, Model, Step};
 use kvasir_inference::moe::{ExpertExecutor, LocalExperts, SplitExperts};
 use kvasir_inference::synth::{preset, synthesize};
 use kvasir_inference::tokenizer::Tokenizer;
@@ -63,25 +63,106 @@ fn the_tokenizer_round_trips_text() {
 
 #[test]
 fn output_bits_do_not_depend_on_thread_count() {
-    let dir = synth("tiny");
-    let (model, experts) = load(dir.path(), |_, _| true);
-    let prompt = [5, 17, 99, 3, 250, 7];
-    let run = |threads: usize| {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
-        pool.install(|| generate(&model, &experts, &prompt, 12, Sampling::GREEDY).unwrap())
-    };
-    let (one, two, four) = (run(1), run(2), run(4));
-    assert_eq!(one.generated(), two.generated());
-    assert_eq!(bits(one.last_logits()), bits(two.last_logits()));
-    assert_eq!(bits(one.last_logits()), bits(four.last_logits()));
+    for preset_name in ["tiny", "qwen35-tiny"] {
+        let dir = synth(preset_name);
+        let (model, experts) = load(dir.path(), |_, _| true);
+        let prompt = [5, 17, 99, 3, 250, 7];
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| generate(&model, &experts, &prompt, 12, Sampling::GREEDY).unwrap())
+        };
+        let (one, two, four) = (run(1), run(2), run(4));
+        assert_eq!(one.generated(), two.generated(), "{preset_name}");
+        assert_eq!(bits(one.last_logits()), bits(two.last_logits()));
+        assert_eq!(bits(one.last_logits()), bits(four.last_logits()));
+    }
 }
 
 #[test]
 fn a_sequence_gives_the_same_bits_alone_or_in_a_changing_batch() {
-    let dir = synth("tiny");
+    for preset_name in ["tiny", "qwen35-tiny"] {
+        sequences_join_and_leave(preset_name);
+    }
+}
+
+/// A prompt fed whole (prefill) or one token a step leaves the same state: the next
+/// tokens and logits are the same bits. Qwen3.5's DeltaNet layers carry a convolution and
+/// a recurrent state instead of keys and values, so this is their check.
+#[test]
+fn prefill_and_token_by_token_decode_give_the_same_bits() {
+    for preset_name in ["tiny", "qwen35-tiny"] {
+        let dir = synth(preset_name);
+        let (model, experts) = load(dir.path(), |_, _| true);
+        let prompt = [5, 17, 99, 3, 250, 7, 42];
+        let whole = generate(&model, &experts, &prompt, 8, Sampling::GREEDY).unwrap();
+        let mut cache = model.new_cache();
+        let mut logits = Vec::new();
+        for token in &prompt {
+            let mut steps = [Step {
+                cache: &mut cache,
+                tokens: std::slice::from_ref(token),
+            }];
+            logits = model.forward(&mut steps, &experts).unwrap().remove(0);
+        }
+        let mut tokens = Vec::new();
+        for _ in 0..8 {
+            let next = argmax(&logits);
+            tokens.push(next);
+            let mut steps = [Step {
+                cache: &mut cache,
+                tokens: &[next],
+            }];
+            logits = model.forward(&mut steps, &experts).unwrap().remove(0);
+        }
+        assert_eq!(whole.generated(), tokens, "{preset_name}");
+        // `whole` stopped after its eighth token; one more step here, so compare the
+        // eighth step's logits through a second run that stops at the same place.
+        let again = generate(&model, &experts, &prompt, 9, Sampling::GREEDY).unwrap();
+        assert_eq!(bits(again.last_logits()), bits(&logits), "{preset_name}");
+        assert_eq!(cache.len(), prompt.len() + 8);
+    }
+}
+
+fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, v) in logits.iter().enumerate() {
+        if *v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+#[test]
+fn a_cache_from_another_model_or_an_empty_step_is_an_error() {
+    let (tiny, qwen35) = (synth("tiny"), synth("qwen35-tiny"));
+    let (model, experts) = load(qwen35.path(), |_, _| true);
+    let (other, _) = load(tiny.path(), |_, _| true);
+    let mut foreign = other.new_cache();
+    let mut steps = [Step {
+        cache: &mut foreign,
+        tokens: &[1],
+    }];
+    assert!(matches!(
+        model.forward(&mut steps, &experts),
+        Err(ForwardError::ForeignCache)
+    ));
+    let mut cache = model.new_cache();
+    let mut steps = [Step {
+        cache: &mut cache,
+        tokens: &[],
+    }];
+    assert!(matches!(
+        model.forward(&mut steps, &experts),
+        Err(ForwardError::NoTokens)
+    ));
+}
+
+fn sequences_join_and_leave(preset_name: &str) {
+    let dir = synth(preset_name);
     let (model, experts) = load(dir.path(), |_, _| true);
     let prompts: [&[u32]; 3] = [&[5, 17, 99, 3], &[200, 1, 2, 3, 4, 5, 6], &[42]];
     let alone: Vec<Sequence> = prompts
@@ -103,14 +184,14 @@ fn a_sequence_gives_the_same_bits_alone_or_in_a_changing_batch() {
         step(&model, &experts, &mut [&mut a, &mut b, &mut c]).unwrap();
     }
     for (batched, alone) in [a, b, c].iter().zip(&alone) {
-        assert_eq!(batched.generated(), alone.generated());
+        assert_eq!(batched.generated(), alone.generated(), "{preset_name}");
         assert_eq!(bits(batched.last_logits()), bits(alone.last_logits()));
     }
 }
 
 #[test]
 fn experts_split_between_two_executors_give_identical_tokens_and_logits() {
-    for preset_name in ["tiny", "tiny-qwen2"] {
+    for preset_name in ["tiny", "tiny-qwen2", "qwen35-tiny", "qwen35-tiny-vl"] {
         let dir = synth(preset_name);
         let (model, all) = load(dir.path(), |_, _| true);
         let checkpoint = Checkpoint::open(dir.path()).unwrap();
@@ -194,5 +275,82 @@ fn bad_checkpoints_are_named_errors() {
     std::fs::write(path.join("config.json"), "{\"vocab_size\": \"many\"}").unwrap();
     assert!(matches!(Config::load(path), Err(LoadError::Config(_))));
     std::fs::remove_file(path.join("model.safetensors")).unwrap();
+    assert!(matches!(Checkpoint::open(path), Err(LoadError::Io(..))));
+}
+
+/// What an operator pointing the engine at a broken Qwen3.5 checkpoint sees: errors naming
+/// the tensor as the files store it.
+#[test]
+fn bad_qwen35_checkpoints_are_named_errors() {
+    let dir = synth("qwen35-tiny-vl");
+    let path = dir.path();
+    let original = std::fs::read_to_string(path.join("config.json")).unwrap();
+    let with = |from: &str, to: &str| {
+        assert!(original.contains(from), "{from}");
+        std::fs::write(path.join("config.json"), original.replace(from, to)).unwrap();
+        Config::load(path)
+    };
+    let load_model = |config: Config| {
+        let checkpoint = Checkpoint::open(path).unwrap();
+        LocalExperts::load(&checkpoint, &config, |_, _| true)?;
+        Model::load(&checkpoint, config).map(|_| ())
+    };
+    // A misshapen DeltaNet projection, named as stored under the multimodal wrapper.
+    match load_model(
+        with(
+            "\"linear_value_head_dim\": 16",
+            "\"linear_value_head_dim\": 8",
+        )
+        .unwrap(),
+    ) {
+        Err(LoadError::Shape { name, .. }) => {
+            assert_eq!(
+                name,
+                "model.language_model.layers.0.linear_attn.in_proj_qkv.weight"
+            )
+        }
+        other => panic!("wrong outcome: {:?}", other.err()),
+    }
+    // Fused experts of another width: the error names the fused tensor and the expert.
+    match load_model(
+        with(
+            "\"moe_intermediate_size\": 32",
+            "\"moe_intermediate_size\": 16",
+        )
+        .unwrap(),
+    ) {
+        Err(LoadError::Shape { name, .. }) => assert_eq!(
+            name,
+            "model.language_model.layers.0.mlp.experts.gate_up_proj (expert 0's gate_proj)"
+        ),
+        other => panic!("wrong outcome: {:?}", other.err()),
+    }
+    // A layer the checkpoint does not have.
+    let five = original.replace("\"num_hidden_layers\": 4", "\"num_hidden_layers\": 5");
+    std::fs::write(path.join("config.json"), &five).unwrap();
+    match load_model(Config::load(path).unwrap()) {
+        Err(LoadError::Missing(name)) => {
+            assert!(name.starts_with("model.language_model.layers.4."), "{name}")
+        }
+        other => panic!("wrong outcome: {:?}", other.err()),
+    }
+    // Configs that cannot describe a Qwen3.5 model.
+    for (from, to) in [
+        ("\"full_attention_interval\": 4", "\"layer_types\": [\"full_attention\"]"),
+        ("\"full_attention_interval\": 4", "\"layer_types\": [\"sliding\", \"full_attention\", \"full_attention\", \"full_attention\"]"),
+        ("\"full_attention_interval\": 4", "\"full_attention_interval\": 0"),
+        ("\"linear_num_key_heads\": 2", "\"linear_num_key_heads\": 3"),
+        ("\"linear_conv_kernel_dim\": 4", "\"linear_conv_kernel_dim\": 0"),
+        ("\"partial_rotary_factor\": 0.25", "\"partial_rotary_factor\": 0.001"),
+        ("\"text_config\"", "\"text_config_moved\""),
+    ] {
+        assert!(
+            matches!(with(from, to), Err(LoadError::Config(_))),
+            "{to} was accepted"
+        );
+    }
+    // A shard the index names is gone.
+    std::fs::write(path.join("config.json"), &original).unwrap();
+    std::fs::remove_file(path.join("model-00002-of-00004.safetensors")).unwrap();
     assert!(matches!(Checkpoint::open(path), Err(LoadError::Io(..))));
 }
