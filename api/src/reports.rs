@@ -146,9 +146,14 @@ pub struct OrderReport {
 pub struct ModelReport {
     /// The id the swarm and the market know the checkpoint by.
     pub model_id: String,
-    /// `model_type` of config.json (`qwen3_moe`, `qwen2_moe`).
+    /// `model_type` of config.json (`qwen3_moe`, `qwen2_moe`), or of its text model
+    /// (`qwen3_5_moe_text`).
     pub family: String,
     pub layers: usize,
+    /// Layers whose token mixer is a gated DeltaNet (linear attention, Qwen3.5); the others
+    /// are full attention.
+    #[serde(default)]
+    pub linear_attention_layers: Vec<usize>,
     /// Layers routing to experts; the others are dense.
     pub moe_layers: Vec<usize>,
     pub experts_per_layer: usize,
@@ -158,7 +163,12 @@ pub struct ModelReport {
     /// Stored bytes of one expert (gate, up and down), the largest if they differ.
     pub bytes_per_expert: u64,
     pub expert_bytes: u64,
+    /// Bytes of the text model, what the engine loads.
     pub total_bytes: u64,
+    /// Bytes the checkpoint holds beside the text model, which the engine leaves out (a
+    /// multimodal checkpoint's vision tower, a multi-token-prediction head).
+    #[serde(default)]
+    pub skipped_bytes: u64,
     /// `expert_bytes / total_bytes`: how much of the model workers can hold.
     pub expert_share: f64,
     /// With `--experts`: the selection, how many experts it names, and their bytes (what a

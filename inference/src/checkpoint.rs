@@ -37,6 +37,8 @@ pub struct Checkpoint {
     entries: HashMap<String, Entry>,
     /// Whether the text model is stored under `model.language_model.`.
     multimodal: bool,
+    /// Bytes of the tensors left out.
+    skipped_bytes: u64,
 }
 
 #[derive(Deserialize)]
@@ -141,6 +143,7 @@ impl Checkpoint {
             maps: Vec::new(),
             entries: HashMap::new(),
             multimodal: false,
+            skipped_bytes: 0,
         };
         for path in files {
             checkpoint.add_file(&path)?;
@@ -163,6 +166,7 @@ impl Checkpoint {
         let index = self.maps.len();
         for (stored, info) in metadata.tensors() {
             let Some(name) = engine_name(&stored) else {
+                self.skipped_bytes += (info.data_offsets.1 - info.data_offsets.0) as u64;
                 continue;
             };
             self.multimodal |= stored.starts_with("model.language_model.");
@@ -227,6 +231,12 @@ impl Checkpoint {
         self.entries
             .iter()
             .map(|(name, e)| (name.as_str(), (e.end - e.start) as u64))
+    }
+
+    /// Bytes of the tensors the engine leaves out: a vision tower, a multi-token-prediction
+    /// head.
+    pub fn skipped_bytes(&self) -> u64 {
+        self.skipped_bytes
     }
 
     /// The stored bytes of tensor `name`, as the file holds them: what a weight hash covers.

@@ -58,12 +58,17 @@ fn dev(data: &Path) -> DevReport {
 
 /// As `dev`, with `extra` arguments; also what it printed.
 fn dev_with(data: &Path, extra: &[&str]) -> (DevReport, String) {
+    dev_preset(data, "tiny", extra)
+}
+
+/// As `dev_with`, serving `preset`.
+fn dev_preset(data: &Path, preset: &str, extra: &[&str]) -> (DevReport, String) {
     let mut args = vec![
         "dev",
         "--data-dir",
         path_str(data),
         "--preset",
-        "tiny",
+        preset,
         "--tokens",
         "8",
         "--json",
@@ -211,7 +216,7 @@ fn dev_over_four_validators_runs_the_whole_loop_and_every_store_verifies() {
     assert_eq!(report.caught.len(), 1, "{report:?}");
     assert_eq!(report.caught[0].address, report.workers[2].address);
     assert_paid_exactly(&report, &genesis);
-    let models: Vec<String> = ["tiny", "tiny-qwen2", "small"]
+    let models: Vec<String> = ["tiny", "tiny-qwen2", "small", "qwen35-small"]
         .iter()
         .map(|name| path_str(&data.join(format!("model-{name}"))).to_string())
         .collect();
@@ -222,6 +227,24 @@ fn dev_over_four_validators_runs_the_whole_loop_and_every_store_verifies() {
         let report = kvasir_tests::network::verify_chain(&store, &genesis, &models);
         assert!(report.contains("chain ok"), "validator {index}: {report}");
     }
+}
+
+/// The seed's own family, Qwen3.5-MoE (gated DeltaNet and gated attention layers, a
+/// shared expert), served by the whole swarm: every expert remote, the output identical
+/// to the local run bit for bit, a dishonest worker caught, the others paid exactly.
+#[test]
+fn dev_serves_qwen35_moe_remote_identical_to_local_and_pays_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (report, text) = dev_preset(
+        &data,
+        "qwen35-small",
+        &["--workers", "3", "--dishonest", "1"],
+    );
+    assert!(text.contains("model qwen35-small"), "{text}");
+    let genesis = Genesis::load(&data.join("genesis.json")).unwrap();
+    assert_eq!(report.caught.len(), 1, "{report:?}");
+    assert_paid_exactly(&report, &genesis);
 }
 
 #[test]

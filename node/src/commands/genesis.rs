@@ -273,7 +273,7 @@ mod tests {
         let genesis = Genesis::from_json(DEV_GENESIS).unwrap();
         assert_eq!(
             genesis.hash().to_string(),
-            "3d35519ed27044897abbb8e9f8ef0b01e4a01fe9782515ce1beea542f23f2800"
+            "a461b6b850f20b5f4a37698db85377845e8ccff9823b33b02180a6fef4567616"
         );
         let roles: Vec<_> = DEV_KEYS.iter().map(|(role, _)| *role).collect();
         assert_eq!(roles, ROLES);

@@ -10,7 +10,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use kvasir_api::reports::{ModelReport, SliceReport};
 use kvasir_inference::checkpoint::Checkpoint;
-use kvasir_inference::config::Config;
+use kvasir_inference::config::{Config, Mixer};
 
 use crate::engine::model_id;
 use crate::spec::ExpertSpec;
@@ -54,6 +54,9 @@ pub fn report(dir: &Path, slice: Option<&ExpertSpec>) -> Result<ModelReport> {
         model_id: model_id(dir)?,
         family: config.model_type.clone(),
         layers: config.num_hidden_layers,
+        linear_attention_layers: (0..config.num_hidden_layers)
+            .filter(|l| config.mixer(*l) == Mixer::LinearAttention)
+            .collect(),
         experts: moe_layers.len() * config.num_experts,
         moe_layers,
         experts_per_layer: config.num_experts,
@@ -61,6 +64,7 @@ pub fn report(dir: &Path, slice: Option<&ExpertSpec>) -> Result<ModelReport> {
         bytes_per_expert: per_expert.values().copied().max().unwrap_or(0),
         expert_bytes,
         total_bytes,
+        skipped_bytes: checkpoint.skipped_bytes(),
         expert_share: expert_bytes as f64 / total_bytes.max(1) as f64,
         slice,
     })
@@ -73,10 +77,19 @@ fn mib(bytes: u64) -> String {
 /// The report as lines of text.
 pub fn text(report: &ModelReport) -> String {
     let dense = report.layers - report.moe_layers.len();
+    let linear = report.linear_attention_layers.len();
+    let mixers = if linear > 0 {
+        format!(
+            "{linear} gated DeltaNet, {} full attention; ",
+            report.layers - linear
+        )
+    } else {
+        String::new()
+    };
     let mut lines = vec![
         format!("model {} ({})", report.model_id, report.family),
         format!(
-            "layers: {} ({} routing to experts, {dense} dense)",
+            "layers: {} ({mixers}{} routing to experts, {dense} dense)",
             report.layers,
             report.moe_layers.len()
         ),
@@ -94,6 +107,12 @@ pub fn text(report: &ModelReport) -> String {
             report.expert_share * 100.0
         ),
     ];
+    if report.skipped_bytes > 0 {
+        lines.push(format!(
+            "left out: {} beside the text model (vision tower, multi-token prediction)",
+            mib(report.skipped_bytes)
+        ));
+    }
     if let Some(slice) = &report.slice {
         lines.push(format!(
             "--experts {}: {} experts, {} for a worker to hold",
@@ -123,6 +142,27 @@ mod tests {
         ] {
             assert_eq!(expert_of(other), None, "{other}");
         }
+    }
+
+    #[test]
+    fn a_published_qwen35_checkpoint_is_counted_by_layer_kind_and_its_vision_tower_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let preset = kvasir_inference::synth::preset("qwen35-tiny-vl").unwrap();
+        kvasir_inference::synth::synthesize(dir.path(), preset, |_, _| {}).unwrap();
+        let report = report(dir.path(), None).unwrap();
+        assert_eq!(report.family, "qwen3_5_moe_text");
+        assert_eq!(report.linear_attention_layers, [0, 1, 2]);
+        assert_eq!(report.moe_layers, [0, 1, 2, 3]);
+        // Fused experts are counted per expert: 3 x 32 x 64 bf16 values each.
+        assert_eq!(report.bytes_per_expert, 3 * 32 * 64 * 2);
+        assert_eq!(report.experts, 32);
+        assert!(report.skipped_bytes > 0);
+        let printed = text(&report);
+        assert!(
+            printed.contains("layers: 4 (3 gated DeltaNet, 1 full attention; 4 routing"),
+            "{printed}"
+        );
+        assert!(printed.contains("left out:"), "{printed}");
     }
 
     #[test]

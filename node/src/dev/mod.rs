@@ -100,7 +100,7 @@ fn ensure_model(dir: &Path, name: &str) -> Result<()> {
 }
 
 /// The presets the dev chain pins (`genesis/dev`), the ones dev can serve.
-const DEV_CHAIN_PRESETS: [&str; 3] = ["tiny", "tiny-qwen2", "small"];
+const DEV_CHAIN_PRESETS: [&str; 4] = ["tiny", "tiny-qwen2", "small", "qwen35-small"];
 
 /// The checkpoint of each model `genesis` pins, under `dir`, synthesized on first use. Dev
 /// synthesizes only the dev chain's presets, so a chain pinning anything else is refused.
