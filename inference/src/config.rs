@@ -111,6 +111,11 @@ pub enum Mixer {
 /// low enough that no product of a few of them overflows.
 const MAX_DIMENSION: usize = 1 << 20;
 
+/// The most values one sequence's recurrent state may hold in one DeltaNet layer: 256 MiB
+/// of f32, 64 times Qwen3.5-122B's (64 value heads of 128 x 128), so that a config cannot
+/// make every new sequence allocate without bound.
+const MAX_DELTANET_STATE: usize = 1 << 26;
+
 fn one() -> usize {
     1
 }
@@ -270,6 +275,15 @@ impl Config {
         {
             return bad("linear_num_value_heads must be a multiple of linear_num_key_heads".into());
         }
+        let state = self
+            .linear_num_value_heads
+            .checked_mul(self.linear_key_head_dim)
+            .and_then(|v| v.checked_mul(self.linear_value_head_dim));
+        if state.is_none_or(|floats| floats > MAX_DELTANET_STATE) {
+            return bad(format!(
+                "a DeltaNet layer's state (value heads x key dim x value dim) is over {MAX_DELTANET_STATE} values"
+            ));
+        }
         if self.full_attention_interval == Some(0) {
             return bad("full_attention_interval must be greater than zero".into());
         }
@@ -408,6 +422,90 @@ mod tests {
         config.mlp_only_layers.clear();
         config.decoder_sparse_step = 2;
         assert!(!config.is_moe_layer(0) && config.is_moe_layer(1));
+    }
+
+    proptest::proptest! {
+        /// Whatever config.json holds, parsing gives a config or a typed error.
+        #[test]
+        fn any_config_text_parses_or_is_an_error(text in ".{0,300}") {
+            let _ = Config::parse(&text);
+        }
+
+        /// A Qwen3.5 config with any sizes (zero, huge) is validated without a panic or
+        /// an overflow.
+        #[test]
+        fn any_qwen35_sizes_validate_or_are_an_error(
+            sizes in proptest::collection::vec(0usize..=usize::MAX, 8),
+            factor in proptest::num::f64::ANY,
+        ) {
+            let text = QWEN35
+                .replace("\"linear_num_value_heads\": 4", &format!("\"linear_num_value_heads\": {}", sizes[0]))
+                .replace("\"linear_key_head_dim\": 16", &format!("\"linear_key_head_dim\": {}", sizes[1]))
+                .replace("\"linear_value_head_dim\": 16", &format!("\"linear_value_head_dim\": {}", sizes[2]))
+                .replace("\"linear_num_key_heads\": 2", &format!("\"linear_num_key_heads\": {}", sizes[3]))
+                .replace("\"head_dim\": 32", &format!("\"head_dim\": {}", sizes[4]))
+                .replace("\"num_hidden_layers\": 4", &format!("\"num_hidden_layers\": {}", sizes[5]))
+                .replace("\"linear_conv_kernel_dim\": 4", &format!("\"linear_conv_kernel_dim\": {}", sizes[6]))
+                .replace("\"num_experts\": 8", &format!("\"num_experts\": {}", sizes[7]))
+                .replace("0.25", &format!("{factor:e}"));
+            if let Ok(config) = Config::parse(&text) {
+                proptest::prop_assert!(config.rotary_dim() <= config.head_dim());
+                for layer in 0..config.num_hidden_layers.min(8) {
+                    let _ = config.mixer(layer);
+                }
+            }
+        }
+    }
+
+    const QWEN35: &str = r#"{"model_type": "qwen3_5_moe", "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+        "tie_word_embeddings": false, "vision_config": {"depth": 1},
+        "text_config": {"model_type": "qwen3_5_moe_text", "vocab_size": 10, "hidden_size": 8,
+        "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
+        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "moe_intermediate_size": 4,
+        "shared_expert_intermediate_size": 4, "num_experts": 8, "num_experts_per_tok": 2,
+        "rms_norm_eps": 1e-6, "max_position_embeddings": 64,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+            "mrope_section": [2, 1, 1], "mrope_interleaved": true}}}"#;
+
+    #[test]
+    fn a_multimodal_qwen35_config_reads_its_text_model() {
+        let config = Config::parse(QWEN35).unwrap();
+        assert_eq!(config.family(), Family::Qwen35Moe);
+        assert_eq!(config.model_type, "qwen3_5_moe_text");
+        assert_eq!(config.rotary_dim(), 8);
+        assert!(config.renormalizes_top_k());
+        let mixers: Vec<Mixer> = (0..4).map(|l| config.mixer(l)).collect();
+        assert_eq!(
+            mixers,
+            [
+                Mixer::LinearAttention,
+                Mixer::LinearAttention,
+                Mixer::LinearAttention,
+                Mixer::FullAttention
+            ]
+        );
+        // Every layer routes to experts; there is no dense width to read.
+        assert_eq!(config.moe_layers().count(), 4);
+        // layer_types, when given, decides.
+        let listed = QWEN35.replace(
+            "\"head_dim\": 32,",
+            "\"head_dim\": 32, \"layer_types\": [\"full_attention\", \"linear_attention\", \"full_attention\", \"linear_attention\"],",
+        );
+        let listed = Config::parse(&listed).unwrap();
+        assert_eq!(listed.mixer(0), Mixer::FullAttention);
+        assert_eq!(listed.mixer(3), Mixer::LinearAttention);
+        // Huge state per sequence is refused.
+        let huge = QWEN35
+            .replace(
+                "\"linear_key_head_dim\": 16",
+                "\"linear_key_head_dim\": 1000000",
+            )
+            .replace(
+                "\"linear_value_head_dim\": 16",
+                "\"linear_value_head_dim\": 32",
+            );
+        assert!(matches!(Config::parse(&huge), Err(LoadError::Config(m)) if m.contains("state")));
     }
 
     #[test]

@@ -283,6 +283,16 @@ impl MoeBlock {
         })
     }
 
+    /// Bytes of the weights the backbone reads per token in this block: the router, and the
+    /// shared expert with its gate.
+    pub fn byte_len(&self) -> usize {
+        self.router.byte_len()
+            + self
+                .shared
+                .as_ref()
+                .map_or(0, |(expert, gate)| expert.byte_len() + gate.byte_len())
+    }
+
     /// Per token, the chosen experts and their weights, highest probability first.
     pub fn route(&self, x: &[f32], tokens: usize) -> Vec<Vec<(usize, f32)>> {
         let experts = self.router.rows();

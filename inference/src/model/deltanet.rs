@@ -103,6 +103,12 @@ impl GatedDeltaNet {
         }
     }
 
+    /// Bytes of one sequence's state in this layer.
+    pub fn state_bytes(&self) -> usize {
+        let d = self.dims;
+        ((d.kernel - 1) * d.conv_channels() + d.value_heads * d.key_dim * d.value_dim) * 4
+    }
+
     /// Bytes of weights read per token.
     pub fn byte_len(&self) -> usize {
         let vectors = self.conv.len() + self.neg_a.len() + self.dt_bias.len() + self.norm.len();

@@ -247,11 +247,24 @@ impl Model {
                     + 2 * h * 4
                     + match &l.mlp {
                         Mlp::Dense(m) => m.byte_len(),
-                        Mlp::Moe(_) => self.config.num_experts * h * self.embed.dtype().size(),
+                        Mlp::Moe(block) => block.byte_len(),
                     }
             })
             .sum();
         per_layer + self.lm_head.byte_len() + h * self.embed.dtype().size()
+    }
+
+    /// Bytes of one sequence's cache a decode step reads at `context` positions: the keys
+    /// and values of each attention layer, the state of each DeltaNet layer.
+    pub fn cache_bytes_per_token(&self, context: usize) -> usize {
+        let c = &self.config;
+        self.layers
+            .iter()
+            .map(|l| match &l.mixer {
+                TokenMixer::Attention(_) => 2 * context * c.num_key_value_heads * c.head_dim() * 4,
+                TokenMixer::DeltaNet(d) => d.state_bytes(),
+            })
+            .sum()
     }
 
     /// Whether `cache` has this model's layers (as `new_cache` makes them).

@@ -277,11 +277,9 @@ pub fn run(args: Args) -> Result<()> {
     let batch1 = rates[0].2;
     let moe_layers = config.moe_layers().count();
     let context = PROMPT_LEN + args.tokens / 2;
-    let kv_bytes =
-        config.num_hidden_layers * 2 * context * config.num_key_value_heads * config.head_dim() * 4;
     let bytes_per_token = model.dense_bytes_per_token()
         + moe_layers * config.num_experts_per_tok * experts.expert_bytes()
-        + kv_bytes;
+        + model.cache_bytes_per_token(context);
     let bound = bandwidth / bytes_per_token as f64;
     let bandwidth_ratio = batch1 / bound;
     let kernels = kernel_timings(&config)?;
