@@ -14,6 +14,7 @@ pub mod generation;
 pub mod ledger;
 pub mod market;
 mod object;
+pub mod openai;
 pub mod registry;
 pub mod reports;
 pub mod schema;

@@ -5,7 +5,9 @@
 //! its hub link; of the ledger, only its API: to read workers' bonds and submit evidence.
 
 pub mod audit;
+mod batcher;
 mod hub_link;
+mod openai;
 mod placements;
 mod provable;
 mod remote;
@@ -25,7 +27,7 @@ use kvasir_inference::moe::LocalExperts;
 use kvasir_inference::tokenizer::Tokenizer;
 
 use crate::bonds::BondCheck;
-use crate::engine::{run_generation, SamplingArgs};
+use crate::engine::{model_id, run_generation, SamplingArgs};
 use crate::listen::Limits;
 use crate::spec::ExpertSpec;
 use audit::{Auditor, Reporting};
@@ -57,6 +59,12 @@ pub struct Args {
     /// the total).
     #[arg(long, default_value_t = 4096)]
     max_connections: usize,
+    /// Generations that share one decode step at most (continuous batching); more wait.
+    #[arg(long, default_value_t = 64)]
+    max_batch: usize,
+    /// Requests that may wait for a place in the batch; beyond, `--listen` answers 429.
+    #[arg(long, default_value_t = 256)]
+    max_queued: usize,
     #[command(flatten)]
     sampling: SamplingArgs,
     /// A remote answer later than this is given up on and computed locally.
@@ -144,12 +152,15 @@ pub fn run(args: Args) -> Result<()> {
         experts,
     });
     if let Some(listen) = args.listen {
-        return runtime.block_on(serve::serve(
-            engine,
+        let serving = serve::Serving {
             listen,
-            Limits::total(args.max_connections),
+            limits: Limits::total(args.max_connections),
             sampling,
-        ));
+            model_name: model_id(&args.model).with_context(loading)?,
+            max_batch: args.max_batch,
+            max_queued: args.max_queued,
+        };
+        return runtime.block_on(serve::serve(engine, serving));
     }
     let prompt = args.prompt.unwrap_or_default();
     let mut generation = engine.generate(&prompt, args.sampling.tokens, sampling)?;

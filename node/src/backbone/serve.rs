@@ -1,6 +1,10 @@
-//! `--listen`: the backbone's HTTP endpoint, `POST /generate` with JSON in and out.
+//! `--listen`: the backbone's HTTP endpoints: `POST /generate` with JSON in and out, and the
+//! OpenAI-compatible API under `/v1/` (`openai`). Every generation joins one shared decode
+//! batch (`batcher`).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::Result;
 use axum::extract::rejection::JsonRejection;
@@ -13,7 +17,8 @@ use kvasir_api::{ErrorBody, Object};
 use kvasir_inference::generate::Sampling;
 use utoipa::OpenApi;
 
-use super::Engine;
+use super::batcher::{Batcher, Event, Job};
+use super::{openai, Engine};
 use crate::link;
 use crate::listen::{Acceptor, Limits};
 use crate::metrics::Exposition;
@@ -31,12 +36,25 @@ fn http_error(status: StatusCode, kind: &str, message: String) -> (StatusCode, J
     (status, Json(body))
 }
 
-/// The HTTP endpoint's state: the engine, one generation at a time (batching concurrent
-/// requests is for a later change), and the sampling settings from the command line.
-struct Served {
-    engine: Arc<Engine>,
-    turn: tokio::sync::Mutex<()>,
-    sampling: Sampling,
+/// The HTTP endpoints' state: the engine, the batch every generation joins, the sampling
+/// settings from the command line, and the name the model is served under.
+pub(super) struct Served {
+    pub(super) engine: Arc<Engine>,
+    pub(super) batcher: Batcher,
+    pub(super) sampling: Sampling,
+    pub(super) model_name: String,
+    ids: AtomicU64,
+}
+
+impl Served {
+    /// A fresh number for a response id.
+    pub(super) fn next_id(&self) -> u64 {
+        self.ids.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(super) fn eos(&self) -> Option<u32> {
+        self.engine.model.config().eos_token_id
+    }
 }
 
 /// The OpenAPI description of the backbone's endpoint.
@@ -85,7 +103,7 @@ async fn metrics(State(served): State<Arc<Served>>) -> String {
 }
 
 /// `POST /generate`: JSON in and out, errors as `{error, message}`.
-#[utoipa::path(post, path = "/generate", description = "Generate `tokens` tokens (default 32, at most 4096) after `prompt`, one request at a time.", request_body = GenerateRequest, responses((status = 200, body = GenerationReport), (status = 400, description = "Not JSON", body = ErrorBody), (status = 413, description = "Body over 64 KiB", body = ErrorBody), (status = 415, description = "Not application/json", body = ErrorBody), (status = 422, description = "JSON of another shape, an empty prompt, or tokens out of range", body = ErrorBody), (status = 500, description = "Generation failed", body = ErrorBody)))]
+#[utoipa::path(post, path = "/generate", description = "Generate `tokens` tokens (default 32, at most 4096) after `prompt`, in the decode batch shared with every other request.", request_body = GenerateRequest, responses((status = 200, body = GenerationReport), (status = 400, description = "Not JSON", body = ErrorBody), (status = 413, description = "Body over 64 KiB", body = ErrorBody), (status = 415, description = "Not application/json", body = ErrorBody), (status = 422, description = "JSON of another shape, an empty prompt, or tokens out of range", body = ErrorBody), (status = 429, description = "The queue of waiting requests is full", body = ErrorBody), (status = 500, description = "Generation failed", body = ErrorBody)))]
 async fn generate_handler(
     State(served): State<Arc<Served>>,
     body: Result<Json<Object<GenerateRequest>>, JsonRejection>,
@@ -100,42 +118,83 @@ async fn generate_handler(
             message,
         ));
     }
-    let _turn = served.turn.lock().await;
-    let (engine, sampling) = (served.engine.clone(), served.sampling);
-    let generation = tokio::task::spawn_blocking(move || {
-        engine.generate(&request.prompt, request.tokens, sampling)
-    })
-    .await
-    .map_err(|e| http_error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
-    .map_err(|e| {
-        http_error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "generation",
-            format!("{e:#}"),
-        )
-    })?;
-    Ok(Json(generation))
+    let engine = &served.engine;
+    let internal =
+        |message: String| http_error(StatusCode::INTERNAL_SERVER_ERROR, "generation", message);
+    let prompt_ids = engine
+        .tokenizer
+        .encode(&request.prompt)
+        .map_err(|e| http_error(StatusCode::UNPROCESSABLE_ENTITY, "invalid", e.to_string()))?;
+    let start = Instant::now();
+    let mut events = served
+        .batcher
+        .submit(Job {
+            prompt: prompt_ids.clone(),
+            max_new: request.tokens,
+            sampling: served.sampling,
+        })
+        .map_err(|_| {
+            let message = "the queue of waiting requests is full; retry later".to_string();
+            http_error(StatusCode::TOO_MANY_REQUESTS, "busy", message)
+        })?;
+    let mut token_ids = Vec::new();
+    let logits_blake3 = loop {
+        match events.recv().await {
+            Some(Event::Token(token)) => token_ids.push(token),
+            Some(Event::Done { logits_blake3, .. }) => break logits_blake3,
+            Some(Event::Failed(message)) => return Err(internal(message)),
+            None => return Err(internal("the generation ended without an answer".into())),
+        }
+    };
+    let generate_s = start.elapsed().as_secs_f64();
+    Ok(Json(GenerationReport {
+        text: engine
+            .tokenizer
+            .decode(&token_ids)
+            .map_err(|e| internal(e.to_string()))?,
+        tokens_per_s: token_ids.len() as f64 / generate_s,
+        token_ids,
+        prompt_ids,
+        generate_s,
+        logits_blake3,
+        load_s: None,
+        backend: None,
+        dispatch: Some(engine.experts.stats()),
+        audit: Some(engine.experts.audit_report()),
+    }))
 }
 
-pub(super) async fn serve(
-    engine: Arc<Engine>,
-    listen: std::net::SocketAddr,
-    limits: Limits,
-    sampling: Sampling,
-) -> Result<()> {
+/// How the HTTP endpoints run: the listener, its connection limits, the default sampling,
+/// the model's public name, and the batch's bounds.
+pub(super) struct Serving {
+    pub(super) listen: std::net::SocketAddr,
+    pub(super) limits: Limits,
+    pub(super) sampling: Sampling,
+    pub(super) model_name: String,
+    pub(super) max_batch: usize,
+    pub(super) max_queued: usize,
+}
+
+pub(super) async fn serve(engine: Arc<Engine>, serving: Serving) -> Result<()> {
+    let batcher = Batcher::start(engine.clone(), serving.max_batch, serving.max_queued)?;
     let served = Arc::new(Served {
         engine,
-        turn: tokio::sync::Mutex::new(()),
-        sampling,
+        batcher,
+        sampling: serving.sampling,
+        model_name: serving.model_name,
+        ids: AtomicU64::new(0),
     });
     let app = Router::new()
         .route("/generate", post(generate_handler))
+        .route("/v1/models", get(openai::models))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(|| async { Json(ApiDoc::openapi()) }))
         .layer(DefaultBodyLimit::max(64 << 10))
         .with_state(served);
-    let listener = link::bind("backbone", listen).await?;
-    axum::serve(Acceptor::new("backbone", listener, limits), app).await?;
+    let listener = link::bind("backbone", serving.listen).await?;
+    axum::serve(Acceptor::new("backbone", listener, serving.limits), app).await?;
     Ok(())
 }

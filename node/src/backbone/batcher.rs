@@ -1,0 +1,144 @@
+//! Continuous batching: every generation the backbone serves shares its decode steps. One
+//! thread owns the running batch; a request joins it between two steps (its prompt is
+//! prefilled in the step it joins) and leaves when it is done or its caller stops listening,
+//! so a step carries one row per running sequence (plus the prompts joining) and costs one
+//! round trip per remote worker per layer, whatever the number of users. A sequence's tokens
+//! and logits are the same bits alone or in any batch (the engine's guarantee), so batching
+//! changes throughput, never answers.
+//!
+//! Requests wait in a bounded queue; when it is full `submit` says so at once (the HTTP
+//! layer answers 429) rather than letting a burst grow memory.
+
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::Arc;
+
+use kvasir_inference::generate::{step, Sampling, Sequence};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+use super::Engine;
+
+/// One generation asked for.
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub max_new: usize,
+    pub sampling: Sampling,
+}
+
+/// What a caller hears about its generation, in order: tokens, then one end.
+#[derive(Debug, PartialEq)]
+pub enum Event {
+    Token(u32),
+    /// The generation ended: at the end token (`eos`) or at `max_new`. `logits_blake3` is
+    /// the hash of the last step's logits (little-endian f32).
+    Done {
+        eos: bool,
+        logits_blake3: String,
+    },
+    Failed(String),
+}
+
+/// The queue is full: try again later.
+#[derive(Debug)]
+pub struct Busy;
+
+/// The handle requests are submitted through; the batch runs on its own thread until every
+/// handle is dropped.
+#[derive(Clone)]
+pub struct Batcher {
+    jobs: SyncSender<(Job, UnboundedSender<Event>)>,
+}
+
+impl Batcher {
+    /// Starts the batch thread: at most `max_batch` sequences run at once, and at most
+    /// `queue` more wait.
+    pub fn start(engine: Arc<Engine>, max_batch: usize, queue: usize) -> std::io::Result<Batcher> {
+        let (jobs, incoming) = sync_channel(queue);
+        std::thread::Builder::new()
+            .name("batcher".into())
+            .spawn(move || run(&engine, &incoming, max_batch.max(1)))?;
+        Ok(Batcher { jobs })
+    }
+
+    /// Queues `job`; its events arrive on the receiver. Dropping the receiver cancels it.
+    pub fn submit(&self, job: Job) -> Result<UnboundedReceiver<Event>, Busy> {
+        let (events, receiver) = unbounded_channel();
+        match self.jobs.try_send((job, events)) {
+            Ok(()) => Ok(receiver),
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => Err(Busy),
+        }
+    }
+}
+
+/// A sequence in the batch, with where its caller listens and how many tokens it was told.
+struct Running {
+    sequence: Sequence,
+    events: UnboundedSender<Event>,
+    told: usize,
+}
+
+fn run(engine: &Engine, incoming: &Receiver<(Job, UnboundedSender<Event>)>, max_batch: usize) {
+    let mut batch: Vec<Running> = Vec::new();
+    loop {
+        // Wait while idle; otherwise take whoever is waiting, up to the batch size.
+        if batch.is_empty() {
+            match incoming.recv() {
+                Ok(job) => batch.push(admit(engine, job)),
+                Err(_) => return,
+            }
+        }
+        while batch.len() < max_batch {
+            match incoming.try_recv() {
+                Ok(job) => batch.push(admit(engine, job)),
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+            }
+        }
+        // A caller that stopped listening leaves before the step.
+        batch.retain(|r| !r.events.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
+        let mut sequences: Vec<&mut Sequence> = batch.iter_mut().map(|r| &mut r.sequence).collect();
+        if let Err(e) = step(&engine.model, &engine.experts, &mut sequences) {
+            let message = format!("generation failed: {e}");
+            for running in batch.drain(..) {
+                let _ = running.events.send(Event::Failed(message.clone()));
+            }
+            continue;
+        }
+        batch.retain_mut(|running| tell(engine, running));
+    }
+}
+
+fn admit(engine: &Engine, (job, events): (Job, UnboundedSender<Event>)) -> Running {
+    Running {
+        sequence: Sequence::new(&engine.model, &job.prompt, job.max_new, job.sampling),
+        events,
+        told: 0,
+    }
+}
+
+/// Sends the caller its new tokens, and the end if it came; whether it stays in the batch.
+fn tell(engine: &Engine, running: &mut Running) -> bool {
+    let generated = running.sequence.generated();
+    for token in &generated[running.told..] {
+        if running.events.send(Event::Token(*token)).is_err() {
+            return false;
+        }
+    }
+    running.told = generated.len();
+    if !running.sequence.is_done() {
+        return true;
+    }
+    let eos = engine.model.config().eos_token_id;
+    let logits: Vec<u8> = running
+        .sequence
+        .last_logits()
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let _ = running.events.send(Event::Done {
+        eos: eos.is_some() && generated.last().copied() == eos,
+        logits_blake3: blake3::hash(&logits).to_hex().to_string(),
+    });
+    false
+}

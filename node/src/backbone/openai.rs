@@ -1,0 +1,717 @@
+//! The OpenAI-compatible API under `/v1/`: `POST /v1/completions`,
+//! `POST /v1/chat/completions` (with `stream: true` as server-sent events) and
+//! `GET /v1/models`, in the shapes of `kvasir_api::openai`. Every request joins the shared
+//! decode batch (`batcher`). A chat is turned into a prompt with ChatML, Qwen's own format
+//! (`<|im_start|>role\ncontent<|im_end|>\n` per message, then `<|im_start|>assistant\n`);
+//! a checkpoint's Jinja `chat_template` is not run.
+//!
+//! Defaults and limits: `max_tokens` 16 for completions and 512 for chats, at most 4,096 and
+//! within the model's context; `temperature` from 0 (greedy) to 2, the backbone's
+//! `--temperature` when absent; `seed` the backbone's `--seed` when absent; up to 4 `stop`
+//! strings of at most 256 bytes; one prompt and `n` 1.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::stream::{self, Stream};
+use kvasir_api::openai::{
+    AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChatMessage, ChatRequest, ChunkChoice,
+    Completion, CompletionChoice, CompletionRequest, Content, Delta, ErrorDetail, ErrorResponse,
+    ModelEntry, ModelList, Settings, Usage,
+};
+use kvasir_inference::generate::Sampling;
+use kvasir_inference::tokenizer::Tokenizer;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::batcher::{Event, Job};
+use super::serve::Served;
+
+/// Most tokens one request may generate.
+const MAX_TOKENS: usize = 4096;
+const MAX_STOPS: usize = 4;
+const MAX_STOP_BYTES: usize = 256;
+
+/// An error in the API's own shape, with its HTTP status.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    detail: ErrorDetail,
+}
+
+impl ApiError {
+    fn invalid(param: Option<&str>, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            detail: ErrorDetail {
+                message: message.into(),
+                kind: "invalid_request_error".into(),
+                param: param.map(str::to_string),
+                code: None,
+            },
+        }
+    }
+
+    fn with(status: StatusCode, kind: &str, code: &str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            detail: ErrorDetail {
+                message: message.into(),
+                kind: kind.into(),
+                param: None,
+                code: Some(code.into()),
+            },
+        }
+    }
+
+    fn body(&self) -> ErrorResponse {
+        ErrorResponse {
+            error: self.detail.clone(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body())).into_response()
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> ApiError {
+        let mut error = ApiError::invalid(None, rejection.body_text());
+        error.status = match rejection.status() {
+            StatusCode::PAYLOAD_TOO_LARGE => StatusCode::PAYLOAD_TOO_LARGE,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            _ => StatusCode::BAD_REQUEST,
+        };
+        error
+    }
+}
+
+/// `GET /v1/models`: the one model this backbone serves, by the id the swarm knows it by.
+pub(super) async fn models(State(served): State<Arc<Served>>) -> Json<ModelList> {
+    Json(ModelList {
+        object: "list".into(),
+        data: vec![ModelEntry {
+            id: served.model_name.clone(),
+            object: "model".into(),
+            created: 0,
+            owned_by: "kvasir".into(),
+        }],
+    })
+}
+
+/// `POST /v1/completions`.
+pub(super) async fn completions(
+    State(served): State<Arc<Served>>,
+    body: Result<Json<CompletionRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(request) = body?;
+    let mut prompts = request.prompt.into_vec();
+    if prompts.len() != 1 {
+        return Err(ApiError::invalid(Some("prompt"), "one prompt per request"));
+    }
+    let prompt = prompts.remove(0);
+    let asked = Asked::new(&served, &prompt, &request.settings, 16)?;
+    if request.settings.stream {
+        return Ok(asked.stream(served, Kind::Completion).into_response());
+    }
+    let done = asked.collect(&served).await?;
+    Ok(Json(Completion {
+        id: asked.id.clone(),
+        object: "text_completion".into(),
+        created: asked.created,
+        model: served.model_name.clone(),
+        choices: vec![CompletionChoice {
+            index: 0,
+            text: done.text,
+            finish_reason: Some(done.finish_reason.into()),
+            logprobs: None,
+        }],
+        usage: Some(asked.usage(done.tokens)),
+    })
+    .into_response())
+}
+
+/// `POST /v1/chat/completions`.
+pub(super) async fn chat_completions(
+    State(served): State<Arc<Served>>,
+    body: Result<Json<ChatRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(request) = body?;
+    let prompt = chat_prompt(&request.messages)?;
+    let asked = Asked::new(&served, &prompt, &request.settings, 512)?;
+    if request.settings.stream {
+        return Ok(asked.stream(served, Kind::Chat).into_response());
+    }
+    let done = asked.collect(&served).await?;
+    Ok(Json(ChatCompletion {
+        id: asked.id.clone(),
+        object: "chat.completion".into(),
+        created: asked.created,
+        model: served.model_name.clone(),
+        choices: vec![ChatChoice {
+            index: 0,
+            message: AssistantMessage {
+                role: "assistant".into(),
+                content: done.text,
+            },
+            finish_reason: Some(done.finish_reason.into()),
+        }],
+        usage: asked.usage(done.tokens),
+    })
+    .into_response())
+}
+
+/// The chat as one ChatML prompt, ending where the assistant's answer begins.
+fn chat_prompt(messages: &[ChatMessage]) -> Result<String, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid(
+            Some("messages"),
+            "messages must not be empty",
+        ));
+    }
+    let mut prompt = String::new();
+    for message in messages {
+        if !matches!(
+            message.role.as_str(),
+            "system" | "developer" | "user" | "assistant" | "tool"
+        ) {
+            return Err(ApiError::invalid(
+                Some("messages"),
+                format!("unknown role {:?}", message.role),
+            ));
+        }
+        let content = match &message.content {
+            None => String::new(),
+            Some(Content::Text(text)) => text.clone(),
+            Some(Content::Parts(parts)) => {
+                let mut text = String::new();
+                for part in parts {
+                    match (part.kind.as_str(), &part.text) {
+                        ("text", Some(piece)) => text.push_str(piece),
+                        _ => {
+                            return Err(ApiError::invalid(
+                                Some("messages"),
+                                "only text content parts are served",
+                            ))
+                        }
+                    }
+                }
+                text
+            }
+        };
+        prompt.push_str(&format!(
+            "<|im_start|>{}\n{content}<|im_end|>\n",
+            message.role
+        ));
+    }
+    prompt.push_str("<|im_start|>assistant\n");
+    Ok(prompt)
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Completion,
+    Chat,
+}
+
+/// A validated request: its prompt tokens, how to sample, and where to stop.
+struct Asked {
+    id: String,
+    created: u64,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    sampling: Sampling,
+    stops: Vec<String>,
+    include_usage: bool,
+}
+
+/// A finished generation's text (stop strings cut off), its reason and token count.
+struct Finished {
+    text: String,
+    finish_reason: &'static str,
+    tokens: usize,
+}
+
+impl Asked {
+    fn new(
+        served: &Served,
+        prompt: &str,
+        settings: &Settings,
+        default_tokens: usize,
+    ) -> Result<Asked, ApiError> {
+        if let Some(model) = &settings.model {
+            if *model != served.model_name {
+                return Err(ApiError::with(
+                    StatusCode::NOT_FOUND,
+                    "invalid_request_error",
+                    "model_not_found",
+                    format!("this backbone serves {}, not {model:?}", served.model_name),
+                ));
+            }
+        }
+        if settings.n.is_some_and(|n| n != 1) {
+            return Err(ApiError::invalid(Some("n"), "n must be 1"));
+        }
+        let temperature = settings.temperature.unwrap_or(served.sampling.temperature);
+        if !(0.0..=2.0).contains(&temperature) {
+            return Err(ApiError::invalid(
+                Some("temperature"),
+                "temperature must be from 0 to 2",
+            ));
+        }
+        let max_tokens = settings
+            .max_tokens
+            .or(settings.max_completion_tokens)
+            .unwrap_or(default_tokens);
+        if !(1..=MAX_TOKENS).contains(&max_tokens) {
+            return Err(ApiError::invalid(
+                Some("max_tokens"),
+                format!("max_tokens must be from 1 to {MAX_TOKENS}"),
+            ));
+        }
+        let stops = settings
+            .stop
+            .clone()
+            .map(|s| s.into_vec())
+            .unwrap_or_default();
+        if stops.len() > MAX_STOPS
+            || stops
+                .iter()
+                .any(|s| s.is_empty() || s.len() > MAX_STOP_BYTES)
+        {
+            return Err(ApiError::invalid(
+                Some("stop"),
+                format!("at most {MAX_STOPS} stop strings of 1 to {MAX_STOP_BYTES} bytes"),
+            ));
+        }
+        if prompt.is_empty() {
+            return Err(ApiError::invalid(Some("prompt"), "the prompt is empty"));
+        }
+        let tokens = served
+            .engine
+            .tokenizer
+            .encode(prompt)
+            .map_err(|e| ApiError::invalid(Some("prompt"), e.to_string()))?;
+        let context = served.engine.model.config().max_position_embeddings;
+        if tokens.is_empty() || tokens.len() + max_tokens > context {
+            return Err(ApiError::with(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "context_length_exceeded",
+                format!(
+                    "the prompt's {} tokens and max_tokens {max_tokens} exceed the model's context of {context}",
+                    tokens.len()
+                ),
+            ));
+        }
+        let created = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Ok(Asked {
+            id: format!("cmpl-{}", served.next_id()),
+            created,
+            prompt: tokens,
+            max_tokens,
+            sampling: Sampling {
+                temperature,
+                seed: settings.seed.unwrap_or(served.sampling.seed),
+            },
+            stops,
+            include_usage: settings
+                .stream_options
+                .as_ref()
+                .is_some_and(|o| o.include_usage),
+        })
+    }
+
+    fn usage(&self, completion_tokens: usize) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt.len(),
+            completion_tokens,
+            total_tokens: self.prompt.len() + completion_tokens,
+        }
+    }
+
+    fn submit(&self, served: &Served) -> Result<UnboundedReceiver<Event>, ApiError> {
+        served
+            .batcher
+            .submit(Job {
+                prompt: self.prompt.clone(),
+                max_new: self.max_tokens,
+                sampling: self.sampling,
+            })
+            .map_err(|_| {
+                ApiError::with(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "rate_limit_error",
+                    "queue_full",
+                    "the backbone's queue is full; retry later",
+                )
+            })
+    }
+
+    /// Runs the generation to its end.
+    async fn collect(&self, served: &Served) -> Result<Finished, ApiError> {
+        let mut events = self.submit(served)?;
+        let tokenizer = &served.engine.tokenizer;
+        let mut text = Detokenizer::new(self.stops.clone(), served.eos());
+        let mut out = String::new();
+        let mut tokens = 0;
+        while let Some(event) = events.recv().await {
+            match event {
+                Event::Token(token) => {
+                    tokens += 1;
+                    let (piece, stopped) = text.push(tokenizer, token);
+                    out.push_str(&piece);
+                    if stopped {
+                        return Ok(Finished {
+                            text: out,
+                            finish_reason: "stop",
+                            tokens,
+                        });
+                    }
+                }
+                Event::Done { eos, .. } => {
+                    out.push_str(&text.rest(tokenizer));
+                    return Ok(Finished {
+                        text: out,
+                        finish_reason: if eos { "stop" } else { "length" },
+                        tokens,
+                    });
+                }
+                Event::Failed(message) => return Err(server_error(message)),
+            }
+        }
+        Err(server_error(
+            "the generation ended without an answer".into(),
+        ))
+    }
+
+    /// The generation as server-sent events: chunks of text, the last with its
+    /// `finish_reason`, a usage chunk if asked, then `[DONE]`.
+    fn stream(
+        self,
+        served: Arc<Served>,
+        kind: Kind,
+    ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+        let events = self.submit(&served);
+        let text = Detokenizer::new(self.stops.clone(), served.eos());
+        let chunks = stream::unfold(
+            Streaming {
+                asked: self,
+                served,
+                kind,
+                events,
+                text,
+                tokens: 0,
+                started: false,
+                ended: false,
+                finished: false,
+            },
+            |mut state| async move {
+                let event = state.next().await?;
+                Some((Ok(event), state))
+            },
+        );
+        Sse::new(chunks)
+    }
+}
+
+fn server_error(message: String) -> ApiError {
+    ApiError::with(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "server_error",
+        "generation_failed",
+        message,
+    )
+}
+
+/// The state of one event stream.
+struct Streaming {
+    asked: Asked,
+    served: Arc<Served>,
+    kind: Kind,
+    events: Result<UnboundedReceiver<Event>, ApiError>,
+    text: Detokenizer,
+    tokens: usize,
+    /// The chat's opening chunk (the role) was sent.
+    started: bool,
+    /// The last chunk (and the usage) was sent; `[DONE]` is next.
+    ended: bool,
+    finished: bool,
+}
+
+impl Streaming {
+    async fn next(&mut self) -> Option<SseEvent> {
+        if self.finished {
+            return None;
+        }
+        if self.ended {
+            self.finished = true;
+            return Some(SseEvent::default().data("[DONE]"));
+        }
+        if matches!(self.kind, Kind::Chat) && !self.started {
+            self.started = true;
+            let delta = Delta {
+                role: Some("assistant".into()),
+                content: Some(String::new()),
+            };
+            return Some(json_event(&self.chat(delta, None)));
+        }
+        let receiver = match &mut self.events {
+            Ok(receiver) => receiver,
+            Err(error) => {
+                self.ended = true;
+                return Some(json_event(&error.body()));
+            }
+        };
+        let tokenizer = &self.served.engine.tokenizer;
+        loop {
+            let Some(event) = receiver.recv().await else {
+                self.ended = true;
+                let error = server_error("the generation ended without an answer".into());
+                return Some(json_event(&error.body()));
+            };
+            match event {
+                Event::Token(token) => {
+                    self.tokens += 1;
+                    let (piece, stopped) = self.text.push(tokenizer, token);
+                    if stopped {
+                        return Some(self.last(piece, "stop"));
+                    }
+                    if !piece.is_empty() {
+                        return Some(self.piece(piece));
+                    }
+                }
+                Event::Done { eos, .. } => {
+                    let rest = self.text.rest(tokenizer);
+                    return Some(self.last(rest, if eos { "stop" } else { "length" }));
+                }
+                Event::Failed(message) => {
+                    self.ended = true;
+                    return Some(json_event(&server_error(message).body()));
+                }
+            }
+        }
+    }
+
+    fn piece(&self, text: String) -> SseEvent {
+        match self.kind {
+            Kind::Completion => json_event(&self.completion(text, None)),
+            Kind::Chat => {
+                let delta = Delta {
+                    role: None,
+                    content: Some(text),
+                };
+                json_event(&self.chat(delta, None))
+            }
+        }
+    }
+
+    /// The chunk with the finish reason (and any text left), with the usage if asked.
+    fn last(&mut self, text: String, reason: &str) -> SseEvent {
+        self.ended = true;
+        let usage = self
+            .asked
+            .include_usage
+            .then(|| self.asked.usage(self.tokens));
+        match self.kind {
+            Kind::Completion => json_event(&Completion {
+                usage,
+                ..self.completion(text, Some(reason))
+            }),
+            Kind::Chat => {
+                let delta = Delta {
+                    role: None,
+                    content: (!text.is_empty()).then_some(text),
+                };
+                json_event(&ChatChunk {
+                    usage,
+                    ..self.chat(delta, Some(reason))
+                })
+            }
+        }
+    }
+
+    fn completion(&self, text: String, reason: Option<&str>) -> Completion {
+        Completion {
+            id: self.asked.id.clone(),
+            object: "text_completion".into(),
+            created: self.asked.created,
+            model: self.served.model_name.clone(),
+            choices: vec![CompletionChoice {
+                index: 0,
+                text,
+                finish_reason: reason.map(str::to_string),
+                logprobs: None,
+            }],
+            usage: None,
+        }
+    }
+
+    fn chat(&self, delta: Delta, reason: Option<&str>) -> ChatChunk {
+        ChatChunk {
+            id: self.asked.id.clone(),
+            object: "chat.completion.chunk".into(),
+            created: self.asked.created,
+            model: self.served.model_name.clone(),
+            choices: vec![ChunkChoice {
+                index: 0,
+                delta,
+                finish_reason: reason.map(str::to_string),
+            }],
+            usage: None,
+        }
+    }
+}
+
+fn json_event(value: &impl serde::Serialize) -> SseEvent {
+    SseEvent::default().data(serde_json::to_string(value).unwrap_or_default())
+}
+
+/// Generated tokens to text, a piece at a time: text is released only once it cannot change
+/// (a character still missing bytes is held back) and cannot be the start of a stop string;
+/// at a stop string, the text before it is the last piece. The end token is not text.
+struct Detokenizer {
+    stops: Vec<String>,
+    eos: Option<u32>,
+    ids: Vec<u32>,
+    /// Bytes of the decoded text already released.
+    released: usize,
+}
+
+impl Detokenizer {
+    fn new(stops: Vec<String>, eos: Option<u32>) -> Detokenizer {
+        Detokenizer {
+            stops,
+            eos,
+            ids: Vec::new(),
+            released: 0,
+        }
+    }
+
+    fn decoded(&self, tokenizer: &Tokenizer) -> String {
+        tokenizer.decode(&self.ids).unwrap_or_default()
+    }
+
+    /// Adds `token`: the text it releases, and whether a stop string was reached.
+    fn push(&mut self, tokenizer: &Tokenizer, token: u32) -> (String, bool) {
+        if Some(token) == self.eos {
+            return (String::new(), false);
+        }
+        self.ids.push(token);
+        let text = self.decoded(tokenizer);
+        let stop = self
+            .stops
+            .iter()
+            .filter_map(|s| text.find(s.as_str()))
+            .min();
+        if let Some(at) = stop {
+            return (self.release(&text, at), true);
+        }
+        // Hold back an unfinished character and any tail that could begin a stop string.
+        let mut safe = text.trim_end_matches('\u{fffd}').len();
+        for stop in &self.stops {
+            let longest = (1..stop.len())
+                .rev()
+                .filter(|k| stop.is_char_boundary(*k))
+                .find(|k| text[..safe].ends_with(&stop[..*k]));
+            if let Some(k) = longest {
+                safe = safe.min(text[..safe].len() - k);
+            }
+        }
+        (self.release(&text, safe), false)
+    }
+
+    /// What is still held back, at the end of the generation.
+    fn rest(&mut self, tokenizer: &Tokenizer) -> String {
+        let text = self.decoded(tokenizer);
+        let end = text.len();
+        self.release(&text, end)
+    }
+
+    /// `text[released..upto]`, marking it released.
+    fn release(&mut self, text: &str, upto: usize) -> String {
+        if upto <= self.released || !text.is_char_boundary(self.released) {
+            return String::new();
+        }
+        let piece = text
+            .get(self.released..upto)
+            .unwrap_or_default()
+            .to_string();
+        self.released = upto;
+        piece
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chat_is_one_chatml_prompt_and_odd_messages_are_refused() {
+        let message = |role: &str, text: &str| ChatMessage {
+            role: role.into(),
+            content: Some(Content::Text(text.into())),
+        };
+        let prompt = chat_prompt(&[message("system", "Be brief."), message("user", "Hi")]).unwrap();
+        assert_eq!(
+            prompt,
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert!(chat_prompt(&[]).is_err());
+        assert!(chat_prompt(&[message("wizard", "x")]).is_err());
+        let image = ChatMessage {
+            role: "user".into(),
+            content: Some(Content::Parts(vec![kvasir_api::openai::ContentPart {
+                kind: "image_url".into(),
+                text: None,
+            }])),
+        };
+        assert!(chat_prompt(&[image]).is_err());
+    }
+
+    /// Text comes out a piece per token, never a piece of a stop string, and a stop string
+    /// ends it with the text before it, even when the stop spans tokens.
+    #[test]
+    fn detokenizing_releases_text_that_cannot_change_and_stops_before_a_stop_string() {
+        let tokenizer = Tokenizer::load(&crate::engine::tiny_checkpoint()).unwrap();
+        let text = "The capital of France is Paris, the city of light.";
+        let ids = tokenizer.encode(text).unwrap();
+        assert!(ids.len() > 4);
+        let run = |stops: Vec<String>| {
+            let mut detokenizer = Detokenizer::new(stops, Some(0));
+            let mut out = String::new();
+            for id in &ids {
+                let (piece, stopped) = detokenizer.push(&tokenizer, *id);
+                out.push_str(&piece);
+                if stopped {
+                    return (out, true);
+                }
+            }
+            out.push_str(&detokenizer.rest(&tokenizer));
+            (out, false)
+        };
+        assert_eq!(run(Vec::new()), (text.to_string(), false));
+        assert_eq!(
+            run(vec!["city".into()]),
+            ("The capital of France is Paris, the ".into(), true)
+        );
+        assert_eq!(
+            run(vec!["nowhere".into(), "Paris".into()]),
+            ("The capital of France is ".into(), true)
+        );
+        // The end token is not text.
+        let mut detokenizer = Detokenizer::new(Vec::new(), Some(0));
+        assert_eq!(detokenizer.push(&tokenizer, 0), (String::new(), false));
+    }
+}
