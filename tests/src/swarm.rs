@@ -222,6 +222,41 @@ pub fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
     }
 }
 
+/// As `http`, over TLS trusting the certificate in `cert` (a self-signed gateway's).
+pub fn https(addr: &str, cert: &Path, method: &str, path: &str, body: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_rustls::rustls::pki_types::ServerName;
+    use tokio_rustls::TlsConnector;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let response = runtime.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connecting");
+        let tls = TlsConnector::from(kvasir_node::tls::client(Some(cert)).unwrap());
+        let name = ServerName::try_from("localhost").unwrap();
+        let mut stream = tls.connect(name, tcp).await.expect("a TLS handshake");
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let mut response = Vec::new();
+        // A peer closing without TLS close_notify still delivered what it sent.
+        let _ = stream.read_to_end(&mut response).await;
+        String::from_utf8_lossy(&response).into_owned()
+    });
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
+    match response.split_once("\r\n\r\n") {
+        Some((_, body)) => (status, body.to_string()),
+        None => panic!("not an HTTP response: {response:?}"),
+    }
+}
+
 /// Sockets in LISTEN state owned by process `pid` (Linux `/proc`).
 pub fn listening_sockets(pid: u32) -> usize {
     let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -480,14 +515,20 @@ impl Swarm {
 
     /// Kills the gateway (SIGKILL) and starts it again on the same address.
     pub fn restart_gateway(&mut self) {
+        self.restart_gateway_with(&[]);
+    }
+
+    /// As `restart_gateway`, the gateway also given `extra` (e.g. `--backbone URL`).
+    pub fn restart_gateway_with(&mut self, extra: &[&str]) {
         self.gateway.kill();
-        let args = Swarm::gateway_args(
+        let mut args = Swarm::gateway_args(
             self.dir.path(),
             &self.gateway_addr,
             &self.hub_addr,
             &self.registry_addr,
             self.ledger_url.as_deref(),
         );
+        args.extend(extra.iter().map(|a| a.to_string()));
         self.gateway = Proc::start("kvasir-node", &args);
         self.gateway.listening("gateway");
     }

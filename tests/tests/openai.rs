@@ -8,7 +8,7 @@ use std::net::TcpStream;
 
 use kvasir_api::generation::GenerationReport;
 use kvasir_api::openai::{ChatChunk, ChatCompletion, Completion, ErrorResponse, ModelList};
-use kvasir_tests::swarm::{http, Swarm};
+use kvasir_tests::swarm::{http, https, Swarm};
 
 const PROMPT: &str = "The capital of France is";
 
@@ -134,6 +134,60 @@ fn openai_completions_and_chats_over_the_swarm_equal_local_runs() {
             assert_eq!(stopped.choices[0].finish_reason.as_deref(), Some("stop"));
         }
     }
+
+    // The public gateway relays the API (TLS), streams included, with the same answers.
+    let gateway = swarm.gateway_addr.clone();
+    let (status, body) = https(&gateway, &swarm.cert(), "GET", "/v1/models", "");
+    assert_eq!(status, 404, "no --backbone yet: {body}");
+    assert!(
+        serde_json::from_str::<ErrorResponse>(&body).is_ok(),
+        "{body}"
+    );
+    swarm.restart_gateway_with(&["--backbone", &format!("http://{addr}")]);
+    let (status, body) = https(&gateway, &swarm.cert(), "GET", "/v1/models", "");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(serde_json::from_str::<ModelList>(&body).unwrap(), models);
+    let (status, body) = https(
+        &gateway,
+        &swarm.cert(),
+        "POST",
+        "/v1/completions",
+        &ask.to_string(),
+    );
+    assert_eq!(status, 200, "{body}");
+    let relayed: Completion = serde_json::from_str(&body).unwrap();
+    assert_eq!(relayed.choices, completion.choices);
+    let (status, raw) = https(
+        &gateway,
+        &swarm.cert(),
+        "POST",
+        "/v1/completions",
+        &streamed.to_string(),
+    );
+    assert_eq!(status, 200, "{raw}");
+    let data = events(&raw);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{raw}");
+    let joined: String = data[..data.len() - 1]
+        .iter()
+        .map(|d| {
+            serde_json::from_str::<Completion>(d).unwrap().choices[0]
+                .text
+                .clone()
+        })
+        .collect();
+    assert_eq!(joined, text);
+    let (status, body) = https(
+        &gateway,
+        &swarm.cert(),
+        "POST",
+        "/v1/completions",
+        r#"{"prompt": "x", "n": 3}"#,
+    );
+    assert_eq!(status, 400);
+    assert!(
+        serde_json::from_str::<ErrorResponse>(&body).is_ok(),
+        "{body}"
+    );
 }
 
 /// Users at once share decode steps, and each gets the bits it would get alone.

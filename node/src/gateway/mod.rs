@@ -5,6 +5,7 @@
 //! the ledger's API; it never decodes a dispatch frame.
 
 pub(crate) mod crediting;
+mod inference;
 mod proxy;
 mod splice;
 pub(crate) mod stats;
@@ -64,6 +65,10 @@ pub struct Args {
     /// The ledger's REST API: served to the public through this gateway, and where credits go.
     #[arg(long)]
     ledger: Option<String>,
+    /// The backbone's `--listen` address (`http://HOST:PORT`, on the LAN): its
+    /// OpenAI-compatible API is served to the public under `/v1/`, streams included.
+    #[arg(long)]
+    backbone: Option<String>,
     /// The hub's registry (`http://HOST:PORT`), polled for receipts to credit.
     #[arg(long, requires_all = ["ledger", "key"])]
     registry: Option<String>,
@@ -141,9 +146,14 @@ pub fn run(args: Args) -> Result<()> {
         .as_deref()
         .map(|url| Upstream::new(url, Duration::from_millis(args.ledger_timeout_ms)))
         .transpose()?;
+    let backbone = args
+        .backbone
+        .as_deref()
+        .map(inference::Backbone::new)
+        .transpose()?;
     runtime.block_on(async {
         // The relay's client spawns its connection tasks on this runtime.
-        let api = api(upstream, stats.clone());
+        let api = api(upstream, backbone, stats.clone());
         let listener = link::bind("gateway", args.listen).await?;
         let tls = TlsAcceptor::from(config);
         let acceptor = Acceptor::new("gateway", listener, args.limits);

@@ -19,7 +19,7 @@ use axum::http::header::{CONNECTION, CONTENT_TYPE};
 use axum::http::{HeaderValue, Method, Request, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{any, get};
 use axum::{Json, Router};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -27,6 +27,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use kvasir_api::ErrorBody;
 
+use super::inference::{self, Backbone};
 use super::stats::Stats;
 
 /// Largest request relayed: a signed transaction is well under a kilobyte.
@@ -127,8 +128,12 @@ fn error(status: StatusCode, error: &str, message: &str) -> Response {
 }
 
 /// The public REST API: the ledger's, relayed (reads and transaction submission), when a
-/// ledger is configured; the market comes with a later change.
-pub(super) fn api(ledger: Option<Upstream>, stats: Arc<Stats>) -> Router {
+/// ledger is configured, and the backbone's OpenAI-compatible API under `/v1/` when one is.
+pub(super) fn api(
+    ledger: Option<Upstream>,
+    backbone: Option<Backbone>,
+    stats: Arc<Stats>,
+) -> Router {
     // The gateway's own counts; the ledger's /metrics stays on the ledger's LAN listener.
     let metrics = move || {
         let stats = stats.clone();
@@ -137,9 +142,12 @@ pub(super) fn api(ledger: Option<Upstream>, stats: Arc<Stats>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/metrics", get(metrics))
-        .fallback(relay_to_ledger)
+        .route(
+            "/v1/{*rest}",
+            any(inference::relay).with_state(Arc::new(backbone)),
+        )
+        .fallback_service(any(relay_to_ledger).with_state(Arc::new(ledger)))
         .layer(middleware::from_fn(read_body))
-        .with_state(Arc::new(ledger))
 }
 
 /// Reads the whole body of `request` (at most `MAX_REQUEST` bytes, within `BODY_TIMEOUT`)
