@@ -141,6 +141,74 @@ pub fn step(
     Ok(())
 }
 
+/// Decode steps split into micro-batches that are in flight at once: while one waits for its
+/// remote experts at a layer, another runs attention, its router and its local experts. Each
+/// micro-batch runs on a thread pool of its own, so a pass blocked on the network holds no
+/// thread another pass could compute on. A sequence's tokens and logits are the same bits
+/// with any number of micro-batches (a row's bits depend on nothing else in its batch, nor on
+/// the thread count).
+pub struct Pipeline {
+    pools: Vec<rayon::ThreadPool>,
+}
+
+impl Pipeline {
+    /// `micro_batches` pools of `threads` threads each (at least one of each).
+    pub fn new(
+        micro_batches: usize,
+        threads: usize,
+    ) -> Result<Pipeline, rayon::ThreadPoolBuildError> {
+        let pools = (0..micro_batches.max(1))
+            .map(|i| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads.max(1))
+                    .thread_name(move |t| format!("micro-batch-{i}-{t}"))
+                    .build()
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Pipeline { pools })
+    }
+
+    pub fn micro_batches(&self) -> usize {
+        self.pools.len()
+    }
+
+    /// One decode step for every unfinished sequence in `batch`, as `step`, its unfinished
+    /// sequences split into up to `micro_batches` contiguous groups run concurrently.
+    pub fn step(
+        &self,
+        model: &Model,
+        experts: &dyn ExpertExecutor,
+        batch: &mut [&mut Sequence],
+    ) -> Result<(), ForwardError> {
+        let mut active: Vec<&mut Sequence> = batch
+            .iter_mut()
+            .filter(|s| !s.is_done())
+            .map(|s| &mut **s)
+            .collect();
+        if active.is_empty() {
+            return Ok(());
+        }
+        let size = active.len().div_ceil(self.pools.len());
+        std::thread::scope(|scope| {
+            let passes: Vec<_> = active
+                .chunks_mut(size)
+                .zip(&self.pools)
+                .map(|(group, pool)| {
+                    scope.spawn(move || pool.install(|| step(model, experts, group)))
+                })
+                .collect();
+            passes
+                .into_iter()
+                .map(|pass| {
+                    pass.join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                })
+                .collect::<Result<Vec<()>, ForwardError>>()
+                .map(|_| ())
+        })
+    }
+}
+
 /// Generates up to `max_new` tokens after `prompt` for one sequence.
 pub fn generate(
     model: &Model,

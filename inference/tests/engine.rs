@@ -4,7 +4,7 @@ use std::path::Path;
 
 use kvasir_inference::checkpoint::Checkpoint;
 use kvasir_inference::config::Config;
-use kvasir_inference::generate::{generate, step, Sampling, Sequence};
+use kvasir_inference::generate::{generate, step, Pipeline, Sampling, Sequence};
 use kvasir_inference::model::qwen_moe::{ForwardError, Model, Step};
 use kvasir_inference::moe::{ExpertExecutor, LocalExperts, SplitExperts};
 use kvasir_inference::synth::{preset, synthesize};
@@ -123,6 +123,35 @@ fn prefill_and_token_by_token_decode_give_the_same_bits() {
         let again = generate(&model, &experts, &prompt, 9, Sampling::GREEDY).unwrap();
         assert_eq!(bits(again.last_logits()), bits(&logits), "{preset_name}");
         assert_eq!(cache.len(), prompt.len() + 8);
+    }
+}
+
+/// Pipelining on or off: every sequence's tokens and logits are the same bits.
+#[test]
+fn micro_batches_in_flight_at_once_give_the_bits_of_one_pass() {
+    for preset_name in ["tiny", "qwen35-tiny"] {
+        let dir = synth(preset_name);
+        let (model, experts) = load(dir.path(), |_, _| true);
+        let prompts: [&[u32]; 5] = [&[5, 17, 99], &[200, 1, 2, 3, 4], &[42], &[7, 7], &[300, 9]];
+        let run = |micro_batches: usize| {
+            let pipeline = Pipeline::new(micro_batches, 1).unwrap();
+            let mut sequences: Vec<Sequence> = prompts
+                .iter()
+                .enumerate()
+                .map(|(i, p)| Sequence::new(&model, p, 6 + i, Sampling::GREEDY))
+                .collect();
+            while !sequences.iter().all(Sequence::is_done) {
+                let mut batch: Vec<&mut Sequence> = sequences.iter_mut().collect();
+                pipeline.step(&model, &experts, &mut batch).unwrap();
+            }
+            sequences
+                .iter()
+                .map(|s| (s.generated().to_vec(), bits(s.last_logits())))
+                .collect::<Vec<_>>()
+        };
+        let one = run(1);
+        assert_eq!(one, run(2), "{preset_name}");
+        assert_eq!(one, run(3), "{preset_name}");
     }
 }
 

@@ -6,13 +6,16 @@
 //! and logits are the same bits alone or in any batch (the engine's guarantee), so batching
 //! changes throughput, never answers.
 //!
+//! The batch is split into micro-batches in flight at once (`Pipeline`): while one waits
+//! for its remote experts at a layer, another computes.
+//!
 //! Requests wait in a bounded queue; when it is full `submit` says so at once (the HTTP
 //! layer answers 429) rather than letting a burst grow memory.
 
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 
-use kvasir_inference::generate::{step, Sampling, Sequence};
+use kvasir_inference::generate::{Pipeline, Sampling, Sequence};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use super::Engine;
@@ -49,13 +52,19 @@ pub struct Batcher {
 }
 
 impl Batcher {
-    /// Starts the batch thread: at most `max_batch` sequences run at once, and at most
-    /// `queue` more wait.
-    pub fn start(engine: Arc<Engine>, max_batch: usize, queue: usize) -> std::io::Result<Batcher> {
+    /// Starts the batch thread: at most `max_batch` sequences run at once, in up to
+    /// `micro_batches` micro-batches in flight together, and at most `queue` more wait.
+    pub fn start(
+        engine: Arc<Engine>,
+        max_batch: usize,
+        micro_batches: usize,
+        queue: usize,
+    ) -> anyhow::Result<Batcher> {
+        let pipeline = Pipeline::new(micro_batches, rayon::current_num_threads())?;
         let (jobs, incoming) = sync_channel(queue);
         std::thread::Builder::new()
             .name("batcher".into())
-            .spawn(move || run(&engine, &incoming, max_batch.max(1)))?;
+            .spawn(move || run(&engine, &pipeline, &incoming, max_batch.max(1)))?;
         Ok(Batcher { jobs })
     }
 
@@ -76,7 +85,12 @@ struct Running {
     told: usize,
 }
 
-fn run(engine: &Engine, incoming: &Receiver<(Job, UnboundedSender<Event>)>, max_batch: usize) {
+fn run(
+    engine: &Engine,
+    pipeline: &Pipeline,
+    incoming: &Receiver<(Job, UnboundedSender<Event>)>,
+    max_batch: usize,
+) {
     let mut batch: Vec<Running> = Vec::new();
     loop {
         // Wait while idle; otherwise take whoever is waiting, up to the batch size.
@@ -98,7 +112,7 @@ fn run(engine: &Engine, incoming: &Receiver<(Job, UnboundedSender<Event>)>, max_
             continue;
         }
         let mut sequences: Vec<&mut Sequence> = batch.iter_mut().map(|r| &mut r.sequence).collect();
-        if let Err(e) = step(&engine.model, &engine.experts, &mut sequences) {
+        if let Err(e) = pipeline.step(&engine.model, &engine.experts, &mut sequences) {
             let message = format!("generation failed: {e}");
             for running in batch.drain(..) {
                 let _ = running.events.send(Event::Failed(message.clone()));

@@ -62,6 +62,11 @@ pub struct Args {
     /// Generations that share one decode step at most (continuous batching); more wait.
     #[arg(long, default_value_t = 64)]
     max_batch: usize,
+    /// Micro-batches the running batch is split into, in flight at once: while one waits for
+    /// its remote experts, another computes. Tokens and logits are the same bits for any
+    /// number; more hide more of the round trip when workers are far away.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    micro_batches: u16,
     /// Requests that may wait for a place in the batch; beyond, `--listen` answers 429.
     #[arg(long, default_value_t = 256)]
     max_queued: usize,
@@ -158,6 +163,7 @@ pub fn run(args: Args) -> Result<()> {
             sampling,
             model_name: model_id(&args.model).with_context(loading)?,
             max_batch: args.max_batch,
+            micro_batches: usize::from(args.micro_batches),
             max_queued: args.max_queued,
         };
         return runtime.block_on(serve::serve(engine, serving));

@@ -172,11 +172,17 @@ pub(super) struct Serving {
     pub(super) sampling: Sampling,
     pub(super) model_name: String,
     pub(super) max_batch: usize,
+    pub(super) micro_batches: usize,
     pub(super) max_queued: usize,
 }
 
 pub(super) async fn serve(engine: Arc<Engine>, serving: Serving) -> Result<()> {
-    let batcher = Batcher::start(engine.clone(), serving.max_batch, serving.max_queued)?;
+    let batcher = Batcher::start(
+        engine.clone(),
+        serving.max_batch,
+        serving.micro_batches,
+        serving.max_queued,
+    )?;
     let served = Arc::new(Served {
         engine,
         batcher,
