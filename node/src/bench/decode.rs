@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use kvasir_inference::config::Config;
-use kvasir_inference::generate::{step, Sampling, Sequence};
-use kvasir_inference::model::qwen_moe::Model;
+use kvasir_inference::generate::{step, Pipeline, Sampling, Sequence};
+use kvasir_inference::model::qwen_moe::{ForwardError, Model};
 use kvasir_inference::moe::{ExpertExecutor, ExpertRequest, LocalExperts};
 use rayon::prelude::*;
 
@@ -82,6 +82,30 @@ pub(super) fn decode_rate(
     batch: usize,
     steps: usize,
 ) -> Result<f64> {
+    timed_decode(model, batch, steps, |refs| step(model, experts, refs))
+}
+
+/// As `decode_rate`, each step split into `pipeline`'s micro-batches in flight at once.
+pub(super) fn pipelined_rate(
+    model: &Model,
+    experts: &dyn ExpertExecutor,
+    pipeline: &Pipeline,
+    batch: usize,
+    steps: usize,
+) -> Result<f64> {
+    timed_decode(model, batch, steps, |refs| {
+        pipeline.step(model, experts, refs)
+    })
+}
+
+/// Tokens per second of `steps` calls of `one_step` over `batch` fresh sequences, after an
+/// untimed first step (the prefill).
+fn timed_decode(
+    model: &Model,
+    batch: usize,
+    steps: usize,
+    mut one_step: impl FnMut(&mut [&mut Sequence]) -> Result<(), ForwardError>,
+) -> Result<f64> {
     let vocab = model.config().vocab_size;
     let mut sequences: Vec<Sequence> = (0..batch)
         .map(|s| {
@@ -94,10 +118,10 @@ pub(super) fn decode_rate(
         })
         .collect();
     let mut refs: Vec<&mut Sequence> = sequences.iter_mut().collect();
-    step(model, experts, &mut refs)?;
+    one_step(&mut refs)?;
     let start = Instant::now();
     for _ in 0..steps {
-        step(model, experts, &mut refs)?;
+        one_step(&mut refs)?;
     }
     Ok((batch * steps) as f64 / start.elapsed().as_secs_f64())
 }

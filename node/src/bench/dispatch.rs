@@ -1,14 +1,17 @@
-//! `kvasir-node bench dispatch`: decode with layer-0 experts on a worker behind a link of a
-//! given round-trip time, next to the same decode with every expert local, in one run.
+//! `kvasir-node bench dispatch`: decode with the `--remote` experts on a worker behind a link
+//! of a given round-trip time, next to the same decode with every expert local, in one run,
+//! for each number of concurrent streams in `--streams`.
 //!
 //! The round trip is injected by this harness (a TCP proxy between worker and gateway that
-//! holds each chunk for half the RTT in each direction), never by the product. Serial
-//! dispatch costs at most one RTT per remote layer per decode step; whatever local work runs
-//! while the request is in flight (the local experts of that layer) hides part of it, so
-//! `exposed_rtt_fraction` = added time per step / (RTT x remote layers) is at most 1 and
-//! falls as local work per layer grows. RTT there is the round trip measured through the
-//! proxy in the same run. A run in which any request fell back to local experts measured
-//! something else, and is an error.
+//! holds each chunk for half the RTT in each direction), never by the product. A stream's
+//! step cannot be shorter than one round trip per remote layer, so aggregate throughput
+//! needs many streams in flight, and micro-batches (`Pipeline`) so that while one waits at a
+//! layer another computes. Per point: local and remote tokens/s (aggregate, and per stream),
+//! `remote_vs_local` (remote aggregate / local aggregate at the same streams), and at one
+//! stream `exposed_rtt_fraction` = added time per step / (RTT x remote layers), the round
+//! trips a step exposes. RTT is the round trip measured through the proxy in the same run.
+//! A run in which any request fell back to local experts measured something else, and is an
+//! error.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -17,15 +20,17 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use kvasir_inference::checkpoint::Checkpoint;
 use kvasir_inference::config::Config;
+use kvasir_inference::generate::Pipeline;
 use kvasir_inference::model::qwen_moe::Model;
-use kvasir_inference::moe::{ExpertExecutor, LocalExperts};
+use kvasir_inference::moe::LocalExperts;
 use kvasir_inference::synth::{preset, synthesize};
 use std::io::{Read, Write};
 
-use super::decode::decode_rate;
+use super::decode::{decode_rate, pipelined_rate};
 use crate::backbone::RemoteExperts;
 use crate::dev::launch::Loopback;
 use crate::engine::Backend;
+use crate::spec::ExpertSpec;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -35,7 +40,17 @@ pub struct Args {
     /// Round-trip time injected between worker and gateway, in milliseconds.
     #[arg(long, default_value_t = 13.0)]
     rtt_ms: f64,
-    /// Decode steps timed per measurement.
+    /// The experts the worker serves (LAYERS:EXPERTS items; `*:*` is every MoE layer).
+    #[arg(long, default_value = "0:*")]
+    remote: ExpertSpec,
+    /// Concurrent streams to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
+    streams: Vec<usize>,
+    /// Micro-batches in flight at once on the remote side; by default one more than the
+    /// round trips a local step's compute can cover, at most 8 and at most the streams.
+    #[arg(long)]
+    micro_batches: Option<usize>,
+    /// Decode steps timed per measurement (a quarter of them, at least 2, past 16 streams).
     #[arg(long, default_value_t = 16)]
     steps: usize,
     /// Print one JSON object instead of a table.
@@ -116,12 +131,31 @@ fn measured_rtt(one_way: Duration) -> Result<Duration> {
 }
 
 struct Point {
-    batch: usize,
+    streams: usize,
+    micro_batches: usize,
     local: f64,
     remote: f64,
 }
 
+impl Point {
+    fn remote_vs_local(&self) -> f64 {
+        self.remote / self.local
+    }
+}
+
+/// Micro-batches for `streams` when not given: enough that the round trips of one
+/// micro-batch's step (`link` per remote layer) are covered by the others' compute (a local
+/// step of `local_step` seconds split among them), plus one.
+fn auto_micro_batches(streams: usize, local_step: f64, link: f64, remote_layers: usize) -> usize {
+    let waits = link * remote_layers as f64;
+    let covering = (waits / local_step.max(1e-9)).ceil() as usize + 1;
+    covering.clamp(1, 8).min(streams.max(1))
+}
+
 pub fn run(args: Args) -> Result<()> {
+    if args.streams.is_empty() || args.streams.contains(&0) {
+        bail!("--streams takes numbers of concurrent streams, each at least 1");
+    }
     let scratch = tempfile::tempdir()?;
     let model_dir = match &args.model {
         Some(dir) => dir.clone(),
@@ -137,6 +171,19 @@ pub fn run(args: Args) -> Result<()> {
     let model = Model::load(&checkpoint, config.clone())?;
     let local = LocalExperts::load(&checkpoint, &config, |_, _| true)?;
     let fallback = LocalExperts::load(&checkpoint, &config, |_, _| true)?;
+    let remote_layers = {
+        let mut layers: Vec<u16> = args
+            .remote
+            .resolve(&config)
+            .iter()
+            .map(|(l, _)| *l)
+            .collect();
+        layers.dedup();
+        layers.len()
+    };
+    if remote_layers == 0 {
+        bail!("--remote {} names no expert of this model", args.remote);
+    }
 
     let runtime = tokio::runtime::Runtime::new()?;
     let mut swarm = Loopback::start(scratch.path(), &scratch.path().join("chain"), None)?;
@@ -149,7 +196,7 @@ pub fn run(args: Args) -> Result<()> {
     let keyfile = scratch.path().join("worker.key");
     swarm.add_worker(
         &model_dir,
-        "0:*",
+        &args.remote.to_string(),
         &Loopback::swarm_url(proxy_port),
         &keyfile,
         Backend::Cpu,
@@ -162,8 +209,8 @@ pub fn run(args: Args) -> Result<()> {
         0,
         &model_dir,
         fallback,
-        "0:*".parse().map_err(anyhow::Error::msg)?,
-        Duration::from_secs(30),
+        args.remote.clone(),
+        Duration::from_secs(60),
     )?;
     if !remote.wait_until_covered(&config, Duration::from_secs(60)) {
         bail!("the worker never attached");
@@ -171,94 +218,97 @@ pub fn run(args: Args) -> Result<()> {
     // Warm-up: page the weights in, open the link.
     decode_rate(&model, &local, 1, 2)?;
     decode_rate(&model, &remote, 1, 2)?;
-    let rate = |experts: &dyn ExpertExecutor, batch: usize, steps: usize| {
-        decode_rate(&model, experts, batch, steps)
-            .with_context(|| format!("decoding at batch {batch}"))
-    };
+    let link = link_rtt.as_secs_f64();
+    let threads = rayon::current_num_threads();
     let mut points = Vec::new();
-    for batch in [1, 8] {
+    for &streams in &args.streams {
+        let steps = if streams > 16 {
+            (args.steps / 4).max(2)
+        } else {
+            args.steps
+        };
+        let context = |what: &str| format!("{what} decode of {streams} streams");
+        let local_rate =
+            decode_rate(&model, &local, streams, steps).with_context(|| context("local"))?;
+        let micro_batches = args.micro_batches.unwrap_or_else(|| {
+            auto_micro_batches(streams, streams as f64 / local_rate, link, remote_layers)
+        });
+        let pipeline = Pipeline::new(micro_batches, threads)?;
+        let remote_rate = pipelined_rate(&model, &remote, &pipeline, streams, steps)
+            .with_context(|| context("remote"))?;
         points.push(Point {
-            batch,
-            local: rate(&local, batch, args.steps)?,
-            remote: rate(&remote, batch, args.steps)?,
+            streams,
+            micro_batches,
+            local: local_rate,
+            remote: remote_rate,
         });
     }
-    let big_steps = (args.steps / 4).max(2);
-    let batch512 = Point {
-        batch: 512,
-        local: rate(&local, 512, big_steps)?,
-        remote: rate(&remote, 512, big_steps)?,
-    };
     remote
         .stats()
         .all_remote()
         .map_err(|why| anyhow::anyhow!("{why}: not a measurement of remote dispatch"))?;
-    // Figures are against the round trip measured through the proxy, not the nominal one.
-    let link = link_rtt.as_secs_f64();
-    let remote_layers = 1.0;
+    // Round trips a one-stream step exposes, against the round trip measured through the proxy.
     let exposed = |p: &Point| {
-        let added = p.batch as f64 / p.remote - p.batch as f64 / p.local;
-        added / (link * remote_layers)
+        let added = p.streams as f64 / p.remote - p.streams as f64 / p.local;
+        added / (link * remote_layers as f64)
     };
-    let speedup = batch512.remote / points[0].remote;
-    // The most batching can give on this machine: batch-1 steps cost the round trip, a
-    // batch-512 step at least its local compute plus one round trip.
-    let ceiling = 512.0 / points[0].remote / (512.0 / batch512.local + link);
+    let single = points.iter().find(|p| p.streams == 1);
     if args.json {
-        let by_batch: Vec<serde_json::Value> = points
+        let by_streams: Vec<serde_json::Value> = points
             .iter()
-            .chain([&batch512])
             .map(|p| {
                 serde_json::json!({
-                    "batch": p.batch, "local_tok_s": p.local, "remote_tok_s": p.remote,
-                    "overhead": 1.0 - p.remote / p.local, "exposed_rtt_fraction": exposed(p),
+                    "streams": p.streams, "micro_batches": p.micro_batches,
+                    "local_tok_s": p.local, "remote_tok_s": p.remote,
+                    "remote_per_stream_tok_s": p.remote / p.streams as f64,
+                    "remote_vs_local": p.remote_vs_local(),
                 })
             })
             .collect();
         let value = serde_json::json!({
             "model": model_dir,
+            "remote": args.remote.to_string(),
+            "remote_layers": remote_layers,
             "rtt_ms": args.rtt_ms,
-            "proxy_rtt_ms": link_rtt.as_secs_f64() * 1e3,
-            "by_batch": by_batch,
-            "exposed_rtt_fraction_batch1": exposed(&points[0]),
-            "exposed_rtt_fraction_batch8": exposed(&points[1]),
-            "batch512_speedup": speedup,
-            "batch512_speedup_ceiling": ceiling,
+            "proxy_rtt_ms": link * 1e3,
+            "by_streams": by_streams,
+            "remote_vs_local": points.last().map(Point::remote_vs_local),
+            "exposed_round_trips_1_stream": single.map(exposed),
         });
         println!("{value}");
         return Ok(());
     }
     println!(
-        "kvasir-node bench dispatch: {}, layer 0 remote at {} ms RTT ({} threads)",
+        "kvasir-node bench dispatch: {}, {} remote ({remote_layers} layers) at {} ms RTT ({threads} threads)",
         model_dir.display(),
+        args.remote,
         args.rtt_ms,
-        rayon::current_num_threads()
     );
     println!(
         "injected round trip measured through the proxy: {:.2} ms (the RTT the figures divide by)",
         link * 1e3
     );
     println!(
-        "{:<10} {:>12} {:>12} {:>9} {:>22}",
-        "batch", "local tok/s", "remote tok/s", "overhead", "exposed_rtt_fraction"
+        "{:>8} {:>6} {:>12} {:>12} {:>16} {:>16}",
+        "streams", "micro", "local tok/s", "remote tok/s", "per stream tok/s", "remote_vs_local"
     );
-    for p in points.iter().chain([&batch512]) {
+    for p in &points {
         println!(
-            "{:<10} {:>12.2} {:>12.2} {:>8.1}% {:>22.3}",
-            p.batch,
+            "{:>8} {:>6} {:>12.2} {:>12.2} {:>16.2} {:>16.3}",
+            p.streams,
+            p.micro_batches,
             p.local,
             p.remote,
-            100.0 * (1.0 - p.remote / p.local),
+            p.remote / p.streams as f64,
+            p.remote_vs_local()
+        );
+    }
+    if let Some(p) = single {
+        println!(
+            "exposed round trips per step at 1 stream: {:.3} (target <= 1.05 with one remote layer)",
             exposed(p)
         );
     }
-    println!("exposed_rtt_fraction target: <= 1.0 at batch 1, lower at batch 8");
-    println!(
-        "batch512_speedup {speedup:.1}  (per-token throughput at batch 512 / batch 1, layer 0 remote; target >= 77)"
-    );
-    println!(
-        "  ceiling on this machine {ceiling:.1} = 512 x batch-1 remote step / (batch-512 local step + RTT): {:.2} of it",
-        speedup / ceiling
-    );
+    println!("remote_vs_local target: >= 0.8 at 256 streams with '*:*' remote at 13 ms");
     Ok(())
 }
