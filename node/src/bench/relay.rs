@@ -2,9 +2,17 @@
 //! hub processes, between an in-process backbone client and an in-process worker that
 //! answers each request with a response of the size it implies, signed as every answer is
 //! (so the hub's hash and signature check are in the figures), next to the same frames over
-//! one direct loopback TCP connection, in the same run.
+//! one direct TLS WebSocket connection between two endpoints of the same stack (the
+//! reference: `relay_vs_direct_wss`), and over bare loopback TCP for context, in the same
+//! run.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use tokio_rustls::rustls::ServerConfig;
+use tokio_rustls::TlsAcceptor;
+use tokio_tungstenite::tungstenite::Message as WsMessage;
 
 use anyhow::{bail, Context, Result};
 use kvasir_ledger::keys::Keypair;
@@ -12,7 +20,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::dev::launch::Loopback;
-use crate::link::{connect, next_frame, next_message, Connected, Dialed, Identity};
+use crate::link::{
+    connect, dial, next_frame, next_message, ws_config, Connected, Dialed, Identity,
+};
 use crate::tls;
 use crate::wire::{request_hash, AnswerScope, Message, Relayed, Request, Response, Role};
 
@@ -89,6 +99,47 @@ impl Path for Direct {
         let mut frame = vec![0u8; u32::from_le_bytes(len) as usize];
         self.0.read_exact(&mut frame).await?;
         Ok(frame.len())
+    }
+}
+
+/// Frames over one TLS WebSocket connection (the product's own dialer, tokio-tungstenite over
+/// rustls) to an echo server of the same stack: the swarm's link without a gateway or hub.
+struct DirectWss {
+    tx: tokio::sync::mpsc::UnboundedSender<tokio_tungstenite::tungstenite::Bytes>,
+    source: Dialed,
+}
+
+impl Path for DirectWss {
+    async fn send(&mut self, frame: Vec<u8>) -> Result<()> {
+        self.tx.send(frame.into()).context("link closed")
+    }
+    async fn receive(&mut self) -> Result<usize> {
+        Ok(next_frame(&mut self.source).await?.len())
+    }
+}
+
+/// Accepts TLS WebSocket connections and sends every binary message back.
+async fn wss_echo_server(listener: TcpListener, tls: Arc<ServerConfig>) {
+    let acceptor = TlsAcceptor::from(tls);
+    while let Ok((stream, _)) = listener.accept().await {
+        let _ = stream.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        tokio::spawn(async move {
+            let Ok(stream) = acceptor.accept(stream).await else {
+                return;
+            };
+            let Ok(ws) =
+                tokio_tungstenite::accept_async_with_config(stream, Some(ws_config())).await
+            else {
+                return;
+            };
+            let (mut sink, mut source) = ws.split();
+            while let Ok(frame) = next_frame(&mut source).await {
+                if sink.send(WsMessage::Binary(frame)).await.is_err() {
+                    return;
+                }
+            }
+        });
     }
 }
 
@@ -196,7 +247,7 @@ pub fn run(args: Args) -> Result<()> {
     let swarm = Loopback::start(scratch.path(), &scratch.path().join("chain"), None)?;
     let runtime = tokio::runtime::Runtime::new()?;
     let cert = swarm.cert.clone();
-    let (relay, direct) = runtime.block_on(async {
+    let (relay, direct, wss) = runtime.block_on(async {
         let url = Loopback::swarm_url(swarm.gateway_addr.port());
         tokio::spawn(async move {
             if let Err(e) = answering_worker(url, cert).await {
@@ -228,40 +279,72 @@ pub fn run(args: Args) -> Result<()> {
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
         let direct = measure(&mut Direct(stream), session, args.frames, args.rows).await?;
-        anyhow::Ok((relay, direct))
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let wss_cert = scratch.path().join("wss-cert.pem");
+        tokio::spawn(wss_echo_server(listener, tls::self_signed(&wss_cert)?));
+        let (tx, source) = dial(
+            &format!("wss://localhost:{port}/"),
+            &tls::client(Some(&wss_cert))?,
+        )
+        .await?;
+        let wss = measure(
+            &mut DirectWss { tx, source },
+            session,
+            args.frames,
+            args.rows,
+        )
+        .await?;
+        anyhow::Ok((relay, direct, wss))
     })?;
     let ratio = relay.bytes_per_s / direct.bytes_per_s;
+    let wss_ratio = relay.bytes_per_s / wss.bytes_per_s;
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     if args.json {
         let value = serde_json::json!({
-            "relay_bytes_per_s": relay.bytes_per_s, "direct_bytes_per_s": direct.bytes_per_s,
-            "relay_vs_direct": ratio,
+            "relay_bytes_per_s": relay.bytes_per_s, "direct_wss_bytes_per_s": wss.bytes_per_s,
+            "direct_tcp_bytes_per_s": direct.bytes_per_s,
+            "relay_vs_direct_wss": wss_ratio, "relay_vs_direct_tcp": ratio,
             "relay_p50_ms": ms(relay.p50), "relay_p99_ms": ms(relay.p99),
-            "direct_p50_ms": ms(direct.p50), "direct_p99_ms": ms(direct.p99),
+            "direct_wss_p50_ms": ms(wss.p50), "direct_wss_p99_ms": ms(wss.p99),
+            "direct_tcp_p50_ms": ms(direct.p50), "direct_tcp_p99_ms": ms(direct.p99),
         });
         println!("{value}");
         return Ok(());
     }
-    println!("kvasir-node bench relay: worker -> gateway (TLS) -> hub -> backbone, vs direct loopback TCP");
-    println!("{:<28} {:>14} {:>14}", "figure", "relay", "direct");
+    println!("kvasir-node bench relay: worker -> gateway (TLS) -> hub -> backbone, vs one direct TLS WebSocket, vs bare loopback TCP");
     println!(
-        "{:<28} {:>9.1} MB/s {:>9.1} MB/s",
+        "{:<28} {:>14} {:>14} {:>14}",
+        "figure", "relay", "direct wss", "direct tcp"
+    );
+    println!(
+        "{:<28} {:>9.1} MB/s {:>9.1} MB/s {:>9.1} MB/s",
         format!("throughput ({} KiB frames)", args.rows * HIDDEN * 4 / 1024),
         relay.bytes_per_s / 1e6,
+        wss.bytes_per_s / 1e6,
         direct.bytes_per_s / 1e6
     );
+    let p50: fn(&Figures) -> Duration = |f| f.p50;
+    let p99: fn(&Figures) -> Duration = |f| f.p99;
+    for (name, pick) in [
+        ("round trip p50 (4 KiB)", p50),
+        ("round trip p99 (4 KiB)", p99),
+    ] {
+        println!(
+            "{:<28} {:>11.3} ms {:>11.3} ms {:>11.3} ms",
+            name,
+            ms(pick(&relay)),
+            ms(pick(&wss)),
+            ms(pick(&direct))
+        );
+    }
     println!(
-        "{:<28} {:>11.3} ms {:>11.3} ms",
-        "round trip p50 (4 KiB)",
-        ms(relay.p50),
-        ms(direct.p50)
+        "{:<28} {:>14.3}  target >= 0.6",
+        "relay_vs_direct_wss", wss_ratio
     );
     println!(
-        "{:<28} {:>11.3} ms {:>11.3} ms",
-        "round trip p99 (4 KiB)",
-        ms(relay.p99),
-        ms(direct.p99)
+        "{:<28} {:>14.3}  (bare TCP, for context)",
+        "relay_vs_direct_tcp", ratio
     );
-    println!("{:<28} {:>14.3}  target >= 0.5", "relay_vs_direct", ratio);
     Ok(())
 }
