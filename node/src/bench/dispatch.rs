@@ -62,7 +62,11 @@ pub struct Args {
 /// `one_way` in both directions (order kept; bandwidth not limited). Plain threads and
 /// blocking sockets: a thread sleep is precise to tens of microseconds, where an async timer
 /// rounds up to the millisecond.
-fn delay_proxy(listener: std::net::TcpListener, upstream: SocketAddr, one_way: Duration) {
+pub(super) fn delay_proxy(
+    listener: std::net::TcpListener,
+    upstream: SocketAddr,
+    one_way: Duration,
+) {
     for down in listener.incoming().map_while(Result::ok) {
         let Ok(up) = std::net::TcpStream::connect(upstream) else {
             continue;
@@ -103,7 +107,7 @@ fn delayed_copy(mut from: std::net::TcpStream, mut to: std::net::TcpStream, dela
 }
 
 /// The round trip the proxy actually adds: a byte echoed through it, median of 20.
-fn measured_rtt(one_way: Duration) -> Result<Duration> {
+pub(super) fn measured_rtt(one_way: Duration) -> Result<Duration> {
     let echo = std::net::TcpListener::bind("127.0.0.1:0")?;
     let echo_addr = echo.local_addr()?;
     std::thread::spawn(move || {

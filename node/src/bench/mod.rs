@@ -8,6 +8,7 @@ mod dispatch;
 mod ledger;
 mod market;
 mod relay;
+mod serve;
 
 use anyhow::Result;
 
@@ -19,15 +20,20 @@ pub enum Bench {
     /// Decode tokens/s next to the memory-bandwidth bound, throughput by batch size, and
     /// the expert kernel against the gemm crate.
     Decode(decode::Args),
-    /// Decode with layer-0 experts on a worker behind an injected round trip (default 13 ms),
-    /// next to all-local decode: overhead, exposed RTT fraction, batch-512 speedup.
+    /// Decode with `--remote` experts on a worker behind an injected round trip (default
+    /// 13 ms) at 1, 16, 64 and 256 streams, next to all-local decode: remote_vs_local, round
+    /// trips exposed at one stream.
     Dispatch(dispatch::Args),
     /// Receipts of many sessions credited through the gateway's crediting into a ledger:
     /// credits per second, metered-to-pending latency.
     Credit(credit::Args),
-    /// Frames through gateway + hub next to a direct loopback TCP connection: throughput,
-    /// round-trip p50/p99.
+    /// Frames through gateway + hub next to one direct TLS WebSocket (and bare TCP):
+    /// throughput, round-trip p50/p99.
     Relay(relay::Args),
+    /// Concurrent clients streaming completions from the OpenAI API of a backbone whose
+    /// experts are all remote behind an injected round trip, next to the same load all
+    /// local: aggregate and per-stream tokens/s, time to first token p50/p99.
+    Serve(serve::Args),
     /// Decode with every expert remote at the default audit rate next to auditing off:
     /// audit overhead; answers until a worker lying on 1% of them is caught.
     Audit(audit::Args),
@@ -45,6 +51,7 @@ pub fn run(bench: Bench) -> Result<()> {
         Bench::Decode(args) => decode::run(args),
         Bench::Dispatch(args) => dispatch::run(args),
         Bench::Relay(args) => relay::run(args),
+        Bench::Serve(args) => serve::run(args),
         Bench::Credit(args) => credit::run(args),
         Bench::Audit(args) => audit::run(args),
         Bench::Consensus(args) => consensus::run(args),
