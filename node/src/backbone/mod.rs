@@ -6,6 +6,7 @@
 
 pub mod audit;
 mod batcher;
+mod chat;
 mod hub_link;
 mod openai;
 mod placements;
@@ -162,6 +163,7 @@ pub fn run(args: Args) -> Result<()> {
             limits: Limits::total(args.max_connections),
             sampling,
             model_name: model_id(&args.model).with_context(loading)?,
+            chat: chat::Chat::load(&args.model).with_context(loading)?,
             max_batch: args.max_batch,
             micro_batches: usize::from(args.micro_batches),
             max_queued: args.max_queued,

@@ -1,9 +1,8 @@
 //! The OpenAI-compatible API under `/v1/`: `POST /v1/completions`,
 //! `POST /v1/chat/completions` (with `stream: true` as server-sent events) and
 //! `GET /v1/models`, in the shapes of `kvasir_api::openai`. Every request joins the shared
-//! decode batch (`batcher`). A chat is turned into a prompt with ChatML, Qwen's own format
-//! (`<|im_start|>role\ncontent<|im_end|>\n` per message, then `<|im_start|>assistant\n`);
-//! a checkpoint's Jinja `chat_template` is not run.
+//! decode batch (`batcher`). A chat becomes a prompt through the checkpoint's chat template,
+//! or ChatML (`chat`).
 //!
 //! Defaults and limits: `max_tokens` 16 for completions and 512 for chats, at most 4,096 and
 //! within the model's context; `temperature` from 0 (greedy) to 2, the backbone's
@@ -31,6 +30,7 @@ use kvasir_inference::tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::batcher::{Event, Job};
+use super::chat::Turn;
 use super::serve::Served;
 
 /// Most tokens one request may generate.
@@ -146,7 +146,10 @@ pub(super) async fn chat_completions(
     body: Result<Json<ChatRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(request) = body?;
-    let prompt = chat_prompt(&request.messages)?;
+    let prompt = served
+        .chat
+        .prompt(&chat_turns(&request.messages)?)
+        .map_err(|message| ApiError::invalid(Some("messages"), message))?;
     let asked = Asked::new(&served, &prompt, &request.settings, 512)?;
     if request.settings.stream {
         return Ok(asked.stream(served, Kind::Chat).into_response());
@@ -170,15 +173,15 @@ pub(super) async fn chat_completions(
     .into_response())
 }
 
-/// The chat as one ChatML prompt, ending where the assistant's answer begins.
-fn chat_prompt(messages: &[ChatMessage]) -> Result<String, ApiError> {
+/// The chat's messages as the template takes them: known roles, text content.
+fn chat_turns(messages: &[ChatMessage]) -> Result<Vec<Turn>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid(
             Some("messages"),
             "messages must not be empty",
         ));
     }
-    let mut prompt = String::new();
+    let mut turns = Vec::new();
     for message in messages {
         if !matches!(
             message.role.as_str(),
@@ -208,13 +211,12 @@ fn chat_prompt(messages: &[ChatMessage]) -> Result<String, ApiError> {
                 text
             }
         };
-        prompt.push_str(&format!(
-            "<|im_start|>{}\n{content}<|im_end|>\n",
-            message.role
-        ));
+        turns.push(Turn {
+            role: message.role.clone(),
+            content,
+        });
     }
-    prompt.push_str("<|im_start|>assistant\n");
-    Ok(prompt)
+    Ok(turns)
 }
 
 #[derive(Clone, Copy)]
@@ -656,6 +658,12 @@ impl Detokenizer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn chat_prompt(messages: &[ChatMessage]) -> Result<String, ApiError> {
+        super::super::chat::Chat::ChatMl
+            .prompt(&chat_turns(messages)?)
+            .map_err(|m| ApiError::invalid(None, m))
+    }
 
     #[test]
     fn a_chat_is_one_chatml_prompt_and_odd_messages_are_refused() {

@@ -18,6 +18,7 @@ use kvasir_inference::generate::Sampling;
 use utoipa::OpenApi;
 
 use super::batcher::{Batcher, Event, Job};
+use super::chat::Chat;
 use super::{openai, Engine};
 use crate::link;
 use crate::listen::{Acceptor, Limits};
@@ -43,6 +44,7 @@ pub(super) struct Served {
     pub(super) batcher: Batcher,
     pub(super) sampling: Sampling,
     pub(super) model_name: String,
+    pub(super) chat: Chat,
     ids: AtomicU64,
 }
 
@@ -171,6 +173,7 @@ pub(super) struct Serving {
     pub(super) limits: Limits,
     pub(super) sampling: Sampling,
     pub(super) model_name: String,
+    pub(super) chat: Chat,
     pub(super) max_batch: usize,
     pub(super) micro_batches: usize,
     pub(super) max_queued: usize,
@@ -188,6 +191,7 @@ pub(super) async fn serve(engine: Arc<Engine>, serving: Serving) -> Result<()> {
         batcher,
         sampling: serving.sampling,
         model_name: serving.model_name,
+        chat: serving.chat,
         ids: AtomicU64::new(0),
     });
     let app = Router::new()
