@@ -130,28 +130,17 @@ pub fn place(
     let tx = TxKind::OrderCreate(new).signed(chain, &buyer, nonce);
     let hash = ledger.submit(&tx)?;
     let height = ledger.wait_committed(&hash, super::launch::COMMIT_TIMEOUT)?;
-    let query = MarketQuery {
-        buyer: Some(buyer.address().to_string()),
-        ..MarketQuery::default()
-    };
-    let mut after = None;
+    // The node that answers the listing may not have applied that block yet (over several
+    // validators the client moves between them): look again until it has.
+    let deadline = std::time::Instant::now() + super::launch::COMMIT_TIMEOUT;
     let order = loop {
-        let page = ledger.orders(&MarketQuery {
-            after,
-            ..query.clone()
-        })?;
-        if let Some(order) = page
-            .orders
-            .iter()
-            .rev()
-            .find(|o| o.created_height == height)
-        {
-            break order.clone();
+        if let Some(order) = order_created_at(ledger, &buyer.address(), height)? {
+            break order;
         }
-        match page.next_after {
-            Some(next) => after = Some(next),
-            None => bail!("the order committed at height {height} is not listed"),
+        if std::time::Instant::now() >= deadline {
+            bail!("the order committed at height {height} is not listed");
         }
+        std::thread::sleep(std::time::Duration::from_millis(100));
     };
     Ok(Placed {
         order: order.id,
@@ -160,6 +149,24 @@ pub fn place(
         ledger: ledger_url.to_string(),
         closed: false,
     })
+}
+
+/// The order `buyer` created at `height`, if the node answering lists it.
+fn order_created_at(ledger: &Client, buyer: &Address, height: u64) -> Result<Option<OrderView>> {
+    let mut query = MarketQuery {
+        buyer: Some(buyer.to_string()),
+        ..MarketQuery::default()
+    };
+    loop {
+        let page = ledger.orders(&query)?;
+        if let Some(order) = page.orders.iter().find(|o| o.created_height == height) {
+            return Ok(Some(order.clone()));
+        }
+        match page.next_after {
+            Some(next) => query.after = Some(next),
+            None => return Ok(None),
+        }
+    }
 }
 
 /// The buyer's key, `DIR/keys/buyer.key`, made on first use.
