@@ -58,6 +58,9 @@ fn engine_name(stored: &str) -> Option<String> {
     })
 }
 
+/// The most experts one fused tensor may hold (Qwen3.5 has 256 a layer).
+const MAX_FUSED_EXPERTS: usize = 1 << 16;
+
 /// A fused expert tensor as one entry per expert (and part), or the entry as it is.
 fn split_fused(name: &str, entry: Entry) -> Result<Vec<(String, Entry)>, String> {
     let parts: &[&str] = if name.ends_with(".mlp.experts.gate_up_proj") {
@@ -73,6 +76,14 @@ fn split_fused(name: &str, entry: Entry) -> Result<Vec<(String, Entry)>, String>
             entry.shape
         ));
     };
+    // One entry per expert is made below: bound them, and refuse empty matrices, which a
+    // file of a few bytes could otherwise declare by the billion.
+    if experts == 0 || experts > MAX_FUSED_EXPERTS || rows == 0 || cols == 0 {
+        return Err(format!(
+            "fused expert tensor {name} has shape {:?}: experts must be 1 to {MAX_FUSED_EXPERTS}, matrices not empty",
+            entry.shape
+        ));
+    }
     if !rows.is_multiple_of(parts.len()) {
         return Err(format!(
             "fused expert tensor {name} has an odd number of rows"
@@ -361,6 +372,8 @@ mod tests {
         for tensors in [
             // Not experts x rows x columns.
             vec![(format!("{p}.gate_up_proj"), vec![4, 4], vec![0.0; 16])],
+            // Empty matrices by the billion, in a few bytes.
+            vec![(format!("{p}.gate_up_proj"), vec![1 << 40, 0, 4], vec![])],
             // An odd number of gate-and-up rows.
             vec![(format!("{p}.gate_up_proj"), vec![1, 3, 2], vec![0.0; 6])],
             // The same tensor under the wrapper's name and the text model's.

@@ -107,9 +107,39 @@ pub enum Mixer {
     LinearAttention,
 }
 
+/// Qwen3_5MoeTextConfig's defaults in transformers 5.24, for fields a config.json leaves out.
+const QWEN35_DEFAULTS: &[(&str, u64)] = &[
+    ("vocab_size", 248_320),
+    ("hidden_size", 2048),
+    ("num_hidden_layers", 40),
+    ("num_attention_heads", 16),
+    ("num_key_value_heads", 2),
+    ("head_dim", 256),
+    ("max_position_embeddings", 32_768),
+    ("linear_conv_kernel_dim", 4),
+    ("linear_key_head_dim", 128),
+    ("linear_value_head_dim", 128),
+    ("linear_num_key_heads", 16),
+    ("linear_num_value_heads", 32),
+    ("moe_intermediate_size", 512),
+    ("shared_expert_intermediate_size", 512),
+    ("num_experts_per_tok", 8),
+    ("num_experts", 256),
+];
+
 /// The bound on every count and width a config names: far above any published model, and
 /// low enough that no product of a few of them overflows.
 const MAX_DIMENSION: usize = 1 << 20;
+
+/// The most layers a config may name: frontier models have about a hundred.
+const MAX_LAYERS: usize = 1024;
+
+/// The widest causal convolution a DeltaNet layer may have (Qwen3.5's is 4).
+const MAX_CONV_KERNEL: usize = 64;
+
+/// The most values one sequence's DeltaNet states may hold over all layers: 1 GiB of f32,
+/// about seven times Qwen3.5-122B's.
+const MAX_SEQUENCE_STATE: usize = 1 << 28;
 
 /// The most values one sequence's recurrent state may hold in one DeltaNet layer: 256 MiB
 /// of f32, 64 times Qwen3.5-122B's (64 value heads of 128 x 128), so that a config cannot
@@ -145,18 +175,27 @@ impl Config {
                     "model_type qwen3_5_moe needs a text_config object".into(),
                 ));
             };
-            // The wrapper's own fields the text model reads when its part is silent.
-            for key in ["tie_word_embeddings", "architectures"] {
-                if text_config.get(key).is_none() {
-                    if let Some(v) = value.get(key) {
-                        text_config[key] = v.clone();
-                    }
-                }
+            // The wrapper decides whether its lm_head is tied (false unless it says so).
+            text_config["tie_word_embeddings"] = value
+                .get("tie_word_embeddings")
+                .cloned()
+                .unwrap_or(false.into());
+            if let Some(architectures) = value.get("architectures") {
+                text_config["architectures"] = architectures.clone();
             }
             if text_config.get("model_type").is_none() {
                 text_config["model_type"] = "qwen3_5_moe_text".into();
             }
             value = text_config;
+        }
+        if value["model_type"] == "qwen3_5_moe_text" {
+            // What transformers' Qwen3_5MoeTextConfig takes for a field left out.
+            if let Some(config) = value.as_object_mut() {
+                for (key, default) in QWEN35_DEFAULTS {
+                    config.entry(*key).or_insert_with(|| (*default).into());
+                }
+                config.entry("rms_norm_eps").or_insert_with(|| 1e-6.into());
+            }
         }
         let config: Config = serde_json::from_value(value).map_err(bad)?;
         config.validate()?;
@@ -217,6 +256,22 @@ impl Config {
         ] {
             if v == 0 {
                 return bad(&format!("{name} must be greater than zero"));
+            }
+        }
+        if self.num_hidden_layers > MAX_LAYERS || self.mlp_only_layers.len() > MAX_LAYERS {
+            return bad(&format!(
+                "num_hidden_layers and mlp_only_layers must name at most {MAX_LAYERS} layers"
+            ));
+        }
+        if let Some(kind) = self
+            .rope_parameters
+            .as_ref()
+            .and_then(|p| p.rope_type.as_deref())
+        {
+            if kind != "default" {
+                return bad(&format!(
+                    "rope_type {kind:?}: this engine computes the default RoPE only"
+                ));
             }
         }
         if !self
@@ -284,6 +339,9 @@ impl Config {
                 "a DeltaNet layer's state (value heads x key dim x value dim) is over {MAX_DELTANET_STATE} values"
             ));
         }
+        if self.linear_conv_kernel_dim > MAX_CONV_KERNEL {
+            return bad(format!("linear_conv_kernel_dim is over {MAX_CONV_KERNEL}"));
+        }
         if self.full_attention_interval == Some(0) {
             return bad("full_attention_interval must be greater than zero".into());
         }
@@ -304,6 +362,20 @@ impl Config {
                     "layer type {other:?} is not linear_attention or full_attention"
                 ));
             }
+        }
+        // Every new sequence allocates its states in every DeltaNet layer at once.
+        let channels = 2 * self.linear_num_key_heads * self.linear_key_head_dim
+            + self.linear_num_value_heads * self.linear_value_head_dim;
+        let per_layer = state
+            .unwrap_or(usize::MAX)
+            .saturating_add((self.linear_conv_kernel_dim - 1).saturating_mul(channels));
+        let layers = (0..self.num_hidden_layers)
+            .filter(|l| self.mixer(*l) == Mixer::LinearAttention)
+            .count();
+        if per_layer.saturating_mul(layers) > MAX_SEQUENCE_STATE {
+            return bad(format!(
+                "the DeltaNet layers' state per sequence is over {MAX_SEQUENCE_STATE} values"
+            ));
         }
         Ok(())
     }
@@ -366,6 +438,10 @@ impl Config {
     /// Whether `layer` routes to experts (else it is a dense SwiGLU layer), as transformers
     /// decides it.
     pub fn is_moe_layer(&self, layer: usize) -> bool {
+        // Qwen3.5 builds a sparse MoE block in every layer, whatever else the config says.
+        if self.family() == Family::Qwen35Moe {
+            return layer < self.num_hidden_layers;
+        }
         !self.mlp_only_layers.contains(&layer)
             && self.num_experts > 0
             && (layer + 1).is_multiple_of(self.decoder_sparse_step)
@@ -495,6 +571,19 @@ mod tests {
         let listed = Config::parse(&listed).unwrap();
         assert_eq!(listed.mixer(0), Mixer::FullAttention);
         assert_eq!(listed.mixer(3), Mixer::LinearAttention);
+        // What transformers' defaults and rules give for what the file leaves out or says.
+        let sparse = QWEN35
+            .replace("\"shared_expert_intermediate_size\": 4,", "")
+            .replace("\"head_dim\": 32,", "\"mlp_only_layers\": [1], \"head_dim\": 32,")
+            .replace("\"tie_word_embeddings\": false,", "")
+            .replace("\"linear_conv_kernel_dim\": 4,", "\"tie_word_embeddings\": true,");
+        let sparse = Config::parse(&sparse).unwrap();
+        assert_eq!(sparse.shared_expert_intermediate_size, 512);
+        assert_eq!(sparse.linear_conv_kernel_dim, 4);
+        assert!(sparse.is_moe_layer(1), "every Qwen3.5 layer routes");
+        assert!(!sparse.tie_word_embeddings, "the wrapper decides, false by default");
+        let scaled = QWEN35.replace("\"rope_type\": \"default\"", "\"rope_type\": \"yarn\"");
+        assert!(Config::parse(&scaled).is_err());
         // Huge state per sequence is refused.
         let huge = QWEN35
             .replace(
@@ -506,6 +595,12 @@ mod tests {
                 "\"linear_value_head_dim\": 32",
             );
         assert!(matches!(Config::parse(&huge), Err(LoadError::Config(m)) if m.contains("state")));
+        // So is a modest state in very many layers.
+        let deep = QWEN35
+            .replace("\"num_hidden_layers\": 4", "\"num_hidden_layers\": 1000")
+            .replace("\"linear_key_head_dim\": 16", "\"linear_key_head_dim\": 1024")
+            .replace("\"linear_value_head_dim\": 16", "\"linear_value_head_dim\": 1024");
+        assert!(matches!(Config::parse(&deep), Err(LoadError::Config(m)) if m.contains("state")));
     }
 
     #[test]

@@ -355,7 +355,7 @@ fn tensor_specs(c: &Config) -> Vec<(String, Vec<usize>)> {
             specs.push((format!("{a}.v_proj.weight"), vec![kv * hd, h]));
             specs.push((format!("{a}.o_proj.weight"), vec![h, heads * hd]));
             if c.qkv_bias() {
-                specs.push((format!("{a}.q_proj.bias"), vec![heads * hd]));
+                specs.push((format!("{a}.q_proj.bias"), vec![q_rows]));
                 specs.push((format!("{a}.k_proj.bias"), vec![kv * hd]));
                 specs.push((format!("{a}.v_proj.bias"), vec![kv * hd]));
             }

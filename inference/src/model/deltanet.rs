@@ -96,17 +96,31 @@ impl GatedDeltaNet {
     }
 
     pub fn new_state(&self) -> DeltaState {
-        let d = self.dims;
+        let (conv, recurrent) = self.new_state_lens();
         DeltaState {
-            conv: vec![0.0; (d.kernel - 1) * d.conv_channels()],
-            recurrent: vec![0.0; d.value_heads * d.key_dim * d.value_dim],
+            conv: vec![0.0; conv],
+            recurrent: vec![0.0; recurrent],
         }
+    }
+
+    /// Whether `state` was made for this layer (by `new_state`).
+    pub fn fits(&self, state: &DeltaState) -> bool {
+        let fresh = self.new_state_lens();
+        (state.conv.len(), state.recurrent.len()) == fresh
+    }
+
+    fn new_state_lens(&self) -> (usize, usize) {
+        let d = self.dims;
+        (
+            (d.kernel - 1) * d.conv_channels(),
+            d.value_heads * d.key_dim * d.value_dim,
+        )
     }
 
     /// Bytes of one sequence's state in this layer.
     pub fn state_bytes(&self) -> usize {
-        let d = self.dims;
-        ((d.kernel - 1) * d.conv_channels() + d.value_heads * d.key_dim * d.value_dim) * 4
+        let (conv, recurrent) = self.new_state_lens();
+        (conv + recurrent) * 4
     }
 
     /// Bytes of weights read per token.

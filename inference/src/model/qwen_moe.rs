@@ -73,9 +73,11 @@ impl Attention {
                 .tensor(&format!("{prefix}.{name}"), &[len])
                 .map(|w| w.to_f32())
         };
+        // Qwen3.5's q_proj yields each head's query and its output gate (its bias too).
+        let q_rows = if output_gate { 2 } else { 1 } * heads * hd;
         let bias = if config.qkv_bias() {
             Some([
-                vector("q_proj.bias", heads * hd)?,
+                vector("q_proj.bias", q_rows)?,
                 vector("k_proj.bias", kv * hd)?,
                 vector("v_proj.bias", kv * hd)?,
             ])
@@ -90,7 +92,6 @@ impl Attention {
                 norm_weight(checkpoint, config, &format!("{prefix}.k_norm.weight"), hd)?,
             ])
         };
-        let q_rows = if output_gate { 2 } else { 1 } * heads * hd;
         let matrix = |name: &str, rows: usize, cols: usize| {
             checkpoint.tensor(&format!("{prefix}.{name}"), &[rows, cols])
         };
@@ -270,13 +271,15 @@ impl Model {
     /// Whether `cache` has this model's layers (as `new_cache` makes them).
     fn made(&self, cache: &Cache) -> bool {
         cache.layers.len() == self.layers.len()
-            && cache.layers.iter().zip(&self.layers).all(|(c, l)| {
-                matches!(
-                    (c, &l.mixer),
-                    (LayerCache::Attention { .. }, TokenMixer::Attention(_))
-                        | (LayerCache::DeltaNet(_), TokenMixer::DeltaNet(_))
-                )
-            })
+            && cache
+                .layers
+                .iter()
+                .zip(&self.layers)
+                .all(|(c, l)| match (c, &l.mixer) {
+                    (LayerCache::Attention { .. }, TokenMixer::Attention(_)) => true,
+                    (LayerCache::DeltaNet(state), TokenMixer::DeltaNet(d)) => d.fits(state),
+                    _ => false,
+                })
     }
 
     pub fn new_cache(&self) -> Cache {

@@ -12,6 +12,7 @@
 //! Requests wait in a bounded queue; when it is full `submit` says so at once (the HTTP
 //! layer answers 429) rather than letting a burst grow memory.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 
@@ -112,8 +113,17 @@ fn run(
             continue;
         }
         let mut sequences: Vec<&mut Sequence> = batch.iter_mut().map(|r| &mut r.sequence).collect();
-        if let Err(e) = pipeline.step(&engine.model, &engine.experts, &mut sequences) {
-            let message = format!("generation failed: {e}");
+        // A step that fails, or panics, ends the generations in it, not the service.
+        let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            pipeline.step(&engine.model, &engine.experts, &mut sequences)
+        }));
+        let failure = match stepped {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(format!("generation failed: {e}")),
+            Err(_) => Some("generation failed: the step panicked".to_string()),
+        };
+        if let Some(message) = failure {
+            tracing::error!("{message}; the {} generations in it end", batch.len());
             for running in batch.drain(..) {
                 let _ = running.events.send(Event::Failed(message.clone()));
             }

@@ -646,12 +646,13 @@ impl Detokenizer {
         if upto <= self.released || !text.is_char_boundary(self.released) {
             return String::new();
         }
-        let piece = text
-            .get(self.released..upto)
-            .unwrap_or_default()
-            .to_string();
-        self.released = upto;
-        piece
+        match text.get(self.released..upto) {
+            Some(piece) => {
+                self.released = upto;
+                piece.to_string()
+            }
+            None => String::new(),
+        }
     }
 }
 
