@@ -574,14 +574,23 @@ mod tests {
         // What transformers' defaults and rules give for what the file leaves out or says.
         let sparse = QWEN35
             .replace("\"shared_expert_intermediate_size\": 4,", "")
-            .replace("\"head_dim\": 32,", "\"mlp_only_layers\": [1], \"head_dim\": 32,")
+            .replace(
+                "\"head_dim\": 32,",
+                "\"mlp_only_layers\": [1], \"head_dim\": 32,",
+            )
             .replace("\"tie_word_embeddings\": false,", "")
-            .replace("\"linear_conv_kernel_dim\": 4,", "\"tie_word_embeddings\": true,");
+            .replace(
+                "\"linear_conv_kernel_dim\": 4,",
+                "\"tie_word_embeddings\": true,",
+            );
         let sparse = Config::parse(&sparse).unwrap();
         assert_eq!(sparse.shared_expert_intermediate_size, 512);
         assert_eq!(sparse.linear_conv_kernel_dim, 4);
         assert!(sparse.is_moe_layer(1), "every Qwen3.5 layer routes");
-        assert!(!sparse.tie_word_embeddings, "the wrapper decides, false by default");
+        assert!(
+            !sparse.tie_word_embeddings,
+            "the wrapper decides, false by default"
+        );
         let scaled = QWEN35.replace("\"rope_type\": \"default\"", "\"rope_type\": \"yarn\"");
         assert!(Config::parse(&scaled).is_err());
         // Huge state per sequence is refused.
@@ -598,8 +607,14 @@ mod tests {
         // So is a modest state in very many layers.
         let deep = QWEN35
             .replace("\"num_hidden_layers\": 4", "\"num_hidden_layers\": 1000")
-            .replace("\"linear_key_head_dim\": 16", "\"linear_key_head_dim\": 1024")
-            .replace("\"linear_value_head_dim\": 16", "\"linear_value_head_dim\": 1024");
+            .replace(
+                "\"linear_key_head_dim\": 16",
+                "\"linear_key_head_dim\": 1024",
+            )
+            .replace(
+                "\"linear_value_head_dim\": 16",
+                "\"linear_value_head_dim\": 1024",
+            );
         assert!(matches!(Config::parse(&deep), Err(LoadError::Config(m)) if m.contains("state")));
     }
 

@@ -291,6 +291,15 @@ fn bad_requests_get_openai_errors_and_a_full_queue_a_429() {
             .unwrap_or_else(|e| panic!("{body}: not an OpenAI error ({e}): {reply}"));
         assert!(!error.error.message.is_empty());
     }
+    // The old endpoint refuses, before it joins the batch, what the model's context cannot
+    // hold (so it cannot fail the step it would share with others).
+    let (got, reply) = http(
+        &addr,
+        "POST",
+        "/generate",
+        r#"{"prompt": "x", "tokens": 600}"#,
+    );
+    assert_eq!(got, 422, "{reply}");
     // Too large a body is refused in the same shape.
     let oversized = format!(r#"{{"prompt": "{}"}}"#, "a".repeat(100_000));
     let (got, reply) = http(&addr, "POST", "/v1/completions", &oversized);
@@ -321,11 +330,13 @@ fn bad_requests_get_openai_errors_and_a_full_queue_a_429() {
         );
     }
     let statuses: Vec<u16> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..2)
-            .map(|_| {
+        // One of them streamed: a full queue is a 429 before any event, streamed or not.
+        let handles: Vec<_> = [false, true]
+            .into_iter()
+            .map(|stream| {
                 let addr = addr.clone();
                 scope.spawn(move || {
-                    let ask = serde_json::json!({"prompt": "x", "max_tokens": 2});
+                    let ask = serde_json::json!({"prompt": "x", "max_tokens": 2, "stream": stream});
                     post(&addr, "/v1/completions", &ask).0
                 })
             })

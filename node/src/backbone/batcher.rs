@@ -41,15 +41,33 @@ pub enum Event {
     Failed(String),
 }
 
-/// The queue is full: try again later.
-#[derive(Debug)]
-pub struct Busy;
+/// Why a job was not queued.
+#[derive(Debug, PartialEq)]
+pub enum Refused {
+    /// The queue is full: try again later.
+    Busy,
+    /// The batch thread is gone: nothing will be served.
+    Stopped,
+    /// The job cannot run on this model (too long for its context, a token outside its
+    /// vocabulary, nothing to generate).
+    Invalid(String),
+}
+
+/// Most prompt tokens one job may bring.
+pub const MAX_PROMPT_TOKENS: usize = 8192;
+
+/// Prompt tokens that may join the batch in one step: a prompt is prefilled in the step it
+/// joins, so this bounds how long one step (every running stream's next token) can take.
+/// One prompt always joins, however long.
+const PREFILL_BUDGET: usize = 2048;
 
 /// The handle requests are submitted through; the batch runs on its own thread until every
 /// handle is dropped.
 #[derive(Clone)]
 pub struct Batcher {
     jobs: SyncSender<(Job, UnboundedSender<Event>)>,
+    context: usize,
+    vocab: usize,
 }
 
 impl Batcher {
@@ -62,19 +80,49 @@ impl Batcher {
         queue: usize,
     ) -> anyhow::Result<Batcher> {
         let pipeline = Pipeline::new(micro_batches, rayon::current_num_threads())?;
+        let config = engine.model.config();
+        let (context, vocab) = (config.max_position_embeddings, config.vocab_size);
         let (jobs, incoming) = sync_channel(queue);
         std::thread::Builder::new()
             .name("batcher".into())
             .spawn(move || run(&engine, &pipeline, &incoming, max_batch.max(1)))?;
-        Ok(Batcher { jobs })
+        Ok(Batcher {
+            jobs,
+            context,
+            vocab,
+        })
     }
 
     /// Queues `job`; its events arrive on the receiver. Dropping the receiver cancels it.
-    pub fn submit(&self, job: Job) -> Result<UnboundedReceiver<Event>, Busy> {
+    /// A job is checked here, so that no sequence in the batch can fail the step it shares
+    /// with the others.
+    pub fn submit(&self, job: Job) -> Result<UnboundedReceiver<Event>, Refused> {
+        let invalid = |m: String| Err(Refused::Invalid(m));
+        if job.prompt.is_empty() || job.max_new == 0 {
+            return invalid("a prompt and at least one token to generate are needed".into());
+        }
+        if job.prompt.len() > MAX_PROMPT_TOKENS {
+            return invalid(format!(
+                "the prompt's {} tokens are over {MAX_PROMPT_TOKENS}",
+                job.prompt.len()
+            ));
+        }
+        if job.prompt.len() + job.max_new > self.context {
+            return invalid(format!(
+                "the prompt's {} tokens and {} to generate exceed the model's context of {}",
+                job.prompt.len(),
+                job.max_new,
+                self.context
+            ));
+        }
+        if let Some(token) = job.prompt.iter().find(|t| **t as usize >= self.vocab) {
+            return invalid(format!("token {token} is outside the vocabulary"));
+        }
         let (events, receiver) = unbounded_channel();
         match self.jobs.try_send((job, events)) {
             Ok(()) => Ok(receiver),
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => Err(Busy),
+            Err(TrySendError::Full(_)) => Err(Refused::Busy),
+            Err(TrySendError::Disconnected(_)) => Err(Refused::Stopped),
         }
     }
 }
@@ -93,19 +141,33 @@ fn run(
     max_batch: usize,
 ) {
     let mut batch: Vec<Running> = Vec::new();
+    // A job taken from the queue that did not fit this step's prefill budget.
+    let mut held: Option<(Job, UnboundedSender<Event>)> = None;
     loop {
-        // Wait while idle; otherwise take whoever is waiting, up to the batch size.
-        if batch.is_empty() {
+        // Wait while idle; otherwise take whoever is waiting, up to the batch size and the
+        // step's prefill budget.
+        if batch.is_empty() && held.is_none() {
             match incoming.recv() {
-                Ok(job) => batch.push(admit(engine, job)),
+                Ok(job) => held = Some(job),
                 Err(_) => return,
             }
         }
+        let mut prefill = 0;
         while batch.len() < max_batch {
-            match incoming.try_recv() {
-                Ok(job) => batch.push(admit(engine, job)),
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+            let job = match held.take() {
+                Some(job) => job,
+                None => match incoming.try_recv() {
+                    Ok(job) => job,
+                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+                },
+            };
+            let rows = job.0.prompt.len();
+            if prefill > 0 && prefill + rows > PREFILL_BUDGET {
+                held = Some(job);
+                break;
             }
+            prefill += rows;
+            batch.push(admit(engine, job));
         }
         // A caller that stopped listening leaves before the step.
         batch.retain(|r| !r.events.is_closed());

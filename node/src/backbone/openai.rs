@@ -29,7 +29,7 @@ use kvasir_inference::generate::Sampling;
 use kvasir_inference::tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::batcher::{Event, Job};
+use super::batcher::{Event, Job, Refused};
 use super::chat::Turn;
 use super::serve::Served;
 
@@ -119,9 +119,9 @@ pub(super) async fn completions(
         return Err(ApiError::invalid(Some("prompt"), "one prompt per request"));
     }
     let prompt = prompts.remove(0);
-    let asked = Asked::new(&served, &prompt, &request.settings, 16)?;
+    let asked = Asked::new(&served, &prompt, &request.settings, Kind::Completion)?;
     if request.settings.stream {
-        return Ok(asked.stream(served, Kind::Completion).into_response());
+        return Ok(asked.stream(served, Kind::Completion)?.into_response());
     }
     let done = asked.collect(&served).await?;
     Ok(Json(Completion {
@@ -150,9 +150,9 @@ pub(super) async fn chat_completions(
         .chat
         .prompt(&chat_turns(&request.messages)?)
         .map_err(|message| ApiError::invalid(Some("messages"), message))?;
-    let asked = Asked::new(&served, &prompt, &request.settings, 512)?;
+    let asked = Asked::new(&served, &prompt, &request.settings, Kind::Chat)?;
     if request.settings.stream {
-        return Ok(asked.stream(served, Kind::Chat).into_response());
+        return Ok(asked.stream(served, Kind::Chat)?.into_response());
     }
     let done = asked.collect(&served).await?;
     Ok(Json(ChatCompletion {
@@ -248,8 +248,12 @@ impl Asked {
         served: &Served,
         prompt: &str,
         settings: &Settings,
-        default_tokens: usize,
+        kind: Kind,
     ) -> Result<Asked, ApiError> {
+        let (default_tokens, prefix) = match kind {
+            Kind::Completion => (16, "cmpl"),
+            Kind::Chat => (512, "chatcmpl"),
+        };
         if let Some(model) = &settings.model {
             if *model != served.model_name {
                 return Err(ApiError::with(
@@ -319,7 +323,7 @@ impl Asked {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         Ok(Asked {
-            id: format!("cmpl-{}", served.next_id()),
+            id: format!("{prefix}-{}", served.next_id()),
             created,
             prompt: tokens,
             max_tokens,
@@ -351,13 +355,20 @@ impl Asked {
                 max_new: self.max_tokens,
                 sampling: self.sampling,
             })
-            .map_err(|_| {
-                ApiError::with(
+            .map_err(|refused| match refused {
+                Refused::Busy => ApiError::with(
                     StatusCode::TOO_MANY_REQUESTS,
                     "rate_limit_error",
                     "queue_full",
                     "the backbone's queue is full; retry later",
-                )
+                ),
+                Refused::Stopped => ApiError::with(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "server_error",
+                    "stopped",
+                    "this backbone no longer generates",
+                ),
+                Refused::Invalid(message) => ApiError::invalid(Some("prompt"), message),
             })
     }
 
@@ -399,13 +410,14 @@ impl Asked {
     }
 
     /// The generation as server-sent events: chunks of text, the last with its
-    /// `finish_reason`, a usage chunk if asked, then `[DONE]`.
+    /// `finish_reason`, a usage chunk if asked, then `[DONE]`. Queued before the answer
+    /// starts, so a full queue is a 429 like any other.
     fn stream(
         self,
         served: Arc<Served>,
         kind: Kind,
-    ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
-        let events = self.submit(&served);
+    ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+        let events = Some(self.submit(&served)?);
         let text = Detokenizer::new(self.stops.clone(), served.eos());
         let chunks = stream::unfold(
             Streaming {
@@ -424,7 +436,7 @@ impl Asked {
                 Some((Ok(event), state))
             },
         );
-        Sse::new(chunks)
+        Ok(Sse::new(chunks))
     }
 }
 
@@ -442,7 +454,8 @@ struct Streaming {
     asked: Asked,
     served: Arc<Served>,
     kind: Kind,
-    events: Result<UnboundedReceiver<Event>, ApiError>,
+    /// Dropped with the last chunk: the generation stops there even if `[DONE]` is never read.
+    events: Option<UnboundedReceiver<Event>>,
     text: Detokenizer,
     tokens: usize,
     /// The chat's opening chunk (the role) was sent.
@@ -469,12 +482,10 @@ impl Streaming {
             };
             return Some(json_event(&self.chat(delta, None)));
         }
-        let receiver = match &mut self.events {
-            Ok(receiver) => receiver,
-            Err(error) => {
-                self.ended = true;
-                return Some(json_event(&error.body()));
-            }
+        let Some(receiver) = &mut self.events else {
+            self.ended = true;
+            let error = server_error("the generation ended without an answer".into());
+            return Some(json_event(&error.body()));
         };
         let tokenizer = &self.served.engine.tokenizer;
         loop {
@@ -522,6 +533,7 @@ impl Streaming {
     /// The chunk with the finish reason (and any text left), with the usage if asked.
     fn last(&mut self, text: String, reason: &str) -> SseEvent {
         self.ended = true;
+        self.events = None;
         let usage = self
             .asked
             .include_usage

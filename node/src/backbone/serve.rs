@@ -17,7 +17,7 @@ use kvasir_api::{ErrorBody, Object};
 use kvasir_inference::generate::Sampling;
 use utoipa::OpenApi;
 
-use super::batcher::{Batcher, Event, Job};
+use super::batcher::{Batcher, Event, Job, Refused};
 use super::chat::Chat;
 use super::{openai, Engine};
 use crate::link;
@@ -105,7 +105,7 @@ async fn metrics(State(served): State<Arc<Served>>) -> String {
 }
 
 /// `POST /generate`: JSON in and out, errors as `{error, message}`.
-#[utoipa::path(post, path = "/generate", description = "Generate `tokens` tokens (default 32, at most 4096) after `prompt`, in the decode batch shared with every other request.", request_body = GenerateRequest, responses((status = 200, body = GenerationReport), (status = 400, description = "Not JSON", body = ErrorBody), (status = 413, description = "Body over 64 KiB", body = ErrorBody), (status = 415, description = "Not application/json", body = ErrorBody), (status = 422, description = "JSON of another shape, an empty prompt, or tokens out of range", body = ErrorBody), (status = 429, description = "The queue of waiting requests is full", body = ErrorBody), (status = 500, description = "Generation failed", body = ErrorBody)))]
+#[utoipa::path(post, path = "/generate", description = "Generate `tokens` tokens (default 32, at most 4096) after `prompt`, in the decode batch shared with every other request.", request_body = GenerateRequest, responses((status = 200, body = GenerationReport), (status = 400, description = "Not JSON", body = ErrorBody), (status = 413, description = "Body over 64 KiB", body = ErrorBody), (status = 415, description = "Not application/json", body = ErrorBody), (status = 422, description = "JSON of another shape, an empty prompt, tokens out of range, or a prompt and tokens over the model's context", body = ErrorBody), (status = 429, description = "The queue of waiting requests is full", body = ErrorBody), (status = 503, description = "The backbone no longer generates", body = ErrorBody), (status = 500, description = "Generation failed", body = ErrorBody)))]
 async fn generate_handler(
     State(served): State<Arc<Served>>,
     body: Result<Json<Object<GenerateRequest>>, JsonRejection>,
@@ -135,9 +135,18 @@ async fn generate_handler(
             max_new: request.tokens,
             sampling: served.sampling,
         })
-        .map_err(|_| {
-            let message = "the queue of waiting requests is full; retry later".to_string();
-            http_error(StatusCode::TOO_MANY_REQUESTS, "busy", message)
+        .map_err(|refused| match refused {
+            Refused::Busy => {
+                let message = "the queue of waiting requests is full; retry later".to_string();
+                http_error(StatusCode::TOO_MANY_REQUESTS, "busy", message)
+            }
+            Refused::Stopped => {
+                let message = "this backbone no longer generates".to_string();
+                http_error(StatusCode::SERVICE_UNAVAILABLE, "stopped", message)
+            }
+            Refused::Invalid(message) => {
+                http_error(StatusCode::UNPROCESSABLE_ENTITY, "invalid", message)
+            }
         })?;
     let mut token_ids = Vec::new();
     let logits_blake3 = loop {
