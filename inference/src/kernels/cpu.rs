@@ -1,11 +1,35 @@
 //! CPU kernels. Determinism rules: every output element is reduced in one fixed order that
-//! depends only on the vector length (never on threads, row count or blocking), no fused
-//! multiply-add is implied, and transcendental functions are this module's own code rather
-//! than the platform's libm, which differs between systems.
+//! depends only on the vector length (never on threads, row count or blocking), and
+//! transcendental functions are this module's own code rather than the platform's libm,
+//! which differs between systems.
+//!
+//! # The reference arithmetic
+//!
+//! Every dot product, and so every element of a matrix product (`matmul_t`: experts, dense
+//! layers, attention projections, routers, the lm head), is this sum of `a[i] * b[i]` over
+//! `i < k`, in f32 with IEEE 754 rounding to nearest even, subnormals kept (never flushed):
+//!
+//! 1. bf16 and f16 weights are first widened to f32 (exact).
+//! 2. Lane `l` of 16 starts at `+0.0` and, for `c = 0, 1, ...` while `16c + 16 <= k`, becomes
+//!    `fma(a[16c + l], b[16c + l], lane)`: a fused multiply-add, the product never rounded
+//!    by itself (IEEE 754 `fusedMultiplyAdd`, which every backend has in hardware: x86's
+//!    FMA3, Arm's `fmla`, CUDA's `__fmaf_rn`, or libm's correctly rounded `fmaf`).
+//! 3. The lanes fold pairwise with plain adds: lane `l += lane l + 8` for `l < 8`, then
+//!    `+ 4`, `+ 2`, `+ 1`; the sum is lane 0.
+//! 4. The tail `i = k / 16 * 16 ..k` continues in ascending `i`: `sum = fma(a[i], b[i], sum)`.
+//!
+//! Because the product is fused, there is no separate rounding of a product that falls
+//! below f32's normal range (bf16 operands reach it easily): such a product enters the sum
+//! at full precision on every backend, so underflow needs no rule of its own. A row's sum
+//! never depends on the thread count, the other rows of the call, the blocking of columns or
+//! the instruction set; the AVX2 and AVX-512 kernels (`simd`) and CUDA give these bits.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 use rayon::prelude::*;
 
-use crate::weights::{widen_bf16, Weight};
+use crate::weights::{widen_bf16, DType, Weight};
 
 /// Lanes of the fixed-order dot product.
 pub(super) const LANES: usize = 16;
@@ -23,11 +47,26 @@ pub(super) fn fold_lanes(mut acc: [f32; LANES]) -> f32 {
     acc[0]
 }
 
-/// `sum(a[i] * b[i])` in the one fixed order every kernel uses: lane `l` of 16 sums the
-/// products at `i = 16c + l` in ascending `c`, the lanes are folded pairwise (8, 4, 2, 1),
-/// and the tail past the last full 16 is added in order.
-#[inline(always)]
+/// `sum(a[i] * b[i])` in the reference order (the module's header): 16 lanes of fused
+/// multiply-adds, folded pairwise, then the tail in order.
+#[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa() != Isa::Portable {
+        // SAFETY: every kernel above the portable one needs FMA, which `isa` checked.
+        return unsafe { dot_fma(a, b) };
+    }
+    dot_widened(a, b, |v| v)
+}
+
+/// `dot` built with FMA instructions: without them `mul_add` is a call to libm's `fmaf`.
+///
+/// # Safety
+///
+/// The CPU has FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn dot_fma(a: &[f32], b: &[f32]) -> f32 {
     dot_widened(a, b, |v| v)
 }
 
@@ -47,10 +86,10 @@ fn dot_widened<T: Copy>(a: &[f32], b: &[T], widen: impl Fn(T) -> f32) -> f32 {
     let tail = xs.remainder().iter().zip(ys.remainder());
     for (x, y) in xs.zip(ys) {
         for l in 0..LANES {
-            acc[l] += x[l] * widen(y[l]);
+            acc[l] = x[l].mul_add(widen(y[l]), acc[l]);
         }
     }
-    tail.fold(fold_lanes(acc), |sum, (x, y)| sum + x * widen(*y))
+    tail.fold(fold_lanes(acc), |sum, (x, y)| x.mul_add(widen(*y), sum))
 }
 
 /// `dot` of four rows against one weight row, sharing its loads; each result has the bits
@@ -68,14 +107,14 @@ fn dot4(a: [&[f32]; 4], b: &[f32]) -> [f32; 4] {
     );
     for ((((y, r0), r1), r2), r3) in b.chunks_exact(LANES).zip(x0).zip(x1).zip(x2).zip(x3) {
         for l in 0..LANES {
-            s0[l] += r0[l] * y[l];
-            s1[l] += r1[l] * y[l];
-            s2[l] += r2[l] * y[l];
-            s3[l] += r3[l] * y[l];
+            s0[l] = r0[l].mul_add(y[l], s0[l]);
+            s1[l] = r1[l].mul_add(y[l], s1[l]);
+            s2[l] = r2[l].mul_add(y[l], s2[l]);
+            s3[l] = r3[l].mul_add(y[l], s3[l]);
         }
     }
     let finish = |acc: [f32; LANES], row: &[f32]| {
-        (chunks * LANES..b.len()).fold(fold_lanes(acc), |sum, i| sum + row[i] * b[i])
+        (chunks * LANES..b.len()).fold(fold_lanes(acc), |sum, i| row[i].mul_add(b[i], sum))
     };
     [
         finish(s0, a[0]),
@@ -105,21 +144,33 @@ pub fn matmul_t(x: &[f32], rows: usize, w: &Weight, out: &mut [f32]) {
     if rows == 0 {
         return;
     }
+    if RECORDING.load(Ordering::Relaxed) {
+        record(Shape {
+            rows,
+            n,
+            k,
+            dtype: w.dtype(),
+        });
+    }
     let mut transposed = vec![0f32; n * rows];
-    let avx2 = has_avx2();
+    let isa = isa();
     transposed
         .par_chunks_mut(COLUMNS_PER_TASK * rows)
         .enumerate()
         .for_each(|(task, block)| {
             let first = task * COLUMNS_PER_TASK;
-            #[cfg(target_arch = "x86_64")]
-            if avx2 {
-                // SAFETY: `has_avx2` checked with `is_x86_feature_detected!` that this CPU
-                // supports AVX2, the one promise `column_block` asks for.
-                return unsafe { super::avx2::column_block(x, rows, w, first, block) };
+            match isa {
+                // SAFETY: `isa` checked with `is_x86_feature_detected!` that this CPU has
+                // the features each kernel needs, the one promise they ask for.
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => unsafe {
+                    super::simd::column_block_avx512(x, rows, w, first, block)
+                },
+                // SAFETY: as above.
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => unsafe { super::simd::column_block_avx2(x, rows, w, first, block) },
+                Isa::Portable => column_block(x, rows, w, first, block),
             }
-            let _ = avx2;
-            column_block(x, rows, w, first, block);
         });
     for j in 0..n {
         for r in 0..rows {
@@ -128,14 +179,76 @@ pub fn matmul_t(x: &[f32], rows: usize, w: &Weight, out: &mut [f32]) {
     }
 }
 
-fn has_avx2() -> bool {
+/// A matrix product's shape as `matmul_t` saw it: `rows x k` times `(n x k)^T`, the
+/// weights stored as `dtype`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Shape {
+    pub rows: usize,
+    pub n: usize,
+    pub k: usize,
+    pub dtype: DType,
+}
+
+/// Whether `matmul_t` records shapes: one relaxed load a call when off.
+static RECORDING: AtomicBool = AtomicBool::new(false);
+static RECORDED: Mutex<Vec<Shape>> = Mutex::new(Vec::new());
+
+fn record(shape: Shape) {
+    RECORDED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .push(shape);
+}
+
+/// Runs `f` and returns the shapes of the matrix products made meanwhile, on any thread, in
+/// the order they began: a benchmark replays a pass's matrix work on a reference library
+/// with them. (Calls overlapping in time share one record.)
+pub fn record_shapes<R>(f: impl FnOnce() -> R) -> (R, Vec<Shape>) {
+    let take = || {
+        std::mem::take(
+            &mut *RECORDED
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        )
+    };
+    take();
+    RECORDING.store(true, Ordering::Relaxed);
+    let result = f();
+    RECORDING.store(false, Ordering::Relaxed);
+    (result, take())
+}
+
+/// The instruction sets the kernels are built for; all give the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// Plain Rust: on Arm, say, where `mul_add` is the `fmla` instruction.
+    Portable,
+    /// x86 AVX2 with FMA.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    /// x86 AVX-512F with FMA.
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+/// The fastest kernel this CPU runs, found once.
+pub fn isa() -> Isa {
     #[cfg(target_arch = "x86_64")]
     {
-        static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *AVX2.get_or_init(|| std::is_x86_feature_detected!("avx2"))
+        static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *ISA.get_or_init(|| {
+            let fma = std::is_x86_feature_detected!("fma");
+            if fma && std::is_x86_feature_detected!("avx512f") {
+                Isa::Avx512
+            } else if fma && std::is_x86_feature_detected!("avx2") {
+                Isa::Avx2
+            } else {
+                Isa::Portable
+            }
+        })
     }
     #[cfg(not(target_arch = "x86_64"))]
-    false
+    Isa::Portable
 }
 
 /// Columns `first..` of the product, stored column by column in `block`.
@@ -388,6 +501,88 @@ mod tests {
         }
     }
 
+    /// `column_block` of every vector kernel this CPU runs, by name.
+    fn every_simd_kernel(x: &[f32], rows: usize, w: &Weight, first: usize) -> Vec<(Isa, Vec<f32>)> {
+        let mut outs = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            let fma = std::is_x86_feature_detected!("fma");
+            let size = (w.rows() - first) * rows;
+            if fma && std::is_x86_feature_detected!("avx2") {
+                let mut out = vec![0f32; size];
+                // SAFETY: the CPU has AVX2 and FMA, checked just above.
+                unsafe { super::super::simd::column_block_avx2(x, rows, w, first, &mut out) };
+                outs.push((Isa::Avx2, out));
+            }
+            if fma && std::is_x86_feature_detected!("avx512f") {
+                let mut out = vec![0f32; size];
+                // SAFETY: the CPU has AVX-512F and FMA, checked just above.
+                unsafe { super::super::simd::column_block_avx512(x, rows, w, first, &mut out) };
+                outs.push((Isa::Avx512, out));
+            }
+        }
+        let _ = (x, rows, w, first);
+        outs
+    }
+
+    #[test]
+    fn products_are_recorded_only_while_asked() {
+        // Other tests run products meanwhile: look for this one's distinctive shapes.
+        let (w, unseen) = (
+            Weight::from_f32(vec![0.5; 3 * 21], 3, 21),
+            Weight::from_f32(vec![0.5; 5 * 23], 5, 23),
+        );
+        let (mut out, mut other) = (vec![0f32; 2 * 3], vec![0f32; 5]);
+        let ((), shapes) = record_shapes(|| matmul_t(&[1.0; 42], 2, &w, &mut out));
+        assert!(shapes.contains(&Shape {
+            rows: 2,
+            n: 3,
+            k: 21,
+            dtype: DType::F32
+        }));
+        matmul_t(&[1.0; 23], 1, &unseen, &mut other);
+        let ((), later) = record_shapes(|| ());
+        assert!(!later.contains(&Shape {
+            rows: 1,
+            n: 5,
+            k: 23,
+            dtype: DType::F32
+        }));
+    }
+
+    #[test]
+    fn a_product_below_the_normal_range_is_fused_not_rounded() {
+        // 2^-125 + p with p = (1 + 2^-7) 2^-149: rounding p alone gives 2^-149, half an ulp
+        // of the sum, and the tie goes to the even 2^-125; fused, the sum is 2^-125 + 2^-148.
+        let power = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
+        let (a, b) = (f32::from_bits(power(-75).to_bits() | 1 << 16), power(-74));
+        let (start, fused) = (power(-125), power(-125) + f32::from_bits(2));
+        assert_eq!(start + a * b, start, "the unfused sum");
+        // In the tail (k = 2) and in lane 0 (k = 32: chunks 0 and 1).
+        for k in [2, 32] {
+            let at = if k == 2 { 1 } else { 16 };
+            let mut x = vec![0f32; k];
+            let mut w = vec![0f32; k];
+            (x[0], w[0], x[at], w[at]) = (1.0, start, a, b);
+            assert_eq!(dot(&x, &w), fused, "dot, k = {k}");
+            let bits: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+            assert_eq!(bits.iter().map(|b| widen_bf16(*b)).collect::<Vec<_>>(), w);
+            for weight in [
+                Weight::from_f32(w.clone(), 1, k),
+                Weight::from_bf16(&bits, 1, k),
+            ] {
+                let mut out = [0f32];
+                column_block(&x, 1, &weight, 0, &mut out);
+                assert_eq!(out[0], fused, "portable, k = {k}");
+                for (isa, out) in every_simd_kernel(&x, 1, &weight, 0) {
+                    assert_eq!(out[0], fused, "{isa:?}, k = {k}");
+                }
+                matmul_t(&x, 1, &weight, &mut out);
+                assert_eq!(out[0], fused, "matmul_t, k = {k}");
+            }
+        }
+    }
+
     proptest! {
         #[test]
         fn fused_bf16_dot_gives_the_bits_of_widen_then_dot(a in proptest::collection::vec(-4f32..4.0, 0..100), seed in any::<u16>()) {
@@ -397,10 +592,15 @@ mod tests {
         }
 
         #[test]
-        #[cfg(target_arch = "x86_64")]
-        fn the_avx2_kernel_gives_the_portable_bits(seed in any::<u32>(), rows in 1usize..11, k in 1usize..90, n in 1usize..20, first in 0usize..3) {
-            prop_assume!(has_avx2() && first < n);
-            let value = |i: usize| (((i as u32).wrapping_mul(2_246_822_519) ^ seed) % 4001) as f32 / 997.0 - 2.0;
+        fn every_kernel_gives_the_portable_bits(seed in any::<u32>(), rows in 1usize..15, k in 1usize..90, n in 1usize..20, first in 0usize..3, tiny in any::<bool>()) {
+            prop_assume!(first < n);
+            // With `tiny`, some values are near 2^-70, so that products fall below f32's
+            // normal range, where fusing them matters.
+            let value = |i: usize| {
+                let bits = (i as u32).wrapping_mul(2_246_822_519) ^ seed;
+                let v = (bits % 4001) as f32 / 997.0 - 2.0;
+                if tiny && bits.is_multiple_of(3) { v * 2f32.powi(-70) } else { v }
+            };
             let x: Vec<f32> = (0..rows * k).map(value).collect();
             let values: Vec<f32> = (0..n * k).map(|i| value(i + 7)).collect();
             let bits: Vec<u16> = values.iter().map(|v| half::bf16::from_f32(*v).to_bits()).collect();
@@ -410,11 +610,11 @@ mod tests {
             ];
             for w in &weights {
                 let block = (n - first) * rows;
-                let (mut baseline, mut avx2) = (vec![0f32; block], vec![0f32; block]);
-                column_block(&x, rows, w, first, &mut baseline);
-                // SAFETY: prop_assume above checked the CPU has AVX2.
-                unsafe { super::super::avx2::column_block(&x, rows, w, first, &mut avx2) };
-                prop_assert_eq!(bytemuck::cast_slice::<f32, u8>(&baseline), bytemuck::cast_slice::<f32, u8>(&avx2));
+                let mut portable = vec![0f32; block];
+                column_block(&x, rows, w, first, &mut portable);
+                for (isa, out) in every_simd_kernel(&x, rows, w, first) {
+                    prop_assert_eq!(bytemuck::cast_slice::<f32, u8>(&portable), bytemuck::cast_slice::<f32, u8>(&out), "{:?}", isa);
+                }
             }
         }
 

@@ -1,8 +1,9 @@
 //! Experts on an NVIDIA GPU through cudarc, with the CUDA libraries loaded at run time (so
 //! this builds on machines without a toolkit). The kernels are compiled by NVRTC from the
-//! source below and follow the CPU backend's arithmetic exactly: the same 16-lane reduction
-//! order, round-to-nearest multiplies and adds that are never fused, and the same `exp`
-//! polynomial, so a GPU expert returns the CPU expert's bits.
+//! source below and follow the CPU backend's arithmetic exactly (`cpu`'s header): the same
+//! 16-lane reduction order of fused multiply-adds (`__fmaf_rn`), round-to-nearest adds and
+//! multiplies elsewhere that are never contracted, no flushing of subnormals, and the same
+//! `exp` polynomial, so a GPU expert returns the CPU expert's bits.
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -38,14 +39,14 @@ __device__ void matmul_t(const float* x, const W* w, float* out, int rows, int k
     float acc = 0.0f;
     if (active)
         for (int c = 0; c < chunks; ++c)
-            acc = __fadd_rn(acc, __fmul_rn(xr[c * 16 + lane], widen(wj[c * 16 + lane])));
+            acc = __fmaf_rn(xr[c * 16 + lane], widen(wj[c * 16 + lane]), acc);
     // Every lane of the warp takes part in each shuffle, active or not.
     for (int width = 8; width >= 1; width /= 2) {
         float other = __shfl_down_sync(0xffffffffu, acc, width, 16);
         if (lane < width) acc = __fadd_rn(acc, other);
     }
     if (!active || lane != 0) return;
-    for (int i = chunks * 16; i < k; ++i) acc = __fadd_rn(acc, __fmul_rn(xr[i], widen(wj[i])));
+    for (int i = chunks * 16; i < k; ++i) acc = __fmaf_rn(xr[i], widen(wj[i]), acc);
     out[(size_t)r * n + j] = acc;
 }
 

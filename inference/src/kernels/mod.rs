@@ -2,8 +2,8 @@
 //! given row whatever the thread count, the other rows in the call, or the CPU it runs on.
 //! `cuda` (feature `cuda`) runs experts on an NVIDIA GPU with the same arithmetic.
 
-#[cfg(target_arch = "x86_64")]
-mod avx2;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(target_arch = "x86_64")]
+mod simd;

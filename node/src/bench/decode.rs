@@ -1,17 +1,21 @@
-//! The decode benchmark. References measured in the same run: the memory-bandwidth bound
-//! (bytes that must be read per token over this machine's measured read bandwidth) for
-//! batch-1 decode, and the `gemm` crate on the expert kernel's shapes, both for f32 weights
-//! and for the bf16 weights the `bench` preset stores (gemm gets them widened to f32). Every
-//! batch size is reported with the same statistic: the best of `RUNS` runs. The gemm
-//! reference is built only with the feature `bench-reference`, so that the production build
-//! carries no gemm.
+//! The decode benchmark: the prefill of one long prompt, and decode at several batch sizes,
+//! each next to a reference measured in the same run. For batch-1 decode, on all threads
+//! and on one, the memory-bandwidth bound: the bytes a token must read over this machine's
+//! measured read bandwidth. For batched decode and the prefill, the `gemm` crate replaying
+//! the pass's own matrix products (their shapes recorded from the pass, in order, with
+//! weights drawn from a pool larger than the last-level cache, so they stream from memory
+//! as the model's do): the time a tuned library spends on the matrix work alone, and the
+//! engine's kernel on the same replay. gemm has no bf16, so it reads weights widened to f32.
+//! Every figure is the best of `RUNS` runs. The gemm reference is built only with the
+//! feature `bench-reference`, so that the production build carries no gemm.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use kvasir_inference::config::Config;
 use kvasir_inference::generate::{step, Pipeline, Sampling, Sequence};
+use kvasir_inference::kernels::cpu::{isa, record_shapes, Shape};
 use kvasir_inference::model::qwen_moe::{ForwardError, Model};
 use kvasir_inference::moe::{ExpertExecutor, ExpertRequest, LocalExperts};
 use rayon::prelude::*;
@@ -26,15 +30,18 @@ pub struct Args {
     /// Decode steps timed at batch 1.
     #[arg(long, default_value_t = 32)]
     tokens: usize,
+    /// Tokens of the prompt whose prefill is timed (at most the model's context less one).
+    #[arg(long, default_value_t = 512)]
+    prefill: usize,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
 }
 
 const PROMPT_LEN: usize = 8;
-const BATCHES: [usize; 4] = [1, 8, 64, 512];
+const BATCHES: [usize; 4] = [1, 8, 64, 256];
 
-/// Read bandwidth of this machine on all cores: best of three passes over 1 GiB.
+/// Read bandwidth on the current thread pool: best of three passes over 1 GiB.
 fn read_bandwidth() -> f64 {
     let words: Vec<u64> = (0..(1usize << 27))
         .into_par_iter()
@@ -75,6 +82,21 @@ fn page_in(experts: &LocalExperts, config: &Config) -> Result<()> {
     Ok(())
 }
 
+/// `batch` fresh sequences of the benchmark's prompt, with room for `steps` more tokens.
+fn sequences(model: &Model, batch: usize, prompt_len: usize, steps: usize) -> Vec<Sequence> {
+    let vocab = model.config().vocab_size;
+    (0..batch)
+        .map(|s| {
+            Sequence::new(
+                model,
+                &prompt(s, prompt_len, vocab),
+                steps + 1,
+                Sampling::GREEDY,
+            )
+        })
+        .collect()
+}
+
 /// Tokens per second over `steps` decode steps of `batch` sequences (prefill not timed).
 pub(super) fn decode_rate(
     model: &Model,
@@ -106,17 +128,7 @@ fn timed_decode(
     steps: usize,
     mut one_step: impl FnMut(&mut [&mut Sequence]) -> Result<(), ForwardError>,
 ) -> Result<f64> {
-    let vocab = model.config().vocab_size;
-    let mut sequences: Vec<Sequence> = (0..batch)
-        .map(|s| {
-            Sequence::new(
-                model,
-                &prompt(s, PROMPT_LEN, vocab),
-                steps + 1,
-                Sampling::GREEDY,
-            )
-        })
-        .collect();
+    let mut sequences = sequences(model, batch, PROMPT_LEN, steps);
     let mut refs: Vec<&mut Sequence> = sequences.iter_mut().collect();
     one_step(&mut refs)?;
     let start = Instant::now();
@@ -126,112 +138,193 @@ fn timed_decode(
     Ok((batch * steps) as f64 / start.elapsed().as_secs_f64())
 }
 
-/// Best of `RUNS` runs, for every batch size alike: the machine's noise only slows a run.
+/// Best of `RUNS` runs, for every figure alike: the machine's noise only slows a run.
 const RUNS: usize = 3;
 
-/// The highest `decode_rate` of `RUNS` runs.
-fn best_rate(
-    model: &Model,
-    experts: &dyn ExpertExecutor,
-    batch: usize,
-    steps: usize,
-) -> Result<f64> {
+fn best_of(mut run: impl FnMut() -> Result<f64>) -> Result<f64> {
     let mut best = 0f64;
     for _ in 0..RUNS {
-        best = best.max(decode_rate(model, experts, batch, steps)?);
+        best = best.max(run()?);
     }
     Ok(best)
 }
 
-/// The expert kernel (`matmul_t`) and the `gemm` crate timed on one matrix product (made
-/// only where the gemm reference is built).
-#[cfg_attr(not(feature = "bench-reference"), allow(dead_code))]
-struct KernelTiming {
-    /// How the kernel's weights are stored; gemm always gets them widened to f32.
-    dtype: &'static str,
-    kernel: Duration,
-    gemm: Duration,
+/// Prompt tokens per second of one sequence's prefill of `len` tokens.
+fn prefill_rate(model: &Model, experts: &dyn ExpertExecutor, len: usize) -> Result<f64> {
+    let mut sequences = sequences(model, 1, len, 1);
+    let mut refs: Vec<&mut Sequence> = sequences.iter_mut().collect();
+    let start = Instant::now();
+    step(model, experts, &mut refs)?;
+    Ok(len as f64 / start.elapsed().as_secs_f64())
 }
 
-/// The `gemm` crate as the reference for the expert kernel (feature `bench-reference`).
+/// The matrix products of one decode step of `batch` sequences (after their prefill), or of
+/// the prefill itself when `decode` is false.
+fn pass_shapes(
+    model: &Model,
+    experts: &dyn ExpertExecutor,
+    batch: usize,
+    prompt_len: usize,
+    decode: bool,
+) -> Result<Vec<Shape>> {
+    let mut sequences = sequences(model, batch, prompt_len, 1);
+    let mut refs: Vec<&mut Sequence> = sequences.iter_mut().collect();
+    if decode {
+        step(model, experts, &mut refs)?;
+    }
+    let (result, shapes) = record_shapes(|| step(model, experts, &mut refs));
+    result?;
+    Ok(shapes)
+}
+
+/// One timed figure: tokens per second, and the tokens of the pass whose products the
+/// references replay.
+struct Figure {
+    name: String,
+    batch: usize,
+    steps: usize,
+    tok_s: f64,
+    /// Tokens per second the references would reach on the pass's matrix work alone.
+    replay: Option<Replay>,
+}
+
+#[derive(Clone, Copy)]
+struct Replay {
+    gemm_tok_s: f64,
+    kernel_tok_s: f64,
+}
+
+/// The `gemm` crate, and this engine's kernel, replaying a pass's matrix products
+/// (feature `bench-reference`).
 #[cfg(feature = "bench-reference")]
 mod reference {
+    use std::collections::HashMap;
     use std::time::{Duration, Instant};
 
     use anyhow::{bail, Result};
-    use kvasir_inference::kernels::cpu::matmul_t;
-    use kvasir_inference::weights::Weight;
+    use kvasir_inference::kernels::cpu::{matmul_t, Shape};
+    use kvasir_inference::weights::{DType, Weight};
 
-    use super::KernelTiming;
+    /// Bytes of f32 weights per distinct weight shape: past this machine's last-level cache
+    /// (260 MiB was seen here), so that weights stream from memory as the model's do.
+    const POOL_BYTES: usize = 512 << 20;
 
-    /// The expert kernel on `weight` and `gemm` on the same values widened to f32:
-    /// `rows x hidden` times `(width x hidden)^T`, alternated, best of 20 each (a slow spell of
-    /// the machine falls on both alike).
-    fn kernel_vs_gemm(rows: usize, weight: &Weight, dtype: &'static str) -> Result<KernelTiming> {
-        let (width, hidden) = (weight.rows(), weight.cols());
-        let x: Vec<f32> = (0..rows * hidden)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0)
-            .collect();
-        let w = weight.to_f32();
-        let mut ours = vec![0f32; rows * width];
-        let mut theirs = vec![0f32; rows * width];
-        let timed = |f: &mut dyn FnMut()| {
-            let start = Instant::now();
-            f();
-            start.elapsed()
-        };
-        let mut run_ours = || matmul_t(&x, rows, weight, &mut ours);
-        let threads = rayon::current_num_threads();
-        let mut run_gemm = || gemm_f32(rows, width, hidden, &x, &w, &mut theirs, threads);
-        let (mut kernel, mut gemm) = (Duration::MAX, Duration::MAX);
-        for _ in 0..20 {
-            kernel = kernel.min(timed(&mut run_ours));
-            gemm = gemm.min(timed(&mut run_gemm));
-        }
-        let max_diff = ours
-            .iter()
-            .zip(&theirs)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
-        if max_diff >= 1e-3 {
-            bail!("the {dtype} kernel and gemm disagree by {max_diff}");
-        }
-        Ok(KernelTiming {
-            dtype,
-            kernel,
-            gemm,
-        })
+    /// Weights of one shape, each both as f32 (for gemm) and as stored (for the kernel).
+    struct Pool {
+        f32s: Vec<Vec<f32>>,
+        stored: Vec<Weight>,
     }
 
-    /// `out (rows x width) = x (rows x hidden) * w^T` for `w` of `width x hidden`, row-major.
+    fn pool(n: usize, k: usize, dtype: DType, uses: usize) -> Pool {
+        let count = (POOL_BYTES / (n * k * 4).max(1)).clamp(1, uses);
+        let (mut f32s, mut stored) = (Vec::new(), Vec::new());
+        for copy in 0..count {
+            let values: Vec<f32> = (0..n * k)
+                .map(|i| ((i * 53 + copy * 7919) % 97) as f32 / 128.0 - 0.375)
+                .collect();
+            stored.push(match dtype {
+                // The values are multiples of 2^-7 below 1: exact in bf16.
+                DType::BF16 | DType::F16 => {
+                    let bits: Vec<u16> =
+                        values.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+                    Weight::from_bf16(&bits, n, k)
+                }
+                DType::F32 => Weight::from_f32(values.clone(), n, k),
+            });
+            f32s.push(values);
+        }
+        Pool { f32s, stored }
+    }
+
+    /// The time gemm and the kernel each take for `shapes` in order, best of 3 each
+    /// (alternated, so a slow spell of the machine falls on both alike).
+    pub(super) fn replay(shapes: &[Shape]) -> Result<(Duration, Duration)> {
+        let mut uses: HashMap<(usize, usize, DType), usize> = HashMap::new();
+        for s in shapes {
+            *uses.entry((s.n, s.k, s.dtype)).or_default() += 1;
+        }
+        let pools: HashMap<_, Pool> = uses
+            .iter()
+            .map(|(&(n, k, dtype), &count)| ((n, k, dtype), pool(n, k, dtype, count)))
+            .collect();
+        let widest = shapes
+            .iter()
+            .map(|s| s.rows * s.n.max(s.k))
+            .max()
+            .unwrap_or(0);
+        let x: Vec<f32> = (0..widest)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0)
+            .collect();
+        let (mut ours, mut theirs) = (vec![0f32; widest], vec![0f32; widest]);
+        let threads = rayon::current_num_threads();
+        // Which copy of its pool each product reads: the pools are walked in turn.
+        let mut next: HashMap<(usize, usize, DType), usize> = HashMap::new();
+        let picks: Vec<usize> = shapes
+            .iter()
+            .map(|s| {
+                let key = (s.n, s.k, s.dtype);
+                let at = next.entry(key).or_default();
+                let pick = *at % pools[&key].f32s.len();
+                *at += 1;
+                pick
+            })
+            .collect();
+        for (s, &pick) in shapes.iter().zip(&picks) {
+            let pool = &pools[&(s.n, s.k, s.dtype)];
+            let (x, out) = (&x[..s.rows * s.k], s.rows * s.n);
+            matmul_t(x, s.rows, &pool.stored[pick], &mut ours[..out]);
+            gemm_f32(s, x, &pool.f32s[pick], &mut theirs[..out], threads);
+            let max_diff = ours[..out]
+                .iter()
+                .zip(&theirs[..out])
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            if max_diff >= 1e-2 {
+                bail!("the kernel and gemm disagree by {max_diff} on {s:?}");
+            }
+        }
+        let (mut kernel, mut gemm) = (Duration::MAX, Duration::MAX);
+        for _ in 0..3 {
+            let start = Instant::now();
+            for (s, &pick) in shapes.iter().zip(&picks) {
+                let pool = &pools[&(s.n, s.k, s.dtype)];
+                let out = &mut ours[..s.rows * s.n];
+                matmul_t(&x[..s.rows * s.k], s.rows, &pool.stored[pick], out);
+            }
+            kernel = kernel.min(start.elapsed());
+            let start = Instant::now();
+            for (s, &pick) in shapes.iter().zip(&picks) {
+                let pool = &pools[&(s.n, s.k, s.dtype)];
+                let out = &mut theirs[..s.rows * s.n];
+                gemm_f32(s, &x[..s.rows * s.k], &pool.f32s[pick], out, threads);
+            }
+            gemm = gemm.min(start.elapsed());
+        }
+        Ok((gemm, kernel))
+    }
+
+    /// `out (rows x n) = x (rows x k) * w^T` for `w` of `n x k`, row-major.
     #[allow(unsafe_code)]
-    fn gemm_f32(
-        rows: usize,
-        width: usize,
-        hidden: usize,
-        x: &[f32],
-        w: &[f32],
-        out: &mut [f32],
-        threads: usize,
-    ) {
-        assert!(x.len() == rows * hidden && w.len() == width * hidden && out.len() == rows * width);
+    fn gemm_f32(s: &Shape, x: &[f32], w: &[f32], out: &mut [f32], threads: usize) {
+        let Shape { rows, n, k, .. } = *s;
+        assert!(x.len() == rows * k && w.len() == n * k && out.len() == rows * n);
         // SAFETY: the lengths asserted above make every pointer cover its matrix: x is
-        // rows x hidden (row-major), w^T is read as hidden x width with column stride
-        // `hidden`, the output is rows x width; nothing else aliases `out`.
+        // rows x k (row-major), w^T is read as k x n with column stride `k`, the output is
+        // rows x n; nothing else aliases `out`.
         unsafe {
             gemm::gemm(
                 rows,
-                width,
-                hidden,
+                n,
+                k,
                 out.as_mut_ptr(),
                 1,
-                width as isize,
+                n as isize,
                 false,
                 x.as_ptr(),
                 1,
-                hidden as isize,
+                k as isize,
                 w.as_ptr(),
-                hidden as isize,
+                k as isize,
                 1,
                 0.0,
                 1.0,
@@ -242,42 +335,43 @@ mod reference {
             )
         }
     }
-
-    /// The kernel against gemm on an expert's shapes (`hidden` in, `width` out) at `rows`
-    /// rows: f32 weights, and the bf16 weights of the `bench` preset (the kernel widens them
-    /// as it reads; gemm gets the same values widened beforehand).
-    pub(super) fn compare(rows: usize, hidden: usize, width: usize) -> Result<Vec<KernelTiming>> {
-        let values: Vec<f32> = (0..width * hidden)
-            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 128.0)
-            .collect();
-        // The top half of each f32: a bf16 matrix of about the same values.
-        let bits: Vec<u16> = values.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
-        Ok(vec![
-            kernel_vs_gemm(rows, &Weight::from_f32(values, width, hidden), "f32")?,
-            kernel_vs_gemm(rows, &Weight::from_bf16(&bits, width, hidden), "bf16")?,
-        ])
-    }
 }
 
 /// Without the `bench-reference` feature there is no gemm to compare with.
-const NO_REFERENCE: &str = "kernel vs gemm not measured: built without the gemm reference (add --features bench-reference)";
-
-/// Input rows of the kernel comparison.
-const KERNEL_ROWS: usize = 64;
+const NO_REFERENCE: &str =
+    "gemm replay not measured: built without the gemm reference (add --features bench-reference)";
 
 #[cfg(feature = "bench-reference")]
-fn kernel_timings(config: &Config) -> Result<Option<Vec<KernelTiming>>> {
-    reference::compare(
-        KERNEL_ROWS,
-        config.hidden_size,
-        config.moe_intermediate_size,
-    )
-    .map(Some)
+fn replay(shapes: &[Shape], tokens: usize) -> Result<Option<Replay>> {
+    let (gemm, kernel) = reference::replay(shapes)?;
+    let rate = |time: std::time::Duration| tokens as f64 / time.as_secs_f64();
+    Ok(Some(Replay {
+        gemm_tok_s: rate(gemm),
+        kernel_tok_s: rate(kernel),
+    }))
 }
 
 #[cfg(not(feature = "bench-reference"))]
-fn kernel_timings(_: &Config) -> Result<Option<Vec<KernelTiming>>> {
+fn replay(_: &[Shape], _: usize) -> Result<Option<Replay>> {
     Ok(None)
+}
+
+/// Batch-1 decode on one thread, and that thread's bandwidth bound.
+fn one_thread(
+    model: &Model,
+    experts: &dyn ExpertExecutor,
+    tokens: usize,
+    bytes_per_token: usize,
+) -> Result<(f64, f64)> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .context("a one-thread pool")?;
+    pool.install(|| {
+        let bound = read_bandwidth() / bytes_per_token as f64;
+        let rate = best_of(|| decode_rate(model, experts, 1, tokens))?;
+        Ok((rate, bound))
+    })
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -286,19 +380,49 @@ pub fn run(args: Args) -> Result<()> {
     if config.vocab_size < 2 {
         bail!("the model's vocabulary is too small to benchmark");
     }
+    let prefill_len = args
+        .prefill
+        .min(config.max_position_embeddings.saturating_sub(1));
+    if prefill_len == 0 || args.tokens == 0 {
+        bail!("--prefill and --tokens must be at least 1");
+    }
     let bandwidth = read_bandwidth();
     page_in(&experts, &config)?;
     decode_rate(&model, &experts, 1, 4)?;
-    let mut rates = Vec::new();
+    let mut figures = Vec::new();
     for batch in BATCHES {
         let steps = match batch {
             1 => args.tokens,
-            512.. => 2,
+            256.. => 2,
             _ => 4,
         };
-        rates.push((batch, steps, best_rate(&model, &experts, batch, steps)?));
+        let tok_s = best_of(|| decode_rate(&model, &experts, batch, steps))?;
+        let replay = match batch {
+            1 => None,
+            _ => replay(
+                &pass_shapes(&model, &experts, batch, PROMPT_LEN, true)?,
+                batch,
+            )?,
+        };
+        figures.push(Figure {
+            name: format!("decode at batch {batch}"),
+            batch,
+            steps,
+            tok_s,
+            replay,
+        });
     }
-    let batch1 = rates[0].2;
+    let prefill = Figure {
+        name: format!("prefill of {prefill_len} tokens"),
+        batch: 1,
+        steps: 1,
+        tok_s: best_of(|| prefill_rate(&model, &experts, prefill_len))?,
+        replay: replay(
+            &pass_shapes(&model, &experts, 1, prefill_len, false)?,
+            prefill_len,
+        )?,
+    };
+    let batch1 = figures[0].tok_s;
     let moe_layers = config.moe_layers().count();
     let context = PROMPT_LEN + args.tokens / 2;
     let bytes_per_token = model.dense_bytes_per_token()
@@ -306,88 +430,99 @@ pub fn run(args: Args) -> Result<()> {
         + model.cache_bytes_per_token(context);
     let bound = bandwidth / bytes_per_token as f64;
     let bandwidth_ratio = batch1 / bound;
-    let kernels = kernel_timings(&config)?;
-    let flops = 2.0 * (KERNEL_ROWS * config.hidden_size * config.moe_intermediate_size) as f64;
-    let gflops = |time: Duration| flops / time.as_secs_f64() / 1e9;
-    let ratio = |k: &KernelTiming| k.gemm.as_secs_f64() / k.kernel.as_secs_f64();
+    let (batch1_1thread, bound_1thread) =
+        one_thread(&model, &experts, args.tokens, bytes_per_token)?;
+    let kernels = format!("{:?}", isa());
 
     if args.json {
+        let replayed = |f: &Figure| match f.replay {
+            Some(r) => serde_json::json!({
+                "gemm_replay_tok_s": r.gemm_tok_s,
+                "kernel_replay_tok_s": r.kernel_tok_s,
+                "x_gemm_replay": f.tok_s / r.gemm_tok_s,
+            }),
+            None => serde_json::json!({}),
+        };
+        let mut by_batch = Vec::new();
+        for f in &figures {
+            let mut entry = serde_json::json!({"batch": f.batch, "steps": f.steps, "tok_s": f.tok_s, "x_batch1": f.tok_s / batch1});
+            merge(&mut entry, replayed(f));
+            by_batch.push(entry);
+        }
+        let mut prefill_entry = serde_json::json!({"tokens": prefill_len, "tok_s": prefill.tok_s});
+        merge(&mut prefill_entry, replayed(&prefill));
         let mut value = serde_json::json!({
             "model": args.model,
+            "threads": rayon::current_num_threads(),
+            "kernels": kernels,
             "read_bandwidth_gb_s": bandwidth / 1e9,
             "bytes_per_token": bytes_per_token,
             "bound_tok_s": bound,
             "batch1_tok_s": batch1,
             "bandwidth_ratio": bandwidth_ratio,
-            "statistic": format!("best of {RUNS} runs at every batch size"),
-            "tok_s_by_batch": rates.iter().map(|(b, steps, r)| serde_json::json!({"batch": b, "steps": steps, "tok_s": r, "x_batch1": r / batch1})).collect::<Vec<_>>(),
+            "batch1_1thread_tok_s": batch1_1thread,
+            "bound_1thread_tok_s": bound_1thread,
+            "bandwidth_ratio_1thread": batch1_1thread / bound_1thread,
+            "prefill_tok_s": prefill.tok_s,
+            "prefill": prefill_entry,
+            "statistic": format!("best of {RUNS} runs for every figure"),
+            "tok_s_by_batch": by_batch,
         });
-        match &kernels {
-            Some(kernels) => {
-                for k in kernels {
-                    // The f32 figures keep their names; the bf16 ones carry a suffix.
-                    let suffix = if k.dtype == "f32" { "" } else { "_bf16" };
-                    value[format!("kernel{suffix}_gflops")] = gflops(k.kernel).into();
-                    value[format!("gemm{suffix}_gflops")] = gflops(k.gemm).into();
-                    value[format!("kernel_vs_gemm{suffix}")] = ratio(k).into();
-                }
-            }
-            None => value["kernel_vs_gemm_note"] = NO_REFERENCE.into(),
+        if prefill.replay.is_none() {
+            value["gemm_replay_note"] = NO_REFERENCE.into();
         }
         println!("{value}");
         return Ok(());
     }
     println!(
-        "kvasir-node bench decode: {} ({} threads)",
+        "kvasir-node bench decode: {} ({} threads, {kernels} kernels)",
         args.model.display(),
         rayon::current_num_threads()
     );
-    println!("{:<40} {:>12}  reference", "figure", "value");
+    println!("{:<32} {:>14}  reference", "figure", "value");
     println!(
-        "{:<40} {:>9.2} GB/s  1 GiB read on all cores, best of 3",
+        "{:<32} {:>9.2} GB/s  1 GiB read on all cores, best of 3",
         "read bandwidth",
         bandwidth / 1e9
     );
     println!(
-        "{:<40} {:>9.1} MB    active weights + KV cache",
+        "{:<32} {:>9.1} MB    active weights + KV cache",
         "bytes read per token",
         bytes_per_token as f64 / 1e6
     );
     println!(
-        "{:<40} {:>8.2} tok/s  bandwidth / bytes per token",
+        "{:<32} {:>8.2} tok/s  bandwidth / bytes per token",
         "memory-bandwidth bound", bound
     );
-    for (batch, steps, rate) in &rates {
-        println!(
-            "{:<40} {:>8.2} tok/s  best of {RUNS} x {steps} steps; {:.1}x batch 1",
-            format!("decode at batch {batch}"),
-            rate,
-            rate / batch1
-        );
+    for f in figures.iter().chain([&prefill]) {
+        let reference = match f.replay {
+            Some(r) => format!(
+                "gemm replaying its products {:.1} tok/s (x{:.2}); the kernel replaying them {:.1}",
+                r.gemm_tok_s,
+                f.tok_s / r.gemm_tok_s,
+                r.kernel_tok_s
+            ),
+            None if std::ptr::eq(f, &figures[0]) => {
+                format!("bound {bound:.1} tok/s: bandwidth_ratio {bandwidth_ratio:.3}")
+            }
+            None => NO_REFERENCE.to_string(),
+        };
+        println!("{:<32} {:>8.2} tok/s  {reference}", f.name, f.tok_s);
     }
     println!(
-        "{:<40} {:>12.3}  batch-1 decode / bound; target >= 0.6",
-        "bandwidth_ratio", bandwidth_ratio
+        "{:<32} {:>8.2} tok/s  one thread's bound {:.1} tok/s: ratio {:.3}",
+        "decode at batch 1, 1 thread",
+        batch1_1thread,
+        bound_1thread,
+        batch1_1thread / bound_1thread
     );
-    let Some(kernels) = kernels else {
-        println!("{NO_REFERENCE}");
-        return Ok(());
-    };
-    for k in &kernels {
-        println!(
-            "{:<40} {:>8.2} GFLOP/s  gemm crate on the same values in f32: {:.2} GFLOP/s",
-            format!(
-                "expert kernel, {KERNEL_ROWS} x {} x {} {}",
-                config.hidden_size, config.moe_intermediate_size, k.dtype
-            ),
-            gflops(k.kernel),
-            gflops(k.gemm)
-        );
-        println!(
-            "{:<40} {:>12.3}  target >= 0.8",
-            format!("kernel_vs_gemm ({} weights)", k.dtype),
-            ratio(k)
-        );
-    }
+    println!("(best of {RUNS} runs for every figure; target bandwidth_ratio >= 0.6)");
     Ok(())
+}
+
+/// `into`'s fields with `from`'s added.
+fn merge(into: &mut serde_json::Value, from: serde_json::Value) {
+    if let (Some(into), serde_json::Value::Object(from)) = (into.as_object_mut(), from) {
+        into.extend(from);
+    }
 }
