@@ -152,9 +152,9 @@ pub fn matmul_t(x: &[f32], rows: usize, w: &Weight, out: &mut [f32]) {
             dtype: w.dtype(),
         });
     }
-    let mut transposed = vec![0f32; n * rows];
+    let mut blocks = vec![0f32; n * rows];
     let isa = isa();
-    transposed
+    blocks
         .par_chunks_mut(COLUMNS_PER_TASK * rows)
         .enumerate()
         .for_each(|(task, block)| {
@@ -172,9 +172,11 @@ pub fn matmul_t(x: &[f32], rows: usize, w: &Weight, out: &mut [f32]) {
                 Isa::Portable => column_block(x, rows, w, first, block),
             }
         });
-    for j in 0..n {
-        for r in 0..rows {
-            out[r * n + j] = transposed[j * rows + r];
+    // A task's block holds its columns row by row: each row's run goes into place whole.
+    for (task, block) in blocks.chunks(COLUMNS_PER_TASK * rows).enumerate() {
+        let (first, width) = (task * COLUMNS_PER_TASK, block.len() / rows);
+        for (r, run) in block.chunks(width).enumerate() {
+            out[r * n + first..r * n + first + width].copy_from_slice(run);
         }
     }
 }
@@ -251,19 +253,21 @@ pub fn isa() -> Isa {
     Isa::Portable
 }
 
-/// Columns `first..` of the product, stored column by column in `block`.
+/// Columns `first..first + width` of the product into `block`, row by row:
+/// `block[r * width + c]` is column `first + c` of row `r`.
 #[inline(always)]
 fn column_block(x: &[f32], rows: usize, w: &Weight, first: usize, block: &mut [f32]) {
-    let k = w.cols();
+    let (k, width) = (w.cols(), block.len() / rows);
     let mut wrow = vec![0f32; k];
     let row = |r: usize| &x[r * k..(r + 1) * k];
-    for (c, column) in block.chunks_mut(rows).enumerate() {
+    for c in 0..width {
+        let mut put = |r: usize, value: f32| block[r * width + c] = value;
         if let Some(bits) = w
             .row_bf16(first + c)
             .filter(|_| rows <= FUSED_BF16_MAX_ROWS)
         {
-            for (r, value) in column.iter_mut().enumerate() {
-                *value = dot_bf16(row(r), bits);
+            for r in 0..rows {
+                put(r, dot_bf16(row(r), bits));
             }
             continue;
         }
@@ -271,10 +275,12 @@ fn column_block(x: &[f32], rows: usize, w: &Weight, first: usize, block: &mut [f
         let tiled = rows / 4 * 4;
         for r in (0..tiled).step_by(4) {
             let sums = dot4([row(r), row(r + 1), row(r + 2), row(r + 3)], &wrow);
-            column[r..r + 4].copy_from_slice(&sums);
+            for (i, sum) in sums.into_iter().enumerate() {
+                put(r + i, sum);
+            }
         }
-        for (r, value) in column.iter_mut().enumerate().skip(tiled) {
-            *value = dot(row(r), &wrow);
+        for r in tiled..rows {
+            put(r, dot(row(r), &wrow));
         }
     }
 }

@@ -25,7 +25,13 @@ trait Lanes: Copy {
     unsafe fn load_bf16(from: *const u16) -> Self;
     /// `self + x * w` in each lane, rounded once.
     unsafe fn fused(self, x: Self, w: Self) -> Self;
-    unsafe fn lanes(self) -> [f32; LANES];
+    unsafe fn store(self, to: *mut f32);
+    #[inline(always)]
+    unsafe fn lanes(self) -> [f32; LANES] {
+        let mut lanes = [0f32; LANES];
+        self.store(lanes.as_mut_ptr());
+        lanes
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -52,10 +58,8 @@ impl Lanes for Avx512 {
         Avx512(_mm512_fmadd_ps(x.0, w.0, self.0))
     }
     #[inline(always)]
-    unsafe fn lanes(self) -> [f32; LANES] {
-        let mut lanes = [0f32; LANES];
-        _mm512_storeu_ps(lanes.as_mut_ptr(), self.0);
-        lanes
+    unsafe fn store(self, to: *mut f32) {
+        _mm512_storeu_ps(to, self.0);
     }
 }
 
@@ -83,11 +87,9 @@ impl Lanes for Avx2 {
         ])
     }
     #[inline(always)]
-    unsafe fn lanes(self) -> [f32; LANES] {
-        let mut lanes = [0f32; LANES];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), self.0[0]);
-        _mm256_storeu_ps(lanes.as_mut_ptr().add(8), self.0[1]);
-        lanes
+    unsafe fn store(self, to: *mut f32) {
+        _mm256_storeu_ps(to, self.0[0]);
+        _mm256_storeu_ps(to.add(8), self.0[1]);
     }
 }
 
@@ -207,26 +209,33 @@ unsafe fn tile<V: Lanes, const R: usize, const C: usize, W: WeightRow>(
     sums
 }
 
-/// The weight rows `ws` times every input row, into `block` (column-major:
-/// `block[c * rows + r]`), in tiles of `ROWS` rows and then one tile of the rest.
+/// Where a product's outputs go: `block[r * width + column + c]` for input row `r` and
+/// weight row `c` of the group.
+struct Outputs<'a> {
+    block: &'a mut [f32],
+    width: usize,
+    column: usize,
+}
+
+/// The weight rows `ws` times every input row, into `out`, in tiles of `ROWS` rows and
+/// then one tile of the rest.
 ///
 /// # Safety
 ///
-/// The CPU has `V`'s features. (Slicing `x` and `block` is bounds-checked.)
+/// The CPU has `V`'s features. (Slicing `x` and the block is bounds-checked.)
 #[inline(always)]
 unsafe fn columns_times_rows<V: Lanes, const ROWS: usize, const C: usize, W: WeightRow>(
     x: &[f32],
     rows: usize,
     ws: [W; C],
-    block: &mut [f32],
+    out: &mut Outputs<'_>,
 ) {
     const { assert!(ROWS >= 1 && ROWS <= 6) };
     let k = ws[0].len();
     let mut put = |r: usize, sums: &[[f32; C]]| {
         for (i, per_column) in sums.iter().enumerate() {
-            for (c, value) in per_column.iter().enumerate() {
-                block[c * rows + r + i] = *value;
-            }
+            let at = (r + i) * out.width + out.column;
+            out.block[at..at + C].copy_from_slice(per_column);
         }
     };
     let at = |r: usize| &x[r * k..(r + 1) * k];
@@ -268,19 +277,45 @@ unsafe fn group_times_rows<V: Lanes, const ROWS: usize, const C: usize, W: Weigh
     x: &[f32],
     rows: usize,
     ws: &[W],
-    block: &mut [f32],
+    out: &mut Outputs<'_>,
 ) {
     const { assert!(C >= 1 && C <= 4) };
     match ws.len() {
-        1 => columns_times_rows::<V, ROWS, 1, W>(x, rows, [ws[0]], block),
-        2 => columns_times_rows::<V, ROWS, 2, W>(x, rows, [ws[0], ws[1]], block),
-        3 => columns_times_rows::<V, ROWS, 3, W>(x, rows, [ws[0], ws[1], ws[2]], block),
-        _ => columns_times_rows::<V, ROWS, 4, W>(x, rows, [ws[0], ws[1], ws[2], ws[3]], block),
+        1 => columns_times_rows::<V, ROWS, 1, W>(x, rows, [ws[0]], out),
+        2 => columns_times_rows::<V, ROWS, 2, W>(x, rows, [ws[0], ws[1]], out),
+        3 => columns_times_rows::<V, ROWS, 3, W>(x, rows, [ws[0], ws[1], ws[2]], out),
+        _ => columns_times_rows::<V, ROWS, 4, W>(x, rows, [ws[0], ws[1], ws[2], ws[3]], out),
     }
 }
 
-/// Columns `first..` of `x * w^T` into `block`, column by column, in groups of `C` weight
-/// rows times tiles of `ROWS` input rows.
+/// Weight row `j` widened to f32 into `buffer`, requesting the cache lines of row `ahead`
+/// meanwhile (the row the next group widens), so that its read from memory overlaps this
+/// group's arithmetic.
+///
+/// # Safety
+///
+/// The CPU has `V`'s features.
+#[inline(always)]
+unsafe fn widen_row<V: Lanes>(w: &Weight, j: usize, ahead: usize, buffer: &mut [f32]) {
+    let (Some(bits), next) = (w.row_bf16(j), w.row_bf16(ahead.min(w.rows() - 1))) else {
+        return w.row_f32(j, buffer);
+    };
+    assert_eq!(bits.len(), buffer.len());
+    let chunks = bits.len() / LANES;
+    for chunk in 0..chunks {
+        let offset = chunk * LANES;
+        if let Some(next) = next {
+            next.prefetch(offset);
+        }
+        V::load_bf16(bits.as_ptr().add(offset)).store(buffer.as_mut_ptr().add(offset));
+    }
+    for i in chunks * LANES..bits.len() {
+        buffer[i] = widen_bf16(bits[i]);
+    }
+}
+
+/// Columns `first..` of `x * w^T` into `block` row by row, as `cpu::column_block` lays them
+/// out, in groups of `C` weight rows times tiles of `ROWS` input rows.
 ///
 /// # Safety
 ///
@@ -293,27 +328,34 @@ unsafe fn column_block<V: Lanes, const ROWS: usize, const C: usize>(
     first: usize,
     block: &mut [f32],
 ) {
-    let k = w.cols();
-    let columns = first..first + block.len() / rows;
+    let (k, width) = (w.cols(), block.len() / rows);
+    let mut out = Outputs {
+        block,
+        width,
+        column: 0,
+    };
     if w.dtype() == DType::BF16 && rows <= FUSED_BF16_MAX_ROWS {
         // A decode step is bound by memory: each weight row is read once, widened in
         // registers, as one sequential stream.
-        for (j, out) in columns.zip(block.chunks_mut(rows)) {
-            if let Some(bits) = w.row_bf16(j) {
-                columns_times_rows::<V, ROWS, 1, &[u16]>(x, rows, [bits], out);
+        for c in 0..width {
+            if let Some(bits) = w.row_bf16(first + c) {
+                out.column = c;
+                columns_times_rows::<V, ROWS, 1, &[u16]>(x, rows, [bits], &mut out);
             }
         }
         return;
     }
     // Many rows: each weight row widened once, then read from cache by every tile.
     let mut widened = vec![0f32; C * k];
-    let columns: Vec<usize> = columns.collect();
-    for (group, out) in columns.chunks(C).zip(block.chunks_mut(C * rows)) {
-        for (&j, buffer) in group.iter().zip(widened.chunks_mut(k)) {
-            w.row_f32(j, buffer);
+    for column in (0..width).step_by(C) {
+        let group = C.min(width - column);
+        for (c, buffer) in widened.chunks_mut(k).take(group).enumerate() {
+            let j = first + column + c;
+            widen_row::<V>(w, j, j + C, buffer);
         }
-        let rows_of: Vec<&[f32]> = widened.chunks(k).take(group.len()).collect();
-        group_times_rows::<V, ROWS, C, &[f32]>(x, rows, &rows_of, out);
+        let rows_of: Vec<&[f32]> = widened.chunks(k).take(group).collect();
+        out.column = column;
+        group_times_rows::<V, ROWS, C, &[f32]>(x, rows, &rows_of, &mut out);
     }
 }
 
