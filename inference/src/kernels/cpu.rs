@@ -89,7 +89,13 @@ fn dot_widened<T: Copy>(a: &[f32], b: &[T], widen: impl Fn(T) -> f32) -> f32 {
             acc[l] = x[l].mul_add(widen(y[l]), acc[l]);
         }
     }
-    tail.fold(fold_lanes(acc), |sum, (x, y)| x.mul_add(widen(*y), sum))
+    // Loops, not closures, around `mul_add`: a closure left out of line would be compiled
+    // without the caller's FMA feature, and its `mul_add` become a call to libm's `fmaf`.
+    let mut sum = fold_lanes(acc);
+    for (x, y) in tail {
+        sum = x.mul_add(widen(*y), sum);
+    }
+    sum
 }
 
 /// `dot` of four rows against one weight row, sharing its loads; each result has the bits
@@ -240,9 +246,10 @@ pub fn isa() -> Isa {
         static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
         *ISA.get_or_init(|| {
             let fma = std::is_x86_feature_detected!("fma");
-            if fma && std::is_x86_feature_detected!("avx512f") {
+            let avx2 = std::is_x86_feature_detected!("avx2");
+            if fma && avx2 && std::is_x86_feature_detected!("avx512f") {
                 Isa::Avx512
-            } else if fma && std::is_x86_feature_detected!("avx2") {
+            } else if fma && avx2 {
                 Isa::Avx2
             } else {
                 Isa::Portable
@@ -398,6 +405,78 @@ pub fn softmax(values: &mut [f32]) {
     }
     for v in values.iter_mut() {
         *v /= sum;
+    }
+}
+
+/// One query's attention over `len` positions of one head: the scores `dot(query, key_p) *
+/// scale`, their softmax, and `out = sum_p weight_p * value_p` in ascending `p` (a multiply,
+/// then an add). Position `p`'s key is `keys[p * stride + offset..][..query.len()]`, and
+/// its value likewise in `values`.
+#[allow(clippy::too_many_arguments)]
+pub fn attend(
+    query: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    stride: usize,
+    offset: usize,
+    len: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa() != Isa::Portable {
+        // SAFETY: the kernels above the portable one need AVX2 and FMA, which `isa` checked.
+        return unsafe { attend_avx2(query, keys, values, stride, offset, len, scale, out) };
+    }
+    attend_portable(query, keys, values, stride, offset, len, scale, out)
+}
+
+/// `attend` built with AVX2 and FMA: the same operations, in vector registers.
+///
+/// # Safety
+///
+/// The CPU has AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_avx2(
+    query: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    stride: usize,
+    offset: usize,
+    len: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    attend_portable(query, keys, values, stride, offset, len, scale, out)
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn attend_portable(
+    query: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    stride: usize,
+    offset: usize,
+    len: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let width = query.len();
+    // Plain loops: see `dot_widened`.
+    let mut scores = Vec::with_capacity(len);
+    for p in 0..len {
+        let key = &keys[p * stride + offset..][..width];
+        scores.push(dot_widened(query, key, |v| v) * scale);
+    }
+    softmax(&mut scores);
+    for (p, weight) in scores.iter().enumerate() {
+        let value = &values[p * stride + offset..][..width];
+        for (o, v) in out.iter_mut().zip(value) {
+            *o += weight * v;
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use rayon::prelude::*;
 use super::deltanet::{DeltaState, GatedDeltaNet};
 use crate::checkpoint::Checkpoint;
 use crate::config::{Config, Family, Mixer};
-use crate::kernels::cpu::{dot, matmul_t, rms_norm, sigmoid, softmax};
+use crate::kernels::cpu::{attend, matmul_t, rms_norm, sigmoid};
 use crate::moe::{ExpertError, ExpertExecutor, MoeBlock, SwiGlu};
 use crate::weights::Weight;
 use crate::LoadError;
@@ -460,17 +460,9 @@ impl Model {
             let (r, head) = (i / heads, i % heads);
             let (seq, _, position) = rows[r];
             let (keys, values) = steps[seq].cache.keys_values(index);
-            let at = |p: usize| (p * kv + head / group) * hd;
             let query = &q[(r * heads + head) * hd..(r * heads + head + 1) * hd];
-            let mut scores: Vec<f32> = (0..=position)
-                .map(|p| dot(query, &keys[at(p)..at(p) + hd]) * scale)
-                .collect();
-            softmax(&mut scores);
-            for (p, weight) in scores.iter().enumerate() {
-                for (o, v) in o.iter_mut().zip(&values[at(p)..at(p) + hd]) {
-                    *o += weight * v;
-                }
-            }
+            let (stride, offset) = (kv * hd, head / group * hd);
+            attend(query, keys, values, stride, offset, position + 1, scale, o);
         });
         if let Some(gate) = gate {
             for (o, g) in out.iter_mut().zip(&gate) {
