@@ -383,3 +383,47 @@ fn bad_qwen35_checkpoints_are_named_errors() {
     std::fs::remove_file(path.join("model-00002-of-00004.safetensors")).unwrap();
     assert!(matches!(Checkpoint::open(path), Err(LoadError::Io(..))));
 }
+
+/// The bits every machine must give: a greedy generation's tokens and last logits on each
+/// family, f32 and bf16 weights, pinned here and checked as they are on every build: AVX-512,
+/// AVX2, the portable kernel, and aarch64 under qemu-user (`ci/aarch64` runs this test
+/// there). The 17-token prompt runs the row tiles of the matrix kernels, each decode step the
+/// one-row path. Only a deliberate change of the reference arithmetic may change them.
+#[test]
+fn every_machine_gives_the_pinned_bits() {
+    let pinned = [
+        (
+            "tiny",
+            "3a75e36ca0a4761bc4c0a615c72fd7dc38518a70448debb58452125d640f7ba0",
+        ),
+        (
+            "tiny-qwen2",
+            "4bd544529ccc41cd8192559b388a5318e13fffd12c8c3084dbcec6dce1ac8c03",
+        ),
+        (
+            "qwen35-tiny",
+            "27bbfabc089323fe8d2e7bbe2ee60437e76fd39e57907efed8b8cdafa17e5391",
+        ),
+        (
+            "qwen35-tiny-vl",
+            "1888768244129f17115a16d42feeccb1019128e2c9deace8a4fe9b4a0318a522",
+        ),
+    ];
+    let prompt = [5, 17, 99, 3, 250, 7, 42, 8, 1, 64, 30, 2, 90, 11, 77, 6, 19];
+    let mut seen = Vec::new();
+    for (preset_name, _) in pinned {
+        let dir = synth(preset_name);
+        let (model, experts) = load(dir.path(), |_, _| true);
+        let sequence = generate(&model, &experts, &prompt, 12, Sampling::GREEDY).unwrap();
+        let mut hasher = blake3::Hasher::new();
+        for token in sequence.generated() {
+            hasher.update(&token.to_le_bytes());
+        }
+        for value in sequence.last_logits() {
+            hasher.update(&value.to_bits().to_le_bytes());
+        }
+        seen.push((preset_name, hasher.finalize().to_hex().to_string()));
+    }
+    let want: Vec<(&str, String)> = pinned.iter().map(|(p, h)| (*p, h.to_string())).collect();
+    assert_eq!(seen, want);
+}

@@ -226,8 +226,8 @@ pub fn record_shapes<R>(f: impl FnOnce() -> R) -> (R, Vec<Shape>) {
     (result, take())
 }
 
-/// The instruction sets the kernels are built for; all give the same bits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The instruction sets the kernels are built for, slowest first; all give the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Isa {
     /// Plain Rust: on Arm, say, where `mul_add` is the `fmla` instruction.
     Portable,
@@ -239,7 +239,9 @@ pub enum Isa {
     Avx512,
 }
 
-/// The fastest kernel this CPU runs, found once.
+/// The fastest kernel this CPU runs, found once, or a slower one named by the environment
+/// variable `KVASIR_KERNELS` (`portable` or `avx2`): so that tests and benchmarks can run
+/// every path on one machine. (A faster one than the CPU has is never taken.)
 pub fn isa() -> Isa {
     #[cfg(target_arch = "x86_64")]
     {
@@ -247,13 +249,19 @@ pub fn isa() -> Isa {
         *ISA.get_or_init(|| {
             let fma = std::is_x86_feature_detected!("fma");
             let avx2 = std::is_x86_feature_detected!("avx2");
-            if fma && avx2 && std::is_x86_feature_detected!("avx512f") {
+            let detected = if fma && avx2 && std::is_x86_feature_detected!("avx512f") {
                 Isa::Avx512
             } else if fma && avx2 {
                 Isa::Avx2
             } else {
                 Isa::Portable
-            }
+            };
+            let requested = match std::env::var("KVASIR_KERNELS").as_deref() {
+                Ok("portable") => Isa::Portable,
+                Ok("avx2") => Isa::Avx2,
+                _ => Isa::Avx512,
+            };
+            detected.min(requested)
         })
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -587,27 +595,30 @@ mod tests {
     }
 
     /// `column_block` of every vector kernel this CPU runs, by name.
+    #[cfg(target_arch = "x86_64")]
     fn every_simd_kernel(x: &[f32], rows: usize, w: &Weight, first: usize) -> Vec<(Isa, Vec<f32>)> {
         let mut outs = Vec::new();
-        #[cfg(target_arch = "x86_64")]
-        {
-            let fma = std::is_x86_feature_detected!("fma");
-            let size = (w.rows() - first) * rows;
-            if fma && std::is_x86_feature_detected!("avx2") {
-                let mut out = vec![0f32; size];
-                // SAFETY: the CPU has AVX2 and FMA, checked just above.
-                unsafe { super::super::simd::column_block_avx2(x, rows, w, first, &mut out) };
-                outs.push((Isa::Avx2, out));
-            }
-            if fma && std::is_x86_feature_detected!("avx512f") {
-                let mut out = vec![0f32; size];
-                // SAFETY: the CPU has AVX-512F and FMA, checked just above.
-                unsafe { super::super::simd::column_block_avx512(x, rows, w, first, &mut out) };
-                outs.push((Isa::Avx512, out));
-            }
+        let fma = std::is_x86_feature_detected!("fma");
+        let size = (w.rows() - first) * rows;
+        if fma && std::is_x86_feature_detected!("avx2") {
+            let mut out = vec![0f32; size];
+            // SAFETY: the CPU has AVX2 and FMA, checked just above.
+            unsafe { super::super::simd::column_block_avx2(x, rows, w, first, &mut out) };
+            outs.push((Isa::Avx2, out));
         }
-        let _ = (x, rows, w, first);
+        if fma && std::is_x86_feature_detected!("avx512f") {
+            let mut out = vec![0f32; size];
+            // SAFETY: the CPU has AVX-512F and FMA, checked just above.
+            unsafe { super::super::simd::column_block_avx512(x, rows, w, first, &mut out) };
+            outs.push((Isa::Avx512, out));
+        }
         outs
+    }
+
+    /// Elsewhere only the portable kernel exists.
+    #[cfg(not(target_arch = "x86_64"))]
+    fn every_simd_kernel(_: &[f32], _: usize, _: &Weight, _: usize) -> Vec<(Isa, Vec<f32>)> {
+        Vec::new()
     }
 
     #[test]
