@@ -1,10 +1,12 @@
 //! Weights as stored: f32, bf16 or f16, memory-mapped from safetensors where alignment
 //! allows (bf16 stays bf16 in memory and is widened inside kernels), owned otherwise.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use half::f16;
 use memmap2::Mmap;
+
+use crate::kernels::bf16::Exponents;
 
 /// bf16 is the top half of an f32: widening is an exact shift (NaNs included).
 #[inline(always)]
@@ -46,6 +48,9 @@ pub struct Weight {
     dtype: DType,
     rows: usize,
     cols: usize,
+    /// For bf16: the range of the values' exponents, found on first use (a pass over the
+    /// tensor) and shared by clones.
+    exponents: Arc<OnceLock<Exponents>>,
 }
 
 impl Weight {
@@ -65,6 +70,7 @@ impl Weight {
                 dtype,
                 rows,
                 cols,
+                exponents: Arc::default(),
             };
         }
         Weight::owned_bytes(bytes, dtype, rows, cols)
@@ -78,6 +84,7 @@ impl Weight {
             dtype,
             rows,
             cols,
+            exponents: Arc::default(),
         }
     }
 
@@ -90,6 +97,7 @@ impl Weight {
             dtype: DType::F32,
             rows,
             cols,
+            exponents: Arc::default(),
         }
     }
 
@@ -148,6 +156,15 @@ impl Weight {
     pub fn row_bf16(&self, row: usize) -> Option<&[u16]> {
         (self.dtype == DType::BF16).then(|| {
             &bytemuck::cast_slice::<u8, u16>(self.bytes())[row * self.cols..(row + 1) * self.cols]
+        })
+    }
+
+    /// The range of exponents of a bf16 tensor's values (`Exponents::NONE` for another
+    /// dtype), computed once.
+    pub fn bf16_exponents(&self) -> Exponents {
+        *self.exponents.get_or_init(|| match self.dtype {
+            DType::BF16 => Exponents::of(bytemuck::cast_slice::<u8, u16>(self.bytes())),
+            DType::F32 | DType::F16 => Exponents::NONE,
         })
     }
 

@@ -1,7 +1,10 @@
 //! Agreement with Hugging Face transformers itself: `inference/golden/make_golden.py`
 //! computed reference logits and greedy tokens for the synthetic presets; this engine must
-//! match them (max abs logit difference <= 1e-3, identical greedy tokens; the reference runs
-//! in f32, over bf16 weights widened for the bf16 presets).
+//! match them: identical greedy tokens, and a max abs logit difference of at most 1e-3 with
+//! f32 weights. The reference runs in f32, over bf16 weights widened for the bf16 presets,
+//! while this engine's arithmetic for bf16 weights rounds each matrix product's inputs to
+//! bf16 (`kernels::bf16`), as a bf16 implementation does: there the bound is bf16's
+//! precision, 2^-8 relative, on logits of magnitude about 2, so 1e-2.
 
 use std::path::Path;
 
@@ -21,7 +24,7 @@ struct Golden {
     transformers: String,
 }
 
-fn check(preset_name: &str) {
+fn check(preset_name: &str, tolerance: f32) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("golden/{preset_name}.json"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let golden: Golden = serde_json::from_str(&text).unwrap();
@@ -45,8 +48,8 @@ fn check(preset_name: &str) {
         golden.transformers
     );
     assert!(
-        max_diff <= 1e-3,
-        "{preset_name}: max |logit difference| {max_diff} over 1e-3"
+        max_diff <= tolerance,
+        "{preset_name}: max |logit difference| {max_diff} over {tolerance}"
     );
 
     let tokens = golden.greedy_tokens.len();
@@ -67,22 +70,22 @@ fn check(preset_name: &str) {
 
 #[test]
 fn qwen3_moe_with_a_dense_layer_matches_transformers() {
-    check("tiny");
+    check("tiny", 1e-3);
 }
 
 #[test]
 fn qwen2_moe_with_shared_expert_and_tied_embeddings_matches_transformers() {
-    check("tiny-qwen2");
+    check("tiny-qwen2", 1e-3);
 }
 
 #[test]
 fn qwen35_moe_text_model_matches_transformers() {
-    check("qwen35-tiny");
+    check("qwen35-tiny", 1e-3);
 }
 
 /// As Qwen3.5 is published: `Qwen3_5MoeForConditionalGeneration` (a vision tower and an
 /// `mtp.` tensor to skip), experts fused, bf16, in shards with an index.
 #[test]
 fn qwen35_moe_multimodal_checkpoint_in_bf16_shards_matches_transformers() {
-    check("qwen35-tiny-vl");
+    check("qwen35-tiny-vl", 1e-2);
 }

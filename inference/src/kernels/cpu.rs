@@ -5,11 +5,14 @@
 //!
 //! # The reference arithmetic
 //!
-//! Every dot product, and so every element of a matrix product (`matmul_t`: experts, dense
-//! layers, attention projections, routers, the lm head), is this sum of `a[i] * b[i]` over
-//! `i < k`, in f32 with IEEE 754 rounding to nearest even, subnormals kept (never flushed):
+//! A matrix product with bf16 weights (`matmul_t`: experts, dense layers, attention
+//! projections, routers, the lm head of a bf16 checkpoint) has its own, written down in
+//! `bf16`'s header: inputs rounded to bf16, then pairs of fused multiply-adds. Every other
+//! dot product (f32 and f16 weights; attention scores, norms) is this sum of `a[i] * b[i]`
+//! over `i < k`, in f32 with IEEE 754 rounding to nearest even, subnormals kept (never
+//! flushed):
 //!
-//! 1. bf16 and f16 weights are first widened to f32 (exact).
+//! 1. f16 weights are first widened to f32 (exact).
 //! 2. Lane `l` of 16 starts at `+0.0` and, for `c = 0, 1, ...` while `16c + 16 <= k`, becomes
 //!    `fma(a[16c + l], b[16c + l], lane)`: a fused multiply-add, the product never rounded
 //!    by itself (IEEE 754 `fusedMultiplyAdd`, which every backend has in hardware: x86's
@@ -29,7 +32,8 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
-use crate::weights::{widen_bf16, DType, Weight};
+use super::bf16::{self, Rows};
+use crate::weights::{DType, Weight};
 
 /// Lanes of the fixed-order dot product.
 pub(super) const LANES: usize = 16;
@@ -56,7 +60,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
         // SAFETY: every kernel above the portable one needs FMA, which `isa` checked.
         return unsafe { dot_fma(a, b) };
     }
-    dot_widened(a, b, |v| v)
+    dot_lanes(a, b, f32_lane_end(a.len()))
 }
 
 /// `dot` built with FMA instructions: without them `mul_add` is a call to libm's `fmaf`.
@@ -67,51 +71,52 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "fma")]
 unsafe fn dot_fma(a: &[f32], b: &[f32]) -> f32 {
-    dot_widened(a, b, |v| v)
+    dot_lanes(a, b, f32_lane_end(a.len()))
 }
 
-/// `dot(a, widened b)` for a bf16 row `b`, widening inside the loop: the same products in
-/// the same order as `dot` on the widened row (widening is exact), so the same bits.
+/// Where the lanes of the f32 reference stop and its in-order tail begins.
 #[inline(always)]
-fn dot_bf16(a: &[f32], b: &[u16]) -> f32 {
-    dot_widened(a, b, widen_bf16)
+fn f32_lane_end(k: usize) -> usize {
+    k / LANES * LANES
 }
 
-/// The fixed-order dot product, with `widen` turning each stored weight into an f32.
+/// The fixed-order dot product: 16 lanes of fused multiply-adds over `..end` (a multiple of
+/// 16), folded, then the tail `end..` in order. With `end` from `f32_lane_end` it is the f32
+/// reference; over rows in `bf16`'s lane order, with `bf16::lane_end`, the bf16 one.
 #[inline(always)]
-fn dot_widened<T: Copy>(a: &[f32], b: &[T], widen: impl Fn(T) -> f32) -> f32 {
+fn dot_lanes(a: &[f32], b: &[f32], end: usize) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     let mut acc = [0f32; LANES];
-    let (xs, ys) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let tail = xs.remainder().iter().zip(ys.remainder());
-    for (x, y) in xs.zip(ys) {
+    for (x, y) in a[..end]
+        .chunks_exact(LANES)
+        .zip(b[..end].chunks_exact(LANES))
+    {
         for l in 0..LANES {
-            acc[l] = x[l].mul_add(widen(y[l]), acc[l]);
+            acc[l] = x[l].mul_add(y[l], acc[l]);
         }
     }
     // Loops, not closures, around `mul_add`: a closure left out of line would be compiled
     // without the caller's FMA feature, and its `mul_add` become a call to libm's `fmaf`.
     let mut sum = fold_lanes(acc);
-    for (x, y) in tail {
-        sum = x.mul_add(widen(*y), sum);
+    for (x, y) in a[end..].iter().zip(&b[end..]) {
+        sum = x.mul_add(*y, sum);
     }
     sum
 }
 
-/// `dot` of four rows against one weight row, sharing its loads; each result has the bits
-/// `dot` gives that row alone.
+/// `dot_lanes` of four rows against one weight row, sharing its loads; each result has the
+/// bits `dot_lanes` gives that row alone.
 #[inline(always)]
-fn dot4(a: [&[f32]; 4], b: &[f32]) -> [f32; 4] {
+fn dot4(a: [&[f32]; 4], b: &[f32], end: usize) -> [f32; 4] {
     let (mut s0, mut s1, mut s2, mut s3) =
         ([0f32; LANES], [0f32; LANES], [0f32; LANES], [0f32; LANES]);
-    let chunks = b.len() / LANES;
     let (x0, x1, x2, x3) = (
         a[0].chunks_exact(LANES),
         a[1].chunks_exact(LANES),
         a[2].chunks_exact(LANES),
         a[3].chunks_exact(LANES),
     );
-    for ((((y, r0), r1), r2), r3) in b.chunks_exact(LANES).zip(x0).zip(x1).zip(x2).zip(x3) {
+    for ((((y, r0), r1), r2), r3) in b[..end].chunks_exact(LANES).zip(x0).zip(x1).zip(x2).zip(x3) {
         for l in 0..LANES {
             s0[l] = r0[l].mul_add(y[l], s0[l]);
             s1[l] = r1[l].mul_add(y[l], s1[l]);
@@ -120,7 +125,7 @@ fn dot4(a: [&[f32]; 4], b: &[f32]) -> [f32; 4] {
         }
     }
     let finish = |acc: [f32; LANES], row: &[f32]| {
-        (chunks * LANES..b.len()).fold(fold_lanes(acc), |sum, i| row[i].mul_add(b[i], sum))
+        (end..b.len()).fold(fold_lanes(acc), |sum, i| row[i].mul_add(b[i], sum))
     };
     [
         finish(s0, a[0]),
@@ -137,10 +142,19 @@ pub(super) const FUSED_BF16_MAX_ROWS: usize = 2;
 /// Output columns handed to one task; fixed so work splitting never depends on the caller.
 const COLUMNS_PER_TASK: usize = 16;
 
+/// The input rows of a product as the fused multiply-add kernels take them.
+#[derive(Clone, Copy)]
+pub(super) enum Input<'a> {
+    /// As given, for f32 and f16 weights (the f32 reference).
+    F32(&'a [f32]),
+    /// For bf16 weights: rounded to bf16 and widened back in `bf16`'s lane order.
+    LaneOrder(&'a [f32]),
+}
+
 /// `out[r][j] = dot(x[r], w[j])` for `x` of `rows x k` and `w` of `n x k` (the layout of a
-/// Hugging Face Linear weight), giving `out` of `rows x n`. Columns are spread over threads;
-/// each weight row is widened to f32 once and reused for every input row, so a batch costs
-/// one pass over the weights.
+/// Hugging Face Linear weight), giving `out` of `rows x n`, in the reference arithmetic of
+/// `w`'s dtype (the module's header). Columns are spread over threads; each weight row is
+/// read once for every input row, so a batch costs one pass over the weights.
 pub fn matmul_t(x: &[f32], rows: usize, w: &Weight, out: &mut [f32]) {
     let (n, k) = (w.rows(), w.cols());
     assert_eq!(x.len(), rows * k, "matmul_t input shape");
@@ -158,24 +172,45 @@ pub fn matmul_t(x: &[f32], rows: usize, w: &Weight, out: &mut [f32]) {
             dtype: w.dtype(),
         });
     }
-    let mut blocks = vec![0f32; n * rows];
     let isa = isa();
+    // bf16 weights: the rows rounded once, for every column; `vdpbf16ps` where it is exact.
+    let rounded = (w.dtype() == DType::BF16).then(|| Rows::round(x));
+    let dpbf16 = rounded
+        .as_ref()
+        .filter(|rounded| has_dpbf16(isa) && rounded.exponents.dpbf16_exact(w.bf16_exponents(), k));
+    let lane_order = match (&rounded, dpbf16) {
+        (Some(rounded), None) => rounded.in_lane_order(k),
+        _ => Vec::new(),
+    };
+    let input = match rounded {
+        Some(_) => Input::LaneOrder(&lane_order),
+        None => Input::F32(x),
+    };
+    let mut blocks = vec![0f32; n * rows];
     blocks
         .par_chunks_mut(COLUMNS_PER_TASK * rows)
         .enumerate()
         .for_each(|(task, block)| {
             let first = task * COLUMNS_PER_TASK;
-            match isa {
+            match (isa, dpbf16) {
                 // SAFETY: `isa` checked with `is_x86_feature_detected!` that this CPU has
-                // the features each kernel needs, the one promise they ask for.
+                // the features each kernel needs, and for `vdpbf16ps` that it gives the
+                // reference bits; `dpbf16_exact` that these operands are within its bounds.
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx512 => unsafe {
-                    super::simd::column_block_avx512(x, rows, w, first, block)
+                (Isa::Avx512Bf16, Some(rounded)) => unsafe {
+                    super::simd::column_block_dpbf16(&rounded.bits, rows, w, first, block)
                 },
                 // SAFETY: as above.
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => unsafe { super::simd::column_block_avx2(x, rows, w, first, block) },
-                Isa::Portable => column_block(x, rows, w, first, block),
+                (Isa::Avx512 | Isa::Avx512Bf16, _) => unsafe {
+                    super::simd::column_block_avx512(input, rows, w, first, block)
+                },
+                // SAFETY: as above.
+                #[cfg(target_arch = "x86_64")]
+                (Isa::Avx2, _) => unsafe {
+                    super::simd::column_block_avx2(input, rows, w, first, block)
+                },
+                _ => column_block(input, rows, w, first, block),
             }
         });
     // A task's block holds its columns row by row: each row's run goes into place whole.
@@ -237,11 +272,16 @@ pub enum Isa {
     /// x86 AVX-512F with FMA.
     #[cfg(target_arch = "x86_64")]
     Avx512,
+    /// x86 AVX-512F with FMA, and AVX-512 BF16's `vdpbf16ps` for bf16 weights (where it
+    /// gives the reference bits: `bf16`'s header).
+    #[cfg(target_arch = "x86_64")]
+    Avx512Bf16,
 }
 
 /// The fastest kernel this CPU runs, found once, or a slower one named by the environment
-/// variable `KVASIR_KERNELS` (`portable` or `avx2`): so that tests and benchmarks can run
-/// every path on one machine. (A faster one than the CPU has is never taken.)
+/// variable `KVASIR_KERNELS` (`portable`, `avx2` or `avx512`): so that tests and benchmarks
+/// can run every path on one machine. (A faster one than the CPU has is never taken, nor
+/// `vdpbf16ps` where it fails its self-check.)
 pub fn isa() -> Isa {
     #[cfg(target_arch = "x86_64")]
     {
@@ -249,7 +289,14 @@ pub fn isa() -> Isa {
         *ISA.get_or_init(|| {
             let fma = std::is_x86_feature_detected!("fma");
             let avx2 = std::is_x86_feature_detected!("avx2");
-            let detected = if fma && avx2 && std::is_x86_feature_detected!("avx512f") {
+            let avx512 = fma && avx2 && std::is_x86_feature_detected!("avx512f");
+            let detected = if avx512
+                && std::is_x86_feature_detected!("avx512bf16")
+                // SAFETY: the CPU has AVX-512F, AVX-512 BF16 and FMA, checked just above.
+                && unsafe { super::simd::dpbf16_self_check() }
+            {
+                Isa::Avx512Bf16
+            } else if avx512 {
                 Isa::Avx512
             } else if fma && avx2 {
                 Isa::Avx2
@@ -259,7 +306,8 @@ pub fn isa() -> Isa {
             let requested = match std::env::var("KVASIR_KERNELS").as_deref() {
                 Ok("portable") => Isa::Portable,
                 Ok("avx2") => Isa::Avx2,
-                _ => Isa::Avx512,
+                Ok("avx512") => Isa::Avx512,
+                _ => Isa::Avx512Bf16,
             };
             detected.min(requested)
         })
@@ -268,34 +316,45 @@ pub fn isa() -> Isa {
     Isa::Portable
 }
 
+/// Whether `isa` multiplies bf16 weights with `vdpbf16ps`.
+fn has_dpbf16(isa: Isa) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        isa == Isa::Avx512Bf16
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        false
+    }
+}
+
 /// Columns `first..first + width` of the product into `block`, row by row:
 /// `block[r * width + c]` is column `first + c` of row `r`.
 #[inline(always)]
-fn column_block(x: &[f32], rows: usize, w: &Weight, first: usize, block: &mut [f32]) {
+fn column_block(x: Input<'_>, rows: usize, w: &Weight, first: usize, block: &mut [f32]) {
     let (k, width) = (w.cols(), block.len() / rows);
+    let (x, end) = match x {
+        Input::F32(x) => (x, f32_lane_end(k)),
+        Input::LaneOrder(x) => (x, bf16::lane_end(k)),
+    };
     let mut wrow = vec![0f32; k];
     let row = |r: usize| &x[r * k..(r + 1) * k];
     for c in 0..width {
-        let mut put = |r: usize, value: f32| block[r * width + c] = value;
-        if let Some(bits) = w
-            .row_bf16(first + c)
-            .filter(|_| rows <= FUSED_BF16_MAX_ROWS)
-        {
-            for r in 0..rows {
-                put(r, dot_bf16(row(r), bits));
-            }
-            continue;
+        match w.row_bf16(first + c) {
+            Some(bits) => bf16::widen_in_lane_order(bits, &mut wrow),
+            None => w.row_f32(first + c, &mut wrow),
         }
-        w.row_f32(first + c, &mut wrow);
+        let mut put = |r: usize, value: f32| block[r * width + c] = value;
         let tiled = rows / 4 * 4;
         for r in (0..tiled).step_by(4) {
-            let sums = dot4([row(r), row(r + 1), row(r + 2), row(r + 3)], &wrow);
+            let sums = dot4([row(r), row(r + 1), row(r + 2), row(r + 3)], &wrow, end);
             for (i, sum) in sums.into_iter().enumerate() {
                 put(r + i, sum);
             }
         }
         for r in tiled..rows {
-            put(r, dot(row(r), &wrow));
+            put(r, dot_lanes(row(r), &wrow, end));
         }
     }
 }
@@ -477,7 +536,7 @@ fn attend_portable(
     let mut scores = Vec::with_capacity(len);
     for p in 0..len {
         let key = &keys[p * stride + offset..][..width];
-        scores.push(dot_widened(query, key, |v| v) * scale);
+        scores.push(dot_lanes(query, key, f32_lane_end(width)) * scale);
     }
     softmax(&mut scores);
     for (p, weight) in scores.iter().enumerate() {
@@ -594,31 +653,54 @@ mod tests {
         }
     }
 
-    /// `column_block` of every vector kernel this CPU runs, by name.
-    #[cfg(target_arch = "x86_64")]
-    fn every_simd_kernel(x: &[f32], rows: usize, w: &Weight, first: usize) -> Vec<(Isa, Vec<f32>)> {
-        let mut outs = Vec::new();
-        let fma = std::is_x86_feature_detected!("fma");
+    /// The portable `column_block` of `x` (as `matmul_t` prepares it for `w`) and the
+    /// same block from every vector kernel this CPU runs, by name; `vdpbf16ps` only where
+    /// `matmul_t` would use it.
+    fn every_kernel(x: &[f32], rows: usize, w: &Weight, first: usize) -> Vec<(Isa, Vec<f32>)> {
         let size = (w.rows() - first) * rows;
-        if fma && std::is_x86_feature_detected!("avx2") {
-            let mut out = vec![0f32; size];
-            // SAFETY: the CPU has AVX2 and FMA, checked just above.
-            unsafe { super::super::simd::column_block_avx2(x, rows, w, first, &mut out) };
-            outs.push((Isa::Avx2, out));
-        }
-        if fma && std::is_x86_feature_detected!("avx512f") {
-            let mut out = vec![0f32; size];
-            // SAFETY: the CPU has AVX-512F and FMA, checked just above.
-            unsafe { super::super::simd::column_block_avx512(x, rows, w, first, &mut out) };
-            outs.push((Isa::Avx512, out));
+        let rounded = (w.dtype() == DType::BF16).then(|| Rows::round(x));
+        let lane_order = rounded.as_ref().map(|r| r.in_lane_order(w.cols()));
+        let input = match &lane_order {
+            Some(lane_order) => Input::LaneOrder(lane_order),
+            None => Input::F32(x),
+        };
+        let mut portable = vec![0f32; size];
+        column_block(input, rows, w, first, &mut portable);
+        let mut outs = vec![(Isa::Portable, portable)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            let fma = std::is_x86_feature_detected!("fma");
+            if fma && std::is_x86_feature_detected!("avx2") {
+                let mut out = vec![0f32; size];
+                // SAFETY: the CPU has AVX2 and FMA, checked just above.
+                unsafe { super::super::simd::column_block_avx2(input, rows, w, first, &mut out) };
+                outs.push((Isa::Avx2, out));
+            }
+            if fma && std::is_x86_feature_detected!("avx512f") {
+                let mut out = vec![0f32; size];
+                // SAFETY: the CPU has AVX-512F and FMA, checked just above.
+                unsafe { super::super::simd::column_block_avx512(input, rows, w, first, &mut out) };
+                outs.push((Isa::Avx512, out));
+            }
+            let exact = rounded
+                .as_ref()
+                .filter(|r| r.exponents.dpbf16_exact(w.bf16_exponents(), w.cols()));
+            // Wherever the CPU has the instruction, not only where `isa` chose it: a CPU
+            // whose `vdpbf16ps` fails the self-check fails here too, and says so.
+            let bf16 = fma
+                && std::is_x86_feature_detected!("avx512f")
+                && std::is_x86_feature_detected!("avx512bf16");
+            if let (Some(rounded), true) = (exact, bf16) {
+                let mut out = vec![0f32; size];
+                // SAFETY: the CPU has AVX-512F, AVX-512 BF16 and FMA; the operands are
+                // within the instruction's exact bounds, checked just above.
+                unsafe {
+                    super::super::simd::column_block_dpbf16(&rounded.bits, rows, w, first, &mut out)
+                };
+                outs.push((Isa::Avx512Bf16, out));
+            }
         }
         outs
-    }
-
-    /// Elsewhere only the portable kernel exists.
-    #[cfg(not(target_arch = "x86_64"))]
-    fn every_simd_kernel(_: &[f32], _: usize, _: &Weight, _: usize) -> Vec<(Isa, Vec<f32>)> {
-        Vec::new()
     }
 
     #[test]
@@ -654,37 +736,58 @@ mod tests {
         let (a, b) = (f32::from_bits(power(-75).to_bits() | 1 << 16), power(-74));
         let (start, fused) = (power(-125), power(-125) + f32::from_bits(2));
         assert_eq!(start + a * b, start, "the unfused sum");
-        // In the tail (k = 2) and in lane 0 (k = 32: chunks 0 and 1).
-        for k in [2, 32] {
-            let at = if k == 2 { 1 } else { 16 };
+        // Every value is a bf16 one, so bf16 weights see the same operands. The start and the
+        // product go where the sum takes them one after the other: in the tail (k = 2); in
+        // lane 0, chunks 0 and 1 for f32 weights (k = 32), or its pair, odd element first,
+        // for bf16 ones.
+        let f32_weights = |w: &[f32], k| Weight::from_f32(w.to_vec(), 1, k);
+        let bf16_weights = |w: &[f32], k| {
+            let bits: Vec<u16> = w.iter().map(|v| bf16::round_bf16(*v)).collect();
+            Weight::from_bf16(&bits, 1, k)
+        };
+        type Build = fn(&[f32], usize) -> Weight;
+        for (k, (first, then), build) in [
+            (2, (0, 1), f32_weights as Build),
+            (32, (0, 16), f32_weights as Build),
+            (2, (0, 1), bf16_weights as Build),
+            (32, (1, 0), bf16_weights as Build),
+        ] {
             let mut x = vec![0f32; k];
             let mut w = vec![0f32; k];
-            (x[0], w[0], x[at], w[at]) = (1.0, start, a, b);
-            assert_eq!(dot(&x, &w), fused, "dot, k = {k}");
-            let bits: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
-            assert_eq!(bits.iter().map(|b| widen_bf16(*b)).collect::<Vec<_>>(), w);
-            for weight in [
-                Weight::from_f32(w.clone(), 1, k),
-                Weight::from_bf16(&bits, 1, k),
-            ] {
-                let mut out = [0f32];
-                column_block(&x, 1, &weight, 0, &mut out);
-                assert_eq!(out[0], fused, "portable, k = {k}");
-                for (isa, out) in every_simd_kernel(&x, 1, &weight, 0) {
-                    assert_eq!(out[0], fused, "{isa:?}, k = {k}");
-                }
-                matmul_t(&x, 1, &weight, &mut out);
-                assert_eq!(out[0], fused, "matmul_t, k = {k}");
+            (x[first], w[first], x[then], w[then]) = (1.0, start, a, b);
+            let weight = build(&w, k);
+            assert_eq!(weight.to_f32(), w, "every value is a bf16 one");
+            for (isa, out) in every_kernel(&x, 1, &weight, 0) {
+                assert_eq!(out[0], fused, "{isa:?}, k = {k}, {:?}", weight.dtype());
             }
+            let mut out = [0f32];
+            matmul_t(&x, 1, &weight, &mut out);
+            assert_eq!(out[0], fused, "matmul_t, k = {k}, {:?}", weight.dtype());
         }
     }
 
     proptest! {
         #[test]
-        fn fused_bf16_dot_gives_the_bits_of_widen_then_dot(a in proptest::collection::vec(-4f32..4.0, 0..100), seed in any::<u16>()) {
-            let b: Vec<u16> = (0..a.len()).map(|i| half::bf16::from_f32(((i as u16 ^ seed) % 509) as f32 / 127.0 - 2.0).to_bits()).collect();
-            let widened: Vec<f32> = b.iter().map(|h| widen_bf16(*h)).collect();
-            prop_assert_eq!(dot_bf16(&a, &b).to_bits(), dot(&a, &widened).to_bits());
+        fn the_bf16_kernels_give_the_reference_sum(seed in any::<u32>(), rows in 1usize..9, k in 1usize..200, n in 1usize..9) {
+            let value = |i: usize| {
+                let bits = (i as u32).wrapping_mul(2_654_435_761) ^ seed;
+                ((bits % 4001) as f32 / 997.0 - 2.0) * 2f32.powi((bits >> 20) as i32 % 24 - 12)
+            };
+            let x: Vec<f32> = (0..rows * k).map(value).collect();
+            let bits: Vec<u16> = (0..n * k).map(|i| bf16::round_bf16(value(i + 5))).collect();
+            let w = Weight::from_bf16(&bits, n, k);
+            let rounded: Vec<u16> = x.iter().map(|v| bf16::round_bf16(*v)).collect();
+            let mut out = vec![0f32; rows * n];
+            matmul_t(&x, rows, &w, &mut out);
+            for r in 0..rows {
+                for j in 0..n {
+                    let want = bf16::reference_dot(&rounded[r * k..(r + 1) * k], &bits[j * k..(j + 1) * k]);
+                    prop_assert_eq!(out[r * n + j].to_bits(), want.to_bits(), "row {} column {}", r, j);
+                }
+            }
+            for (isa, block) in every_kernel(&x, rows, &w, 0) {
+                prop_assert_eq!(bytemuck::cast_slice::<f32, u8>(&block), bytemuck::cast_slice::<f32, u8>(&out), "{:?}", isa);
+            }
         }
 
         #[test]
@@ -705,32 +808,39 @@ mod tests {
                 Weight::owned_bytes(bytemuck::cast_slice(&bits), crate::weights::DType::BF16, n, k),
             ];
             for w in &weights {
-                let block = (n - first) * rows;
-                let mut portable = vec![0f32; block];
-                column_block(&x, rows, w, first, &mut portable);
-                for (isa, out) in every_simd_kernel(&x, rows, w, first) {
-                    prop_assert_eq!(bytemuck::cast_slice::<f32, u8>(&portable), bytemuck::cast_slice::<f32, u8>(&out), "{:?}", isa);
+                let outs = every_kernel(&x, rows, w, first);
+                for (isa, out) in &outs[1..] {
+                    prop_assert_eq!(bytemuck::cast_slice::<f32, u8>(&outs[0].1), bytemuck::cast_slice::<f32, u8>(out), "{:?}", isa);
                 }
             }
         }
 
         #[test]
         fn a_row_gives_the_same_bits_in_any_batch_and_on_any_thread_count(
-            seed in any::<u32>(), rows in 1usize..9, k in 1usize..70, n in 1usize..40,
+            seed in any::<u32>(), rows in 1usize..9, k in 1usize..70, n in 1usize..40, tiny_row in 0usize..12,
         ) {
-            let value = |i: usize| (((i as u32).wrapping_mul(2_654_435_761) ^ seed) % 2001) as f32 / 1000.0 - 1.0;
+            // With bf16 weights, a row of tiny values (when `tiny_row < rows`) keeps its whole
+            // batch off `vdpbf16ps`, while every other row alone may take it.
+            let value = |i: usize| {
+                let v = (((i as u32).wrapping_mul(2_654_435_761) ^ seed) % 2001) as f32 / 1000.0 - 1.0;
+                if i / k.max(1) == tiny_row { v * 2f32.powi(-100) } else { v }
+            };
             let x: Vec<f32> = (0..rows * k).map(value).collect();
-            let w = Weight::from_f32((0..n * k).map(|i| value(i + 99_991)).collect(), n, k);
-            let mut batch = vec![0f32; rows * n];
-            matmul_t(&x, rows, &w, &mut batch);
-            let single_thread = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-            for r in 0..rows {
-                let mut alone = vec![0f32; n];
-                single_thread.install(|| matmul_t(&x[r * k..(r + 1) * k], 1, &w, &mut alone));
-                prop_assert_eq!(
-                    bytemuck::cast_slice::<f32, u8>(&alone),
-                    bytemuck::cast_slice::<f32, u8>(&batch[r * n..(r + 1) * n])
-                );
+            let values: Vec<f32> = (0..n * k).map(|i| value(i + 99_991)).collect();
+            let bits: Vec<u16> = values.iter().map(|v| bf16::round_bf16(*v)).collect();
+            for w in [Weight::from_f32(values, n, k), Weight::from_bf16(&bits, n, k)] {
+                let mut batch = vec![0f32; rows * n];
+                matmul_t(&x, rows, &w, &mut batch);
+                let single_thread = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+                for r in 0..rows {
+                    let mut alone = vec![0f32; n];
+                    single_thread.install(|| matmul_t(&x[r * k..(r + 1) * k], 1, &w, &mut alone));
+                    prop_assert_eq!(
+                        bytemuck::cast_slice::<f32, u8>(&alone),
+                        bytemuck::cast_slice::<f32, u8>(&batch[r * n..(r + 1) * n]),
+                        "{:?}", w.dtype()
+                    );
+                }
             }
         }
     }

@@ -1,9 +1,11 @@
 //! Experts on an NVIDIA GPU through cudarc, with the CUDA libraries loaded at run time (so
 //! this builds on machines without a toolkit). The kernels are compiled by NVRTC from the
-//! source below and follow the CPU backend's arithmetic exactly (`cpu`'s header): the same
-//! 16-lane reduction order of fused multiply-adds (`__fmaf_rn`), round-to-nearest adds and
-//! multiplies elsewhere that are never contracted, no flushing of subnormals, and the same
-//! `exp` polynomial, so a GPU expert returns the CPU expert's bits.
+//! source below and follow the CPU backend's arithmetic exactly (`cpu`'s header for f32
+//! weights, `bf16`'s for bf16 ones): the same 16-lane reduction orders of fused
+//! multiply-adds (`__fmaf_rn`), the inputs of a bf16 product rounded to bf16 by the same bit
+//! operations, round-to-nearest adds and multiplies elsewhere that are never contracted, no
+//! flushing of subnormals, and the same `exp` polynomial, so a GPU expert returns the CPU
+//! expert's bits.
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -23,30 +25,47 @@ const KERNELS: &str = r#"
 __device__ __forceinline__ float widen(float v) { return v; }
 __device__ __forceinline__ float widen(unsigned short bits) { return __uint_as_float(((unsigned int)bits) << 16); }
 
-// out[r][j] = dot(x[r], w[j]) in the CPU's order. One half-warp per output: lane l sums the
-// products at 16c + l in ascending c (neighbouring lanes read neighbouring weights, so the
-// reads coalesce), the lanes fold pairwise (8, 4, 2, 1) through shuffles, and lane 0 adds
-// the tail past the last full 16 in order.
+// An input value of a bf16 product rounded to bf16 as the CPU's round_bf16 does: to
+// nearest, ties to even, on the bits; a NaN stays a quiet NaN. Widened back (exact).
+__device__ __forceinline__ float round_bf16(float v) {
+    unsigned int bits = __float_as_uint(v);
+    if (isnan(v)) return widen((unsigned short)((bits >> 16) | 0x0040u));
+    return widen((unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16));
+}
+__device__ __forceinline__ float input(float v, float) { return v; }
+__device__ __forceinline__ float input(float v, unsigned short) { return round_bf16(v); }
+
+// out[r][j] = dot(x[r], w[j]) in the CPU's order. One half-warp per output (neighbouring
+// lanes read neighbouring weights, so the reads coalesce). f32 weights: lane l sums the
+// products at 16c + l in ascending c. bf16 weights, with the inputs rounded to bf16: lane l
+// takes the pair 2l + 1, 2l of each chunk of 32, odd element first. Then the lanes fold
+// pairwise (8, 4, 2, 1) through shuffles, and lane 0 adds the tail past the last full chunk
+// in order.
 template <typename W>
 __device__ void matmul_t(const float* x, const W* w, float* out, int rows, int k, int n) {
+    const bool pairs = sizeof(W) == 2;
     int lane = threadIdx.x & 15;
     int j = (blockIdx.x * blockDim.x + threadIdx.x) >> 4;
     int r = blockIdx.y;
     bool active = j < n && r < rows;
     const float* xr = x + (size_t)r * k;
     const W* wj = w + (size_t)(active ? j : 0) * k;
-    int chunks = k / 16;
+    W kind = 0;
+    int chunk = pairs ? 32 : 16, chunks = k / chunk;
     float acc = 0.0f;
     if (active)
-        for (int c = 0; c < chunks; ++c)
-            acc = __fmaf_rn(xr[c * 16 + lane], widen(wj[c * 16 + lane]), acc);
+        for (int c = 0; c < chunks; ++c) {
+            int i = pairs ? c * 32 + 2 * lane + 1 : c * 16 + lane;
+            acc = __fmaf_rn(input(xr[i], kind), widen(wj[i]), acc);
+            if (pairs) acc = __fmaf_rn(input(xr[i - 1], kind), widen(wj[i - 1]), acc);
+        }
     // Every lane of the warp takes part in each shuffle, active or not.
     for (int width = 8; width >= 1; width /= 2) {
         float other = __shfl_down_sync(0xffffffffu, acc, width, 16);
         if (lane < width) acc = __fadd_rn(acc, other);
     }
     if (!active || lane != 0) return;
-    for (int i = chunks * 16; i < k; ++i) acc = __fmaf_rn(xr[i], widen(wj[i]), acc);
+    for (int i = chunks * chunk; i < k; ++i) acc = __fmaf_rn(input(xr[i], kind), widen(wj[i]), acc);
     out[(size_t)r * n + j] = acc;
 }
 

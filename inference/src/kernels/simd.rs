@@ -1,15 +1,16 @@
 //! The column block of `cpu::matmul_t` in x86 vector instructions, in two widths: AVX-512,
 //! where one 512-bit register holds the 16 lanes of the reference order, and AVX2, where two
-//! 256-bit halves do. Every output is the reference sum of `cpu` (lane `l` of 16 fuses the
-//! products at `16c + l` into its accumulator in ascending `c`, one rounding each; then the
-//! pairwise fold and the in-order tail), so the bits are the portable kernel's. They are
-//! faster only because a tile of input rows by weight rows stays in registers, each weight
-//! load serving every row of the tile and each input load every column.
+//! 256-bit halves do; and, for bf16 weights, AVX-512 BF16's `vdpbf16ps`. Every output is the
+//! reference sum (`cpu`'s header for f32 weights, `bf16`'s for bf16 ones), so the bits are
+//! the portable kernel's. They are faster only because a tile of input rows by weight rows
+//! stays in registers, each weight load serving every row of the tile and each input load
+//! every column.
 
 use std::arch::x86_64::*;
 
-use super::cpu::{fold_lanes, FUSED_BF16_MAX_ROWS, LANES};
-use crate::weights::{widen_bf16, DType, Weight};
+use super::bf16::{self, lane_end, Exponents, CHUNK};
+use super::cpu::{fold_lanes, Input, FUSED_BF16_MAX_ROWS, LANES};
+use crate::weights::{widen_bf16, Weight};
 
 /// The 16 lanes of the reference order, in registers.
 ///
@@ -21,8 +22,9 @@ use crate::weights::{widen_bf16, DType, Weight};
 trait Lanes: Copy {
     unsafe fn zero() -> Self;
     unsafe fn load(from: *const f32) -> Self;
-    /// 16 bf16 values widened to f32 (a shift into the top half: exact).
-    unsafe fn load_bf16(from: *const u16) -> Self;
+    /// Of the 32 bf16 values at `from`, the 16 odd ones (`2l + 1`) or the 16 even ones
+    /// (`2l`), widened to f32: a half of `bf16::widen_in_lane_order`'s chunk.
+    unsafe fn load_bf16_half(from: *const u16, even: bool) -> Self;
     /// `self + x * w` in each lane, rounded once.
     unsafe fn fused(self, x: Self, w: Self) -> Self;
     unsafe fn store(self, to: *mut f32);
@@ -47,11 +49,13 @@ impl Lanes for Avx512 {
         Avx512(_mm512_loadu_ps(from))
     }
     #[inline(always)]
-    unsafe fn load_bf16(from: *const u16) -> Self {
-        let halves = _mm256_loadu_si256(from.cast());
-        Avx512(_mm512_castsi512_ps(_mm512_slli_epi32::<16>(
-            _mm512_cvtepu16_epi32(halves),
-        )))
+    unsafe fn load_bf16_half(from: *const u16, even: bool) -> Self {
+        let pairs = _mm512_loadu_si512(from.cast());
+        Avx512(_mm512_castsi512_ps(if even {
+            _mm512_slli_epi32::<16>(pairs)
+        } else {
+            _mm512_and_si512(pairs, _mm512_set1_epi32(0xffff_0000_u32 as i32))
+        }))
     }
     #[inline(always)]
     unsafe fn fused(self, x: Self, w: Self) -> Self {
@@ -76,8 +80,8 @@ impl Lanes for Avx2 {
         Avx2([_mm256_loadu_ps(from), _mm256_loadu_ps(from.add(8))])
     }
     #[inline(always)]
-    unsafe fn load_bf16(from: *const u16) -> Self {
-        Avx2([widen8(from), widen8(from.add(8))])
+    unsafe fn load_bf16_half(from: *const u16, even: bool) -> Self {
+        Avx2([half8(from, even), half8(from.add(16), even)])
     }
     #[inline(always)]
     unsafe fn fused(self, x: Self, w: Self) -> Self {
@@ -93,26 +97,35 @@ impl Lanes for Avx2 {
     }
 }
 
-/// 8 bf16 values widened to f32. (A function, not a closure: a closure would be compiled
-/// without AVX2, and the intrinsics in it not inlined.)
+/// Of the 16 bf16 values at `from`, the 8 odd or the 8 even ones widened to f32. (A
+/// function, not a closure: a closure would be compiled without AVX2, and the intrinsics in
+/// it not inlined.)
 ///
 /// # Safety
 ///
-/// The CPU has AVX2, and 8 elements are readable at `from`.
+/// The CPU has AVX2, and 16 elements are readable at `from`.
 #[inline(always)]
-unsafe fn widen8(from: *const u16) -> __m256 {
-    let eight = _mm_loadu_si128(from.cast());
-    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(eight)))
+unsafe fn half8(from: *const u16, even: bool) -> __m256 {
+    let pairs = _mm256_loadu_si256(from.cast());
+    _mm256_castsi256_ps(if even {
+        _mm256_slli_epi32::<16>(pairs)
+    } else {
+        _mm256_and_si256(pairs, _mm256_set1_epi32(0xffff_0000_u32 as i32))
+    })
 }
 
-/// One weight row as the kernel reads it: 16 lanes at a time, or one element for the tail.
+/// One weight row as the fused multiply-add kernels read it: 16 lanes at a time up to its
+/// lane end, then one element at a time for the tail.
 trait WeightRow: Copy {
     fn len(self) -> usize;
+    /// Where the lanes stop and the in-order tail begins (the reference's rule for the
+    /// row's arithmetic).
+    fn lane_end(self) -> usize;
     /// Lanes `offset..offset + 16` as f32.
     ///
     /// # Safety
     ///
-    /// `offset + 16 <= self.len()`, and the CPU has `V`'s features.
+    /// `offset + 16 <= self.lane_end()`, and the CPU has `V`'s features.
     unsafe fn load<V: Lanes>(self, offset: usize) -> V;
     fn get(self, i: usize) -> f32;
     fn address(self, offset: usize) -> *const i8;
@@ -125,9 +138,13 @@ trait WeightRow: Copy {
     }
 }
 
+/// An f32 row (f32 weights, or f16 ones widened): the f32 reference's lanes.
 impl WeightRow for &[f32] {
     fn len(self) -> usize {
         <[f32]>::len(self)
+    }
+    fn lane_end(self) -> usize {
+        self.len() / LANES * LANES
     }
     #[inline(always)]
     unsafe fn load<V: Lanes>(self, offset: usize) -> V {
@@ -142,20 +159,53 @@ impl WeightRow for &[f32] {
     }
 }
 
-impl WeightRow for &[u16] {
+/// A bf16 row widened into `bf16::widen_in_lane_order`'s layout: the bf16 reference's lanes.
+#[derive(Clone, Copy)]
+struct LaneOrdered<'a>(&'a [f32]);
+
+impl WeightRow for LaneOrdered<'_> {
     fn len(self) -> usize {
-        <[u16]>::len(self)
+        self.0.len()
+    }
+    fn lane_end(self) -> usize {
+        lane_end(self.len())
     }
     #[inline(always)]
     unsafe fn load<V: Lanes>(self, offset: usize) -> V {
-        V::load_bf16(self.as_ptr().add(offset))
+        self.0.load(offset)
     }
     #[inline(always)]
     fn get(self, i: usize) -> f32 {
-        widen_bf16(self[i])
+        self.0[i]
     }
     fn address(self, offset: usize) -> *const i8 {
-        self.as_ptr().wrapping_add(offset).cast()
+        self.0.address(offset)
+    }
+}
+
+/// A bf16 row as stored, read as if widened in lane order: each 16 lanes are the odd or the
+/// even halves of a chunk of 32, split from the pairs as they load.
+#[derive(Clone, Copy)]
+struct StoredBf16<'a>(&'a [u16]);
+
+impl WeightRow for StoredBf16<'_> {
+    fn len(self) -> usize {
+        self.0.len()
+    }
+    fn lane_end(self) -> usize {
+        lane_end(self.len())
+    }
+    #[inline(always)]
+    unsafe fn load<V: Lanes>(self, offset: usize) -> V {
+        let chunk = offset / CHUNK * CHUNK;
+        V::load_bf16_half(self.0.as_ptr().add(chunk), offset != chunk)
+    }
+    #[inline(always)]
+    fn get(self, i: usize) -> f32 {
+        widen_bf16(self.0[i])
+    }
+    fn address(self, offset: usize) -> *const i8 {
+        self.0.as_ptr().wrapping_add(offset).cast()
     }
 }
 
@@ -163,13 +213,14 @@ impl WeightRow for &[u16] {
 /// are short streams (a few KiB), too short for the hardware prefetcher to ramp up.
 const PREFETCH_AHEAD: usize = 1024;
 
-/// `dot(x[r], w[c])` for every `r < R`, `c < C`. (Plain index loops: they keep the register
-/// tile explicit, and everything here is inlined into a `#[target_feature]` entry point.)
+/// `dot(x[r], w[c])` for every `r < R`, `c < C`, in fused multiply-adds. (Plain index
+/// loops: they keep the register tile explicit, and everything here is inlined into a
+/// `#[target_feature]` entry point.)
 ///
 /// # Safety
 ///
 /// The CPU has `V`'s features. Lengths need no promise: every row is checked to have the
-/// same length `k` before any load, and loads stay below `k / 16 * 16`.
+/// same length `k` before any load, and loads stay below the lane end.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
 unsafe fn tile<V: Lanes, const R: usize, const C: usize, W: WeightRow>(
@@ -178,10 +229,10 @@ unsafe fn tile<V: Lanes, const R: usize, const C: usize, W: WeightRow>(
 ) -> [[f32; C]; R] {
     let k = ws[0].len();
     assert!(ws.iter().all(|w| w.len() == k) && xs.iter().all(|x| x.len() == k));
+    let end = ws[0].lane_end();
+    assert!(end <= k && end.is_multiple_of(LANES));
     let mut acc = [[V::zero(); C]; R];
-    let chunks = k / LANES;
-    for chunk in 0..chunks {
-        let offset = chunk * LANES;
+    for offset in (0..end).step_by(LANES) {
         for w in ws {
             w.prefetch(offset + PREFETCH_AHEAD);
         }
@@ -200,13 +251,122 @@ unsafe fn tile<V: Lanes, const R: usize, const C: usize, W: WeightRow>(
     for r in 0..R {
         for c in 0..C {
             let mut sum = fold_lanes(acc[r][c].lanes());
-            for i in chunks * LANES..k {
+            for i in end..k {
                 sum = xs[r][i].mul_add(ws[c].get(i), sum);
             }
             sums[r][c] = sum;
         }
     }
     sums
+}
+
+/// `bf16::reference_dot(x[r], w[c])` for every `r < R`, `c < C`, with `vdpbf16ps`: each
+/// instruction the reference's two fused multiply-adds in each of 16 lanes, when the
+/// operands are within `Exponents::dpbf16_exact`'s bounds (the caller's promise).
+///
+/// # Safety
+///
+/// The CPU has AVX-512F, AVX-512 BF16 and FMA. Lengths are checked before any load.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn tile_dpbf16<const R: usize, const C: usize>(
+    xs: [&[u16]; R],
+    ws: [&[u16]; C],
+) -> [[f32; C]; R] {
+    let k = ws[0].len();
+    assert!(ws.iter().all(|w| w.len() == k) && xs.iter().all(|x| x.len() == k));
+    let end = lane_end(k);
+    let mut acc = [[_mm512_setzero_ps(); C]; R];
+    for offset in (0..end).step_by(CHUNK) {
+        for w in ws {
+            StoredBf16(w).prefetch(offset + PREFETCH_AHEAD);
+        }
+        let mut w = [load_pairs(ws[0], 0); C];
+        for c in 0..C {
+            w[c] = load_pairs(ws[c], offset);
+        }
+        for r in 0..R {
+            let x = load_pairs(xs[r], offset);
+            for c in 0..C {
+                acc[r][c] = _mm512_dpbf16_ps(acc[r][c], x, w[c]);
+            }
+        }
+    }
+    let mut sums = [[0f32; C]; R];
+    for r in 0..R {
+        for c in 0..C {
+            let mut sum = fold_lanes(Avx512(acc[r][c]).lanes());
+            for i in end..k {
+                sum = widen_bf16(xs[r][i]).mul_add(widen_bf16(ws[c][i]), sum);
+            }
+            sums[r][c] = sum;
+        }
+    }
+    sums
+}
+
+/// The 32 bf16 values at `from[offset..]`, as `vdpbf16ps` takes them. (A function, not a
+/// closure: see `half8`.)
+///
+/// # Safety
+///
+/// The CPU has AVX-512F, and `offset + 32 <= from.len()`.
+#[inline(always)]
+unsafe fn load_pairs(from: &[u16], offset: usize) -> __m512bh {
+    debug_assert!(offset + CHUNK <= from.len());
+    // SAFETY: 64 bytes are readable (the caller's promise); every bit pattern is a value.
+    std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(from.as_ptr().add(offset).cast()))
+}
+
+/// A register tile's arithmetic: `R` input rows by `C` weight rows, every output the
+/// reference sum.
+trait Tile: Copy {
+    /// An element of an input row.
+    type X: Copy;
+    /// A weight row.
+    type W: Copy;
+    /// # Safety
+    ///
+    /// The CPU has the features of the kernel, and the operands are within its bounds.
+    unsafe fn tile<const R: usize, const C: usize>(
+        xs: [&[Self::X]; R],
+        ws: [Self::W; C],
+    ) -> [[f32; C]; R];
+}
+
+/// Fused multiply-adds in `V`'s registers over weight rows `W`.
+struct Fused<V, W>(std::marker::PhantomData<(V, W)>);
+
+impl<V, W> Clone for Fused<V, W> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<V, W> Copy for Fused<V, W> {}
+
+impl<V: Lanes, W: WeightRow> Tile for Fused<V, W> {
+    type X = f32;
+    type W = W;
+    #[inline(always)]
+    unsafe fn tile<const R: usize, const C: usize>(xs: [&[f32]; R], ws: [W; C]) -> [[f32; C]; R] {
+        tile::<V, R, C, W>(xs, ws)
+    }
+}
+
+/// `vdpbf16ps` over bf16 rows as stored.
+#[derive(Clone, Copy)]
+struct Dpbf16<'a>(std::marker::PhantomData<&'a [u16]>);
+
+impl<'a> Tile for Dpbf16<'a> {
+    type X = u16;
+    type W = &'a [u16];
+    #[inline(always)]
+    unsafe fn tile<const R: usize, const C: usize>(
+        xs: [&[u16]; R],
+        ws: [&'a [u16]; C],
+    ) -> [[f32; C]; R] {
+        tile_dpbf16::<R, C>(xs, ws)
+    }
 }
 
 /// Where a product's outputs go: `block[r * width + column + c]` for input row `r` and
@@ -217,21 +377,21 @@ struct Outputs<'a> {
     column: usize,
 }
 
-/// The weight rows `ws` times every input row, into `out`, in tiles of `ROWS` rows and
-/// then one tile of the rest.
+/// The weight rows `ws` times every input row (each `k` long), into `out`, in tiles of
+/// `ROWS` rows and then one tile of the rest.
 ///
 /// # Safety
 ///
-/// The CPU has `V`'s features. (Slicing `x` and the block is bounds-checked.)
+/// The CPU has `T`'s features and the operands are within its bounds. (Slicing `x` and the
+/// block is bounds-checked.)
 #[inline(always)]
-unsafe fn columns_times_rows<V: Lanes, const ROWS: usize, const C: usize, W: WeightRow>(
-    x: &[f32],
-    rows: usize,
-    ws: [W; C],
+unsafe fn columns_times_rows<T: Tile, const ROWS: usize, const C: usize>(
+    x: &[T::X],
+    (rows, k): (usize, usize),
+    ws: [T::W; C],
     out: &mut Outputs<'_>,
 ) {
     const { assert!(ROWS >= 1 && ROWS <= 6) };
-    let k = ws[0].len();
     let mut put = |r: usize, sums: &[[f32; C]]| {
         for (i, per_column) in sums.iter().enumerate() {
             let at = (r + i) * out.width + out.column;
@@ -243,26 +403,17 @@ unsafe fn columns_times_rows<V: Lanes, const ROWS: usize, const C: usize, W: Wei
     while r + ROWS <= rows {
         put(
             r,
-            &tile::<V, ROWS, C, W>(std::array::from_fn(|i| at(r + i)), ws),
+            &T::tile::<ROWS, C>(std::array::from_fn(|i| at(r + i)), ws),
         );
         r += ROWS;
     }
     match rows - r {
         0 => {}
-        1 => put(r, &tile::<V, 1, C, W>([at(r)], ws)),
-        2 => put(r, &tile::<V, 2, C, W>([at(r), at(r + 1)], ws)),
-        3 => put(
-            r,
-            &tile::<V, 3, C, W>(std::array::from_fn(|i| at(r + i)), ws),
-        ),
-        4 => put(
-            r,
-            &tile::<V, 4, C, W>(std::array::from_fn(|i| at(r + i)), ws),
-        ),
-        _ => put(
-            r,
-            &tile::<V, 5, C, W>(std::array::from_fn(|i| at(r + i)), ws),
-        ),
+        1 => put(r, &T::tile::<1, C>([at(r)], ws)),
+        2 => put(r, &T::tile::<2, C>([at(r), at(r + 1)], ws)),
+        3 => put(r, &T::tile::<3, C>(std::array::from_fn(|i| at(r + i)), ws)),
+        4 => put(r, &T::tile::<4, C>(std::array::from_fn(|i| at(r + i)), ws)),
+        _ => put(r, &T::tile::<5, C>(std::array::from_fn(|i| at(r + i)), ws)),
     }
 }
 
@@ -273,56 +424,53 @@ unsafe fn columns_times_rows<V: Lanes, const ROWS: usize, const C: usize, W: Wei
 ///
 /// As `columns_times_rows`; `ws` holds 1 to `C` rows.
 #[inline(always)]
-unsafe fn group_times_rows<V: Lanes, const ROWS: usize, const C: usize, W: WeightRow>(
-    x: &[f32],
-    rows: usize,
-    ws: &[W],
+unsafe fn group_times_rows<T: Tile, const ROWS: usize, const C: usize>(
+    x: &[T::X],
+    shape: (usize, usize),
+    ws: &[T::W],
     out: &mut Outputs<'_>,
 ) {
     const { assert!(C >= 1 && C <= 4) };
     match ws.len() {
-        1 => columns_times_rows::<V, ROWS, 1, W>(x, rows, [ws[0]], out),
-        2 => columns_times_rows::<V, ROWS, 2, W>(x, rows, [ws[0], ws[1]], out),
-        3 => columns_times_rows::<V, ROWS, 3, W>(x, rows, [ws[0], ws[1], ws[2]], out),
-        _ => columns_times_rows::<V, ROWS, 4, W>(x, rows, [ws[0], ws[1], ws[2], ws[3]], out),
+        1 => columns_times_rows::<T, ROWS, 1>(x, shape, [ws[0]], out),
+        2 => columns_times_rows::<T, ROWS, 2>(x, shape, [ws[0], ws[1]], out),
+        3 => columns_times_rows::<T, ROWS, 3>(x, shape, [ws[0], ws[1], ws[2]], out),
+        _ => columns_times_rows::<T, ROWS, 4>(x, shape, [ws[0], ws[1], ws[2], ws[3]], out),
     }
 }
 
-/// Weight row `j` widened to f32 into `buffer`, requesting the cache lines of row `ahead`
-/// meanwhile (the row the next group widens), so that its read from memory overlaps this
-/// group's arithmetic.
+/// bf16 row `bits` widened in lane order into `buffer` (`bf16::widen_in_lane_order`),
+/// requesting the cache lines of `next` meanwhile (the row the next group widens), so that
+/// its read from memory overlaps this group's arithmetic.
 ///
 /// # Safety
 ///
 /// The CPU has `V`'s features.
 #[inline(always)]
-unsafe fn widen_row<V: Lanes>(w: &Weight, j: usize, ahead: usize, buffer: &mut [f32]) {
-    let (Some(bits), next) = (w.row_bf16(j), w.row_bf16(ahead.min(w.rows() - 1))) else {
-        return w.row_f32(j, buffer);
-    };
+unsafe fn widen_in_lane_order<V: Lanes>(bits: &[u16], next: &[u16], buffer: &mut [f32]) {
     assert_eq!(bits.len(), buffer.len());
-    let chunks = bits.len() / LANES;
-    for chunk in 0..chunks {
-        let offset = chunk * LANES;
-        if let Some(next) = next {
-            next.prefetch(offset);
-        }
-        V::load_bf16(bits.as_ptr().add(offset)).store(buffer.as_mut_ptr().add(offset));
+    let end = lane_end(bits.len());
+    for offset in (0..end).step_by(CHUNK) {
+        StoredBf16(next).prefetch(offset);
+        let (from, to) = (bits.as_ptr().add(offset), buffer.as_mut_ptr().add(offset));
+        V::load_bf16_half(from, false).store(to);
+        V::load_bf16_half(from, true).store(to.add(LANES));
     }
-    for i in chunks * LANES..bits.len() {
+    for i in end..bits.len() {
         buffer[i] = widen_bf16(bits[i]);
     }
 }
 
 /// Columns `first..` of `x * w^T` into `block` row by row, as `cpu::column_block` lays them
-/// out, in groups of `C` weight rows times tiles of `ROWS` input rows.
+/// out, in groups of `C` weight rows times tiles of `ROWS` input rows: fused multiply-adds,
+/// with `x` as `cpu::Input` says.
 ///
 /// # Safety
 ///
 /// The CPU has `V`'s features.
 #[inline(always)]
 unsafe fn column_block<V: Lanes, const ROWS: usize, const C: usize>(
-    x: &[f32],
+    x: Input<'_>,
     rows: usize,
     w: &Weight,
     first: usize,
@@ -334,28 +482,58 @@ unsafe fn column_block<V: Lanes, const ROWS: usize, const C: usize>(
         width,
         column: 0,
     };
-    if w.dtype() == DType::BF16 && rows <= FUSED_BF16_MAX_ROWS {
-        // A decode step is bound by memory: each weight row is read once, widened in
-        // registers, as one sequential stream.
-        for c in 0..width {
-            if let Some(bits) = w.row_bf16(first + c) {
-                out.column = c;
-                columns_times_rows::<V, ROWS, 1, &[u16]>(x, rows, [bits], &mut out);
+    let mut widened = vec![0f32; C * k];
+    match x {
+        Input::F32(x) => {
+            for column in (0..width).step_by(C) {
+                let group = C.min(width - column);
+                for (c, buffer) in widened.chunks_mut(k).take(group).enumerate() {
+                    w.row_f32(first + column + c, buffer);
+                }
+                let rows_of: Vec<&[f32]> = widened.chunks(k).take(group).collect();
+                out.column = column;
+                group_times_rows::<Fused<V, &[f32]>, ROWS, C>(x, (rows, k), &rows_of, &mut out);
             }
         }
-        return;
-    }
-    // Many rows: each weight row widened once, then read from cache by every tile.
-    let mut widened = vec![0f32; C * k];
-    for column in (0..width).step_by(C) {
-        let group = C.min(width - column);
-        for (c, buffer) in widened.chunks_mut(k).take(group).enumerate() {
-            let j = first + column + c;
-            widen_row::<V>(w, j, j + C, buffer);
+        Input::LaneOrder(x) if rows <= FUSED_BF16_MAX_ROWS => {
+            // A decode step is bound by memory: each weight row is read once, split and
+            // widened in registers, as one sequential stream.
+            for c in 0..width {
+                if let Some(bits) = w.row_bf16(first + c) {
+                    out.column = c;
+                    let row = [StoredBf16(bits)];
+                    columns_times_rows::<Fused<V, StoredBf16>, ROWS, 1>(
+                        x,
+                        (rows, k),
+                        row,
+                        &mut out,
+                    );
+                }
+            }
         }
-        let rows_of: Vec<&[f32]> = widened.chunks(k).take(group).collect();
-        out.column = column;
-        group_times_rows::<V, ROWS, C, &[f32]>(x, rows, &rows_of, &mut out);
+        Input::LaneOrder(x) => {
+            // Many rows: each weight row widened once, then read from cache by every tile.
+            for column in (0..width).step_by(C) {
+                let group = C.min(width - column);
+                for (c, buffer) in widened.chunks_mut(k).take(group).enumerate() {
+                    let j = first + column + c;
+                    if let (Some(bits), Some(next)) =
+                        (w.row_bf16(j), w.row_bf16((j + C).min(w.rows() - 1)))
+                    {
+                        widen_in_lane_order::<V>(bits, next, buffer);
+                    }
+                }
+                let rows_of: Vec<LaneOrdered> =
+                    widened.chunks(k).take(group).map(LaneOrdered).collect();
+                out.column = column;
+                group_times_rows::<Fused<V, LaneOrdered>, ROWS, C>(
+                    x,
+                    (rows, k),
+                    &rows_of,
+                    &mut out,
+                );
+            }
+        }
     }
 }
 
@@ -368,7 +546,7 @@ unsafe fn column_block<V: Lanes, const ROWS: usize, const C: usize>(
 /// `is_x86_feature_detected!` said so.
 #[target_feature(enable = "avx512f,fma")]
 pub(super) unsafe fn column_block_avx512(
-    x: &[f32],
+    x: Input<'_>,
     rows: usize,
     w: &Weight,
     first: usize,
@@ -386,11 +564,86 @@ pub(super) unsafe fn column_block_avx512(
 /// `is_x86_feature_detected!` said so.
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn column_block_avx2(
-    x: &[f32],
+    x: Input<'_>,
     rows: usize,
     w: &Weight,
     first: usize,
     block: &mut [f32],
 ) {
     column_block::<Avx2, 3, 2>(x, rows, w, first, block)
+}
+
+/// Columns `first..` of the product of bf16 weights `w` with input rows rounded to bf16
+/// (`x`, as bits) into `block` row by row, with `vdpbf16ps`: tiles of 6 input rows by 4
+/// weight rows, the weights read as stored, never widened.
+///
+/// # Safety
+///
+/// The CPU has AVX-512F, AVX-512 BF16 and FMA, and `x` and `w` are within
+/// `Exponents::dpbf16_exact`'s bounds: `cpu::matmul_t` checks both.
+#[target_feature(enable = "avx512f,avx512bf16,fma")]
+pub(super) unsafe fn column_block_dpbf16(
+    x: &[u16],
+    rows: usize,
+    w: &Weight,
+    first: usize,
+    block: &mut [f32],
+) {
+    const C: usize = 4;
+    let (k, width) = (w.cols(), block.len() / rows);
+    let mut out = Outputs {
+        block,
+        width,
+        column: 0,
+    };
+    for column in (0..width).step_by(C) {
+        let mut group: [&[u16]; C] = [&[]; C];
+        let mut held = 0;
+        for j in first + column..(first + column + C).min(first + width) {
+            if let Some(bits) = w.row_bf16(j) {
+                group[held] = bits;
+                held += 1;
+            }
+        }
+        if held == 0 {
+            continue;
+        }
+        out.column = column;
+        group_times_rows::<Dpbf16, 6, C>(x, (rows, k), &group[..held], &mut out);
+    }
+}
+
+/// Whether this CPU's `vdpbf16ps` gives the reference bits (`bf16`'s header): tried on
+/// products that tell apart the two roundings in the reference's order from the other
+/// order or one rounding for the pair, before the instruction is ever used.
+///
+/// # Safety
+///
+/// The CPU has AVX-512F, AVX-512 BF16 and FMA.
+#[target_feature(enable = "avx512f,avx512bf16,fma")]
+pub(super) unsafe fn dpbf16_self_check() -> bool {
+    let (rows, k, n) = (7, 96, 5);
+    // Values of mixed sign over 2^-20..2^20, all within the instruction's exact bounds.
+    let mut state = 0x9e37_79b9_u32;
+    let mut value = || {
+        state ^= state << 13;
+        state ^= state >> 17;
+        state ^= state << 5;
+        let exponent = 107 + (state >> 24) % 40;
+        ((state & 0x807f) | (exponent << 7)) as u16
+    };
+    let x: Vec<u16> = (0..rows * k).map(|_| value()).collect();
+    let w: Vec<u16> = (0..n * k).map(|_| value()).collect();
+    let weight = Weight::from_bf16(&w, n, k);
+    if !Exponents::of(&x).dpbf16_exact(Exponents::of(&w), k) {
+        return false;
+    }
+    let mut block = vec![0f32; rows * n];
+    column_block_dpbf16(&x, rows, &weight, 0, &mut block);
+    (0..rows).all(|r| {
+        (0..n).all(|j| {
+            let want = bf16::reference_dot(&x[r * k..(r + 1) * k], &w[j * k..(j + 1) * k]);
+            block[r * n + j].to_bits() == want.to_bits()
+        })
+    })
 }
