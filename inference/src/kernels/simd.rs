@@ -589,13 +589,24 @@ pub(super) unsafe fn column_block_dpbf16(
     first: usize,
     block: &mut [f32],
 ) {
-    const C: usize = 4;
     let (k, width) = (w.cols(), block.len() / rows);
     let mut out = Outputs {
         block,
         width,
         column: 0,
     };
+    if rows <= FUSED_BF16_MAX_ROWS {
+        // A decode step is bound by memory: weight rows one after another, one sequential
+        // stream that the prefetches run ahead of.
+        for c in 0..width {
+            if let Some(bits) = w.row_bf16(first + c) {
+                out.column = c;
+                columns_times_rows::<Dpbf16, 6, 1>(x, (rows, k), [bits], &mut out);
+            }
+        }
+        return;
+    }
+    const C: usize = 4;
     for column in (0..width).step_by(C) {
         let mut group: [&[u16]; C] = [&[]; C];
         let mut held = 0;
