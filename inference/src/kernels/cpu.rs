@@ -76,7 +76,7 @@ unsafe fn dot_fma(a: &[f32], b: &[f32]) -> f32 {
 
 /// Where the lanes of the f32 reference stop and its in-order tail begins.
 #[inline(always)]
-fn f32_lane_end(k: usize) -> usize {
+pub(super) fn f32_lane_end(k: usize) -> usize {
     k / LANES * LANES
 }
 
@@ -84,7 +84,7 @@ fn f32_lane_end(k: usize) -> usize {
 /// 16), folded, then the tail `end..` in order. With `end` from `f32_lane_end` it is the f32
 /// reference; over rows in `bf16`'s lane order, with `bf16::lane_end`, the bf16 one.
 #[inline(always)]
-fn dot_lanes(a: &[f32], b: &[f32], end: usize) -> f32 {
+pub(super) fn dot_lanes(a: &[f32], b: &[f32], end: usize) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     let mut acc = [0f32; LANES];
     for (x, y) in a[..end]
@@ -361,35 +361,53 @@ fn column_block(x: Input<'_>, rows: usize, w: &Weight, first: usize, block: &mut
 
 /// `exp(x)` in f32 without libm: `2^k * p(r)` with `x = k ln2 + r`, `|r| <= ln2 / 2`, and a
 /// degree-6 polynomial for `e^r`. Relative error about 2e-7; the same bits everywhere.
+///
+/// Without branches: the arithmetic runs on `x` clamped to the finite range, which keeps
+/// `k` in `-150..=128`, and the answer for NaN and out-of-range `x` is chosen at the end, so
+/// that a loop of `exp` (a softmax's, say) compiles to vector instructions with these bits.
+#[inline(always)]
 pub fn exp(x: f32) -> f32 {
-    if x.is_nan() {
-        return x;
-    }
-    if x > 88.72 {
-        return f32::INFINITY;
-    }
-    if x < -103.97 {
-        return 0.0;
-    }
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
-    let k = (x * std::f32::consts::LOG2_E).round();
-    let r = (x - k * LN2_HI) - k * LN2_LO;
+    const LOW: f32 = -103.97;
+    const HIGH: f32 = 88.72;
+    let clamped = x.clamp(LOW, HIGH);
+    let k = round_half_away(clamped * std::f32::consts::LOG2_E);
+    let kf = k as f32;
+    let r = (clamped - kf * LN2_HI) - kf * LN2_LO;
     let p = 1.0
         + r * (1.0
             + r * (0.5
                 + r * (0.166_666_67
                     + r * (0.041_666_668 + r * (0.008_333_334 + r * 0.001_388_889)))));
-    // 2^k through the exponent bits, in two steps near the ends of the range (k runs from
-    // -150 to 128) so each factor stays a normal number.
-    let k = k as i32;
-    let (k1, k2) = match k {
-        i32::MIN..=-121 => (k + 60, -60),
-        121.. => (k - 60, 60),
-        _ => (k, 0),
+    // 2^k through the exponent bits, in two steps near the ends of the range so each factor
+    // stays a normal number.
+    let k2 = if k <= -121 {
+        -60
+    } else if k >= 121 {
+        60
+    } else {
+        0
     };
     let scale = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
-    p * scale(k1) * scale(k2)
+    let value = p * scale(k - k2) * scale(k2);
+    if x.is_nan() {
+        x
+    } else if x > HIGH {
+        f32::INFINITY
+    } else if x < LOW {
+        0.0
+    } else {
+        value
+    }
+}
+
+/// `t.round()` (half away from zero) for `|t| < 2^31`, as an integer: just under one half
+/// added with `t`'s sign, then truncated by the cast. Plain arithmetic, so that a loop of it
+/// vectorizes on any x86 (`round` needs SSE4.1's instruction, or is a call to libm).
+#[inline(always)]
+fn round_half_away(t: f32) -> i32 {
+    (t + (0.5 - f32::EPSILON / 4.0).copysign(t)) as i32
 }
 
 /// `ln(x)` in f32 without libm: `x = m 2^e` with `m` in `[sqrt(1/2), sqrt(2))`, and
@@ -462,88 +480,33 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + exp(-x))
 }
 
-/// In-place softmax over `values` (max-subtracted, fixed-order sum).
+/// In-place softmax over `values`: `e_i = exp(v_i - max)`, divided by `e_0 + e_1 + ...`
+/// summed in ascending `i`. (The maximum is taken over 16 lanes, which gives the value of
+/// any order: only the sign of a zero maximum may differ, and `v - max` is the same either
+/// way. Plain loops, so that callers built for vector instructions vectorize them.)
+#[inline(always)]
 pub fn softmax(values: &mut [f32]) {
-    let max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
+    let greater = |a: f32, b: f32| if a > b { a } else { b };
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = values.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for l in 0..LANES {
+            lanes[l] = greater(chunk[l], lanes[l]);
+        }
+    }
+    let mut max = f32::NEG_INFINITY;
+    for v in lanes.into_iter().chain(chunks.remainder().iter().copied()) {
+        max = greater(v, max);
+    }
     for v in values.iter_mut() {
         *v = exp(*v - max);
+    }
+    let mut sum = 0f32;
+    for v in values.iter() {
         sum += *v;
     }
     for v in values.iter_mut() {
         *v /= sum;
-    }
-}
-
-/// One query's attention over `len` positions of one head: the scores `dot(query, key_p) *
-/// scale`, their softmax, and `out = sum_p weight_p * value_p` in ascending `p` (a multiply,
-/// then an add). Position `p`'s key is `keys[p * stride + offset..][..query.len()]`, and
-/// its value likewise in `values`.
-#[allow(clippy::too_many_arguments)]
-pub fn attend(
-    query: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    stride: usize,
-    offset: usize,
-    len: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
-    #[cfg(target_arch = "x86_64")]
-    if isa() != Isa::Portable {
-        // SAFETY: the kernels above the portable one need AVX2 and FMA, which `isa` checked.
-        return unsafe { attend_avx2(query, keys, values, stride, offset, len, scale, out) };
-    }
-    attend_portable(query, keys, values, stride, offset, len, scale, out)
-}
-
-/// `attend` built with AVX2 and FMA: the same operations, in vector registers.
-///
-/// # Safety
-///
-/// The CPU has AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn attend_avx2(
-    query: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    stride: usize,
-    offset: usize,
-    len: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
-    attend_portable(query, keys, values, stride, offset, len, scale, out)
-}
-
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn attend_portable(
-    query: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    stride: usize,
-    offset: usize,
-    len: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
-    let width = query.len();
-    // Plain loops: see `dot_widened`.
-    let mut scores = Vec::with_capacity(len);
-    for p in 0..len {
-        let key = &keys[p * stride + offset..][..width];
-        scores.push(dot_lanes(query, key, f32_lane_end(width)) * scale);
-    }
-    softmax(&mut scores);
-    for (p, weight) in scores.iter().enumerate() {
-        let value = &values[p * stride + offset..][..width];
-        for (o, v) in out.iter_mut().zip(value) {
-            *o += weight * v;
-        }
     }
 }
 
@@ -570,6 +533,32 @@ mod tests {
         let mut out: Vec<f32> = Vec::new();
         matmul_t(&[], 0, &w, &mut out);
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn rounding_by_truncation_is_round_half_away() {
+        // Every value within 64 ulps of the integers and half-integers exp rounds (where the
+        // two could part), and a sweep between.
+        let mut checked = 0;
+        for twice in -310i32..=260 {
+            let centre = twice as f32 / 2.0;
+            let mut t = centre;
+            for _ in 0..64 {
+                t = t.next_down();
+            }
+            for _ in 0..129 {
+                assert_eq!(round_half_away(t) as f32, t.round(), "{t}");
+                t = t.next_up();
+                checked += 1;
+            }
+        }
+        let mut t = -155.0f32;
+        while t < 130.0 {
+            assert_eq!(round_half_away(t) as f32, t.round(), "{t}");
+            t += 0.000_37;
+            checked += 1;
+        }
+        assert!(checked > 800_000);
     }
 
     #[test]

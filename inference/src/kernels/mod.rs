@@ -2,6 +2,7 @@
 //! given row whatever the thread count, the other rows in the call, or the CPU it runs on.
 //! `cuda` (feature `cuda`) runs experts on an NVIDIA GPU with the same arithmetic.
 
+pub mod attention;
 pub mod bf16;
 pub mod cpu;
 #[cfg(feature = "cuda")]

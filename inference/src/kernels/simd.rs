@@ -34,6 +34,11 @@ trait Lanes: Copy {
         self.store(lanes.as_mut_ptr());
         lanes
     }
+    /// `cpu::fold_lanes` of each vector: `out[i]` is `a[i]`'s sum.
+    #[inline(always)]
+    unsafe fn fold_each(a: [Self; 16]) -> [f32; 16] {
+        std::array::from_fn(|i| fold_lanes(a[i].lanes()))
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -65,6 +70,78 @@ impl Lanes for Avx512 {
     unsafe fn store(self, to: *mut f32) {
         _mm512_storeu_ps(to, self.0);
     }
+    #[inline(always)]
+    unsafe fn fold_each(a: [Self; 16]) -> [f32; 16] {
+        Avx512(fold16(std::array::from_fn(|m| a[4 * (m % 4) + m / 4].0))).lanes()
+    }
+}
+
+/// Lane `j` of the result is `cpu::fold_lanes` of `a[4 (j % 4) + j / 4]`: the fold's
+/// adds (lane `l` plus lane `l + 8`, then `+ 4`, `+ 2`, `+ 1`) for sixteen vectors at
+/// once, pairs of them shuffled so that each add serves two.
+#[inline(always)]
+pub(super) unsafe fn fold16(a: [__m512; 16]) -> __m512 {
+    // Lanes 0..8 of `a[2i]` plus 8..16, then of `a[2i + 1]`: eight halves in each.
+    let halves: [__m512; 8] = std::array::from_fn(|i| {
+        let (x, y) = (a[2 * i], a[2 * i + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x44>(x, y),
+            _mm512_shuffle_f32x4::<0xEE>(x, y),
+        )
+    });
+    // Quarter `j` of `quarters[m]` is `a[4m + j]`'s four partial sums.
+    let quarters: [__m512; 4] = std::array::from_fn(|m| {
+        let (x, y) = (halves[2 * m], halves[2 * m + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x88>(x, y),
+            _mm512_shuffle_f32x4::<0xDD>(x, y),
+        )
+    });
+    // Quarter `j` of `pairs[t]`: two sums of `a[8t + j]`, then two of `a[8t + 4 + j]`.
+    let pairs: [__m512; 2] = std::array::from_fn(|t| {
+        let (x, y) = (quarters[2 * t], quarters[2 * t + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0x44>(x, y),
+            _mm512_shuffle_ps::<0xEE>(x, y),
+        )
+    });
+    // Lane `4j + i` is `a[4i + j]` whole.
+    let (x, y) = (pairs[0], pairs[1]);
+    _mm512_add_ps(
+        _mm512_shuffle_ps::<0x88>(x, y),
+        _mm512_shuffle_ps::<0xDD>(x, y),
+    )
+}
+
+/// Every accumulator of an `R x C` tile folded (`cpu::fold_lanes`): sixteen at a time by
+/// `Lanes::fold_each` where the tile has enough of them to share its shuffles.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn fold_tile<V: Lanes, const R: usize, const C: usize>(acc: [[V; C]; R]) -> [[f32; C]; R] {
+    let mut sums = [[0f32; C]; R];
+    if R * C < 8 {
+        for r in 0..R {
+            for c in 0..C {
+                sums[r][c] = fold_lanes(acc[r][c].lanes());
+            }
+        }
+        return sums;
+    }
+    // Sixteen at a time; a short last group keeps the previous group's vectors unused.
+    let mut group = [V::zero(); 16];
+    let mut first = 0;
+    while first < R * C {
+        let n = (R * C - first).min(16);
+        for j in 0..n {
+            group[j] = acc[(first + j) / C][(first + j) % C];
+        }
+        let folded = V::fold_each(group);
+        for j in 0..n {
+            sums[(first + j) / C][(first + j) % C] = folded[j];
+        }
+        first += n;
+    }
+    sums
 }
 
 #[derive(Clone, Copy)]
@@ -247,14 +324,12 @@ unsafe fn tile<V: Lanes, const R: usize, const C: usize, W: WeightRow>(
             }
         }
     }
-    let mut sums = [[0f32; C]; R];
+    let mut sums = fold_tile(acc);
     for r in 0..R {
         for c in 0..C {
-            let mut sum = fold_lanes(acc[r][c].lanes());
             for i in end..k {
-                sum = xs[r][i].mul_add(ws[c].get(i), sum);
+                sums[r][c] = xs[r][i].mul_add(ws[c].get(i), sums[r][c]);
             }
-            sums[r][c] = sum;
         }
     }
     sums
@@ -292,14 +367,12 @@ unsafe fn tile_dpbf16<const R: usize, const C: usize>(
             }
         }
     }
-    let mut sums = [[0f32; C]; R];
+    let mut sums = fold_tile(acc.map(|row| row.map(Avx512)));
     for r in 0..R {
         for c in 0..C {
-            let mut sum = fold_lanes(Avx512(acc[r][c]).lanes());
             for i in end..k {
-                sum = widen_bf16(xs[r][i]).mul_add(widen_bf16(ws[c][i]), sum);
+                sums[r][c] = widen_bf16(xs[r][i]).mul_add(widen_bf16(ws[c][i]), sums[r][c]);
             }
-            sums[r][c] = sum;
         }
     }
     sums
@@ -607,22 +680,33 @@ pub(super) unsafe fn column_block_dpbf16(
         return;
     }
     const C: usize = 4;
-    for column in (0..width).step_by(C) {
-        let mut group: [&[u16]; C] = [&[]; C];
-        let mut held = 0;
-        for j in first + column..(first + column + C).min(first + width) {
-            if let Some(bits) = w.row_bf16(j) {
-                group[held] = bits;
-                held += 1;
+    let columns: Vec<usize> = (first..first + width).collect();
+    let groups: Vec<Vec<&[u16]>> = columns
+        .chunks(C)
+        .map(|group| group.iter().filter_map(|&j| w.row_bf16(j)).collect())
+        .collect();
+    // Rows in blocks that stay in the core's cache while every group of columns reads them:
+    // a prefill's hundreds of rows would otherwise stream from memory once per group.
+    for first_row in (0..rows).step_by(ROW_BLOCK) {
+        let block_rows = ROW_BLOCK.min(rows - first_row);
+        let mut out = Outputs {
+            block: &mut out.block[first_row * width..(first_row + block_rows) * width],
+            width,
+            column: 0,
+        };
+        let x = &x[first_row * k..(first_row + block_rows) * k];
+        for (g, group) in groups.iter().enumerate() {
+            if !group.is_empty() {
+                out.column = g * C;
+                group_times_rows::<Dpbf16, 6, C>(x, (block_rows, k), group, &mut out);
             }
         }
-        if held == 0 {
-            continue;
-        }
-        out.column = column;
-        group_times_rows::<Dpbf16, 6, C>(x, (rows, k), &group[..held], &mut out);
     }
 }
+
+/// Input rows of a `column_block_dpbf16` block: 96 rows of a 1024-wide layer are 192 KiB of
+/// bf16, well within a core's L2 cache beside its weight rows.
+const ROW_BLOCK: usize = 96;
 
 /// Whether this CPU's `vdpbf16ps` gives the reference bits (`bf16`'s header): tried on
 /// products that tell apart the two roundings in the reference's order from the other
@@ -657,4 +741,41 @@ pub(super) unsafe fn dpbf16_self_check() -> bool {
             block[r * n + j].to_bits() == want.to_bits()
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fold16_is_the_reference_fold() {
+        if !std::is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        // Values of mixed sign over 2^-12..2^12: adds in another order would round apart.
+        let mut state = 0x2545_f491_u32;
+        let lanes: Vec<[f32; LANES]> = (0..16)
+            .map(|_| {
+                std::array::from_fn(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 17;
+                    state ^= state << 5;
+                    let magnitude = (state % 1000) as f32 / 999.0 + 1.0;
+                    let exponent = (state >> 10) % 25;
+                    let sign = if state >> 31 == 1 { -1.0 } else { 1.0 };
+                    sign * magnitude * 2f32.powi(exponent as i32 - 12)
+                })
+            })
+            .collect();
+        // SAFETY: the CPU has AVX-512F, checked above.
+        let (folded, each) = unsafe {
+            let a: [Avx512; 16] = std::array::from_fn(|v| Avx512::load(lanes[v].as_ptr()));
+            (Avx512(fold16(a.map(|v| v.0))).lanes(), Avx512::fold_each(a))
+        };
+        for j in 0..LANES {
+            let (want, permuted) = (fold_lanes(lanes[j]), fold_lanes(lanes[4 * (j % 4) + j / 4]));
+            assert_eq!(folded[j].to_bits(), permuted.to_bits(), "fold16 lane {j}");
+            assert_eq!(each[j].to_bits(), want.to_bits(), "fold_each {j}");
+        }
+    }
 }

@@ -8,7 +8,8 @@ use rayon::prelude::*;
 use super::deltanet::{DeltaState, GatedDeltaNet};
 use crate::checkpoint::Checkpoint;
 use crate::config::{Config, Family, Mixer};
-use crate::kernels::cpu::{attend, matmul_t, rms_norm, sigmoid};
+use crate::kernels::attention::{self, KeyValues};
+use crate::kernels::cpu::{matmul_t, rms_norm, sigmoid};
 use crate::moe::{ExpertError, ExpertExecutor, MoeBlock, SwiGlu};
 use crate::weights::Weight;
 use crate::LoadError;
@@ -455,15 +456,24 @@ impl Model {
         let group = heads / kv;
         let steps: &[Step<'_>] = steps;
         let mut out = vec![0f32; n * heads * hd];
-        // Each (row, head) output is computed whole by one task, in position order.
-        out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
-            let (r, head) = (i / heads, i % heads);
-            let (seq, _, position) = rows[r];
-            let (keys, values) = steps[seq].cache.keys_values(index);
-            let query = &q[(r * heads + head) * hd..(r * heads + head + 1) * hd];
-            let (stride, offset) = (kv * hd, head / group * hd);
-            attend(query, keys, values, stride, offset, position + 1, scale, o);
-        });
+        // Each (row, key/value head) output is computed whole by one task, its group of
+        // query heads together (they read the same keys and values).
+        out.par_chunks_mut(group * hd)
+            .enumerate()
+            .for_each(|(i, o)| {
+                let (r, kv_head) = (i / kv, i % kv);
+                let (seq, _, position) = rows[r];
+                let (keys, values) = steps[seq].cache.keys_values(index);
+                let first = (r * heads + kv_head * group) * hd;
+                let cache = KeyValues {
+                    keys,
+                    values,
+                    stride: kv * hd,
+                    offset: kv_head * hd,
+                    len: position + 1,
+                };
+                attention::attend(&q[first..first + group * hd], hd, cache, scale, o);
+            });
         if let Some(gate) = gate {
             for (o, g) in out.iter_mut().zip(&gate) {
                 *o *= sigmoid(*g);
