@@ -587,19 +587,23 @@ async fn tx_status(
 ) -> Reply<TxStatus> {
     let hash = path_text(hash)?;
     let hash = Hash::from_str(&hash).map_err(bad_request)?;
-    let state = if let Some(location) = ledger.store.tx_location(&hash).map_err(internal)? {
-        TxState::Committed {
+    // The head first: a block is written to the store before the head moves to it, and a
+    // transaction reported committed must be visible in what every other read serves (in
+    // between it is still pending).
+    let head = ledger.state().height();
+    let state = match ledger.store.tx_location(&hash).map_err(internal)? {
+        Some(location) if location.height <= head => TxState::Committed {
             height: location.height,
             index: location.index,
-        }
-    } else if ledger.is_pending(&hash) {
-        TxState::Pending
-    } else if let Some(rejection) = ledger.rejection(&hash) {
-        TxState::Rejected {
-            reason: rejection.0,
-        }
-    } else {
-        return Err(not_found(format!("no transaction {hash}")));
+        },
+        Some(_) => TxState::Pending,
+        None if ledger.is_pending(&hash) => TxState::Pending,
+        None => match ledger.rejection(&hash) {
+            Some(rejection) => TxState::Rejected {
+                reason: rejection.0,
+            },
+            None => return Err(not_found(format!("no transaction {hash}"))),
+        },
     };
     Ok(Json(TxStatus { hash, state }))
 }
