@@ -680,10 +680,13 @@ pub(super) unsafe fn column_block_dpbf16(
         return;
     }
     const C: usize = 4;
-    let columns: Vec<usize> = (first..first + width).collect();
-    let groups: Vec<Vec<&[u16]>> = columns
-        .chunks(C)
-        .map(|group| group.iter().filter_map(|&j| w.row_bf16(j)).collect())
+    let groups: Vec<Vec<&[u16]>> = (0..width)
+        .step_by(C)
+        .map(|column| {
+            (first + column..first + (column + C).min(width))
+                .filter_map(|j| w.row_bf16(j))
+                .collect()
+        })
         .collect();
     // Rows in blocks that stay in the core's cache while every group of columns reads them:
     // a prefill's hundreds of rows would otherwise stream from memory once per group.
