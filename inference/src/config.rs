@@ -70,8 +70,13 @@ pub struct Config {
     pub partial_rotary_factor: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bos_token_id: Option<u32>,
+    /// One id or a list (as Qwen3.5 and most chat checkpoints publish it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub eos_token_id: Option<u32>,
+    pub eos_token_id: Option<EndTokens>,
+    /// `generation_config.json`'s end tokens, which a generation stops at in place of
+    /// `eos_token_id` when the file names any (as transformers' `generate` does).
+    #[serde(skip)]
+    pub generation_eos_token_id: Option<EndTokens>,
     /// Everything else in the file (architectures, torch_dtype, ...), kept for round trips.
     #[serde(flatten)]
     pub extra: serde_json::Map<String, serde_json::Value>,
@@ -150,18 +155,92 @@ fn one() -> usize {
     1
 }
 
+/// The tokens that end a generation: one id or a list, kept as written.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum EndTokens {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+/// End tokens a config may name; a chat checkpoint names two or three.
+const MAX_END_TOKENS: usize = 64;
+
+impl EndTokens {
+    pub fn ids(&self) -> &[u32] {
+        match self {
+            EndTokens::One(id) => std::slice::from_ref(id),
+            EndTokens::Many(ids) => ids,
+        }
+    }
+}
+
+/// A config error, naming the file it is in.
+fn in_file(path: &Path) -> impl Fn(LoadError) -> LoadError + '_ {
+    move |e| match e {
+        LoadError::Config(m) => LoadError::Config(format!("{}: {m}", path.display())),
+        other => other,
+    }
+}
+
+/// A list of end tokens is bounded: every generated token is looked up in it.
+fn check_end_tokens(field: &str, tokens: &EndTokens) -> Result<(), LoadError> {
+    if tokens.ids().len() > MAX_END_TOKENS {
+        return Err(LoadError::Config(format!(
+            "{field} lists {} tokens, at most {MAX_END_TOKENS} are taken",
+            tokens.ids().len()
+        )));
+    }
+    Ok(())
+}
+
+/// `generation_config.json`: only what generation takes from it.
+#[derive(Deserialize)]
+struct GenerationConfig {
+    #[serde(default)]
+    eos_token_id: Option<EndTokens>,
+}
+
 fn default_model_type() -> String {
     "qwen3_moe".into()
 }
 
 impl Config {
+    /// `config.json` in `dir`, with the end tokens of `generation_config.json` when the
+    /// checkpoint has one.
     pub fn load(dir: &Path) -> Result<Config, LoadError> {
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path).map_err(|e| LoadError::io(&path, e))?;
-        Config::parse(&text).map_err(|e| match e {
-            LoadError::Config(m) => LoadError::Config(format!("{}: {m}", path.display())),
-            other => other,
-        })
+        let mut config = Config::parse(&text).map_err(in_file(&path))?;
+        let path = dir.join("generation_config.json");
+        match std::fs::read_to_string(&path) {
+            Ok(text) => config
+                .take_generation_config(&text)
+                .map_err(in_file(&path))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(LoadError::io(&path, e)),
+        }
+        Ok(config)
+    }
+
+    /// Takes the end tokens of a `generation_config.json`'s text, if it names any.
+    pub fn take_generation_config(&mut self, text: &str) -> Result<(), LoadError> {
+        let generation: GenerationConfig =
+            serde_json::from_str(text).map_err(|e| LoadError::Config(e.to_string()))?;
+        if let Some(tokens) = generation.eos_token_id {
+            check_end_tokens("eos_token_id", &tokens)?;
+            self.generation_eos_token_id = Some(tokens);
+        }
+        Ok(())
+    }
+
+    /// The tokens a generation stops at: `generation_config.json`'s if it names any, else
+    /// `config.json`'s `eos_token_id` (none: it runs to its length).
+    pub fn end_tokens(&self) -> &[u32] {
+        self.generation_eos_token_id
+            .as_ref()
+            .or(self.eos_token_id.as_ref())
+            .map_or(&[], EndTokens::ids)
     }
 
     /// A config.json's text, the text model's part of a multimodal wrapper, validated.
@@ -182,6 +261,11 @@ impl Config {
                 .unwrap_or(false.into());
             if let Some(architectures) = value.get("architectures") {
                 text_config["architectures"] = architectures.clone();
+            }
+            if text_config.get("eos_token_id").is_none() {
+                if let Some(eos) = value.get("eos_token_id") {
+                    text_config["eos_token_id"] = eos.clone();
+                }
             }
             if text_config.get("model_type").is_none() {
                 text_config["model_type"] = "qwen3_5_moe_text".into();
@@ -301,6 +385,9 @@ impl Config {
         let rotary = self.rotary_dim();
         if rotary == 0 || !rotary.is_multiple_of(2) {
             return bad("head_dim x partial_rotary_factor must be a positive even number");
+        }
+        if let Some(tokens) = &self.eos_token_id {
+            check_end_tokens("eos_token_id", tokens)?;
         }
         if self.family() == Family::Qwen35Moe {
             self.validate_qwen35()?;
@@ -473,6 +560,55 @@ mod tests {
         "architectures": ["Qwen3MoeForCausalLM"]}"#;
 
     #[test]
+    fn end_tokens_are_one_id_or_a_list_and_generation_config_names_them_first() {
+        let with = |eos: &str| {
+            Config::parse(&BASE.replace("\"rms_norm_eps\"", &format!("{eos} \"rms_norm_eps\"")))
+        };
+        assert_eq!(Config::parse(BASE).unwrap().end_tokens(), &[] as &[u32]);
+        assert_eq!(with("\"eos_token_id\": 7,").unwrap().end_tokens(), &[7]);
+        let mut config = with("\"eos_token_id\": [7, 2],").unwrap();
+        assert_eq!(config.end_tokens(), &[7, 2]);
+        // The list round-trips as written.
+        let text = serde_json::to_string(&config).unwrap();
+        assert_eq!(Config::parse(&text).unwrap().end_tokens(), &[7, 2]);
+        config
+            .take_generation_config(r#"{"eos_token_id": [3, 4], "top_k": 20}"#)
+            .unwrap();
+        assert_eq!(config.end_tokens(), &[3, 4]);
+        // A generation config without end tokens leaves the model's.
+        let mut config = with("\"eos_token_id\": 7,").unwrap();
+        config
+            .take_generation_config(r#"{"temperature": 0.6}"#)
+            .unwrap();
+        assert_eq!(config.end_tokens(), &[7]);
+        // Hostile: not a token, a list past the bound, a file that is not JSON.
+        assert!(with("\"eos_token_id\": -1,").is_err());
+        assert!(with("\"eos_token_id\": \"</s>\",").is_err());
+        let many = format!("\"eos_token_id\": {:?},", vec![1u32; MAX_END_TOKENS + 1]);
+        assert!(with(&many).is_err());
+        assert!(config.take_generation_config("{").is_err());
+        let many = format!("{{\"eos_token_id\": {:?}}}", vec![1u32; MAX_END_TOKENS + 1]);
+        assert!(config.take_generation_config(&many).is_err());
+        assert_eq!(config.end_tokens(), &[7]);
+    }
+
+    #[test]
+    fn a_checkpoint_directory_reads_its_generation_config() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.json"), BASE).unwrap();
+        assert_eq!(
+            Config::load(dir.path()).unwrap().end_tokens(),
+            &[] as &[u32]
+        );
+        let generation = dir.path().join("generation_config.json");
+        std::fs::write(&generation, r#"{"eos_token_id": [5, 6]}"#).unwrap();
+        assert_eq!(Config::load(dir.path()).unwrap().end_tokens(), &[5, 6]);
+        std::fs::write(&generation, "[").unwrap();
+        let error = Config::load(dir.path()).unwrap_err().to_string();
+        assert!(error.contains("generation_config.json"), "{error}");
+    }
+
+    #[test]
     fn accepts_newer_aliases_and_keeps_unknown_fields() {
         let config: Config = serde_json::from_str(BASE).unwrap();
         assert_eq!(config.head_dim(), 4);
@@ -591,6 +727,18 @@ mod tests {
             !sparse.tie_word_embeddings,
             "the wrapper decides, false by default"
         );
+        // The wrapper's end token stands for a text model that names none.
+        assert_eq!(config.end_tokens(), &[] as &[u32]);
+        let wrapped = QWEN35.replace(
+            "\"vision_config\"",
+            "\"eos_token_id\": 9, \"vision_config\"",
+        );
+        assert_eq!(Config::parse(&wrapped).unwrap().end_tokens(), &[9]);
+        let both = wrapped.replace(
+            "\"vocab_size\": 10,",
+            "\"vocab_size\": 10, \"eos_token_id\": [4, 3],",
+        );
+        assert_eq!(Config::parse(&both).unwrap().end_tokens(), &[4, 3]);
         let scaled = QWEN35.replace("\"rope_type\": \"default\"", "\"rope_type\": \"yarn\"");
         assert!(Config::parse(&scaled).is_err());
         // Huge state per sequence is refused.

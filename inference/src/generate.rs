@@ -40,7 +40,7 @@ pub struct Sequence {
     pending: Vec<u32>,
     generated: Vec<u32>,
     max_new: usize,
-    eos: Option<u32>,
+    end_tokens: Vec<u32>,
     sampling: Sampling,
     rng: Rng,
     last_logits: Vec<f32>,
@@ -53,7 +53,7 @@ impl Sequence {
             pending: prompt.to_vec(),
             generated: Vec::new(),
             max_new,
-            eos: model.config().eos_token_id,
+            end_tokens: model.config().end_tokens().to_vec(),
             sampling,
             rng: Rng(sampling.seed),
             last_logits: Vec::new(),
@@ -70,9 +70,14 @@ impl Sequence {
     }
 
     pub fn is_done(&self) -> bool {
-        self.pending.is_empty()
-            || self.generated.len() >= self.max_new
-            || self.generated.last().is_some_and(|t| Some(*t) == self.eos)
+        self.pending.is_empty() || self.generated.len() >= self.max_new || self.ended()
+    }
+
+    /// Whether the last token generated is one of the model's end tokens.
+    pub fn ended(&self) -> bool {
+        self.generated
+            .last()
+            .is_some_and(|t| self.end_tokens.contains(t))
     }
 
     fn choose(&mut self, logits: &[f32]) -> u32 {

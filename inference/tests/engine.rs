@@ -427,3 +427,34 @@ fn every_machine_gives_the_pinned_bits() {
     let want: Vec<(&str, String)> = pinned.iter().map(|(p, h)| (*p, h.to_string())).collect();
     assert_eq!(seen, want);
 }
+
+/// A generation stops at any of the end tokens `generation_config.json` lists, the way a
+/// chat checkpoint ends a turn at either of its two; without one it runs to its length.
+#[test]
+fn a_generation_stops_at_any_end_token_of_the_generation_config() {
+    let dir = synth("tiny");
+    let (model, experts) = load(dir.path(), |_, _| true);
+    let prompt = [1, 2, 3];
+    let full = generate(&model, &experts, &prompt, 6, Sampling::GREEDY).unwrap();
+    let tokens = full.generated().to_vec();
+    assert_eq!(
+        tokens.len(),
+        6,
+        "before the tiny preset's end token: {tokens:?}"
+    );
+    assert!(!full.ended());
+    // The third token, second in a list with an id never generated.
+    let unused = (0..model.config().vocab_size as u32)
+        .find(|t| !tokens.contains(t))
+        .unwrap();
+    std::fs::write(
+        dir.path().join("generation_config.json"),
+        format!("{{\"eos_token_id\": [{unused}, {}]}}", tokens[2]),
+    )
+    .unwrap();
+    let (model, experts) = load(dir.path(), |_, _| true);
+    let ended = generate(&model, &experts, &prompt, 6, Sampling::GREEDY).unwrap();
+    let first = tokens.iter().position(|t| *t == tokens[2]).unwrap();
+    assert_eq!(ended.generated(), &tokens[..=first]);
+    assert!(ended.ended());
+}

@@ -191,7 +191,7 @@ fn run(
             }
             continue;
         }
-        batch.retain_mut(|running| tell(engine, running));
+        batch.retain_mut(tell);
     }
 }
 
@@ -204,7 +204,7 @@ fn admit(engine: &Engine, (job, events): (Job, UnboundedSender<Event>)) -> Runni
 }
 
 /// Sends the caller its new tokens, and the end if it came; whether it stays in the batch.
-fn tell(engine: &Engine, running: &mut Running) -> bool {
+fn tell(running: &mut Running) -> bool {
     let generated = running.sequence.generated();
     for token in &generated[running.told..] {
         if running.events.send(Event::Token(*token)).is_err() {
@@ -215,7 +215,6 @@ fn tell(engine: &Engine, running: &mut Running) -> bool {
     if !running.sequence.is_done() {
         return true;
     }
-    let eos = engine.model.config().eos_token_id;
     let logits: Vec<u8> = running
         .sequence
         .last_logits()
@@ -223,7 +222,7 @@ fn tell(engine: &Engine, running: &mut Running) -> bool {
         .flat_map(|v| v.to_le_bytes())
         .collect();
     let _ = running.events.send(Event::Done {
-        eos: eos.is_some() && generated.last().copied() == eos,
+        eos: running.sequence.ended(),
         logits_blake3: blake3::hash(&logits).to_hex().to_string(),
     });
     false

@@ -376,7 +376,7 @@ impl Asked {
     async fn collect(&self, served: &Served) -> Result<Finished, ApiError> {
         let mut events = self.submit(served)?;
         let tokenizer = &served.engine.tokenizer;
-        let mut text = Detokenizer::new(self.stops.clone(), served.eos());
+        let mut text = Detokenizer::new(self.stops.clone(), served.end_tokens());
         let mut out = String::new();
         let mut tokens = 0;
         while let Some(event) = events.recv().await {
@@ -418,7 +418,7 @@ impl Asked {
         kind: Kind,
     ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
         let events = Some(self.submit(&served)?);
-        let text = Detokenizer::new(self.stops.clone(), served.eos());
+        let text = Detokenizer::new(self.stops.clone(), served.end_tokens());
         let chunks = stream::unfold(
             Streaming {
                 asked: self,
@@ -594,76 +594,107 @@ fn json_event(value: &impl serde::Serialize) -> SseEvent {
 
 /// Generated tokens to text, a piece at a time: text is released only once it cannot change
 /// (a character still missing bytes is held back) and cannot be the start of a stop string;
-/// at a stop string, the text before it is the last piece. The end token is not text.
+/// at a stop string, the text before it is the last piece. End tokens are not text.
+///
+/// Each step costs the same however long the generation: a new token is decoded together
+/// with the tokens since the last settled point (how a tokenizer spells a token can depend on
+/// the one before: a leading space, a character's bytes split over tokens), and only the text
+/// it adds is appended; stop strings are looked for in the text not yet released, where any
+/// that could begin is held.
 struct Detokenizer {
     stops: Vec<String>,
-    eos: Option<u32>,
+    end_tokens: Vec<u32>,
     ids: Vec<u32>,
-    /// Bytes of the decoded text already released.
+    /// `ids[..read]` are in `text`; `ids[context..read]` are decoded again with each new
+    /// token, as its context.
+    context: usize,
+    read: usize,
+    text: String,
+    /// Bytes of `text` already released.
     released: usize,
 }
 
+/// Tokens a character's bytes may be split over (UTF-8 has at most four): past that, text
+/// that still ends in a replacement character is invalid bytes, not an unfinished character.
+const MAX_CHARACTER_TOKENS: usize = 4;
+
 impl Detokenizer {
-    fn new(stops: Vec<String>, eos: Option<u32>) -> Detokenizer {
+    fn new(stops: Vec<String>, end_tokens: Vec<u32>) -> Detokenizer {
         Detokenizer {
             stops,
-            eos,
+            end_tokens,
             ids: Vec::new(),
+            context: 0,
+            read: 0,
+            text: String::new(),
             released: 0,
         }
     }
 
-    fn decoded(&self, tokenizer: &Tokenizer) -> String {
-        tokenizer.decode(&self.ids).unwrap_or_default()
+    /// Appends to `text` what the tokens from `read` on add, unless it is an unfinished
+    /// character and more tokens may come (`finished` false).
+    fn settle(&mut self, tokenizer: &Tokenizer, finished: bool) {
+        if self.read == self.ids.len() {
+            return;
+        }
+        let decode = |ids: &[u32]| tokenizer.decode(ids).unwrap_or_default();
+        let before = decode(&self.ids[self.context..self.read]);
+        let now = decode(&self.ids[self.context..]);
+        let waiting = self.ids.len() - self.read;
+        if !finished && now.ends_with('\u{fffd}') && waiting < MAX_CHARACTER_TOKENS {
+            return;
+        }
+        if let Some(added) = now.strip_prefix(before.as_str()) {
+            self.text.push_str(added);
+        }
+        self.context = self.read;
+        self.read = self.ids.len();
     }
 
     /// Adds `token`: the text it releases, and whether a stop string was reached.
     fn push(&mut self, tokenizer: &Tokenizer, token: u32) -> (String, bool) {
-        if Some(token) == self.eos {
+        if self.end_tokens.contains(&token) {
             return (String::new(), false);
         }
         self.ids.push(token);
-        let text = self.decoded(tokenizer);
+        self.settle(tokenizer, false);
+        let unreleased = &self.text[self.released..];
         let stop = self
             .stops
             .iter()
-            .filter_map(|s| text.find(s.as_str()))
+            .filter_map(|s| unreleased.find(s.as_str()))
             .min();
         if let Some(at) = stop {
-            return (self.release(&text, at), true);
+            return (self.release(self.released + at), true);
         }
-        // Hold back an unfinished character and any tail that could begin a stop string.
-        let mut safe = text.trim_end_matches('\u{fffd}').len();
+        // Hold back any tail that could begin a stop string.
+        let mut safe = self.text.len();
         for stop in &self.stops {
             let longest = (1..stop.len())
                 .rev()
                 .filter(|k| stop.is_char_boundary(*k))
-                .find(|k| text[..safe].ends_with(&stop[..*k]));
+                .find(|k| self.text[..safe].ends_with(&stop[..*k]));
             if let Some(k) = longest {
-                safe = safe.min(text[..safe].len() - k);
+                safe -= k;
             }
         }
-        (self.release(&text, safe), false)
+        (self.release(safe), false)
     }
 
     /// What is still held back, at the end of the generation.
     fn rest(&mut self, tokenizer: &Tokenizer) -> String {
-        let text = self.decoded(tokenizer);
-        let end = text.len();
-        self.release(&text, end)
+        self.settle(tokenizer, true);
+        self.release(self.text.len())
     }
 
     /// `text[released..upto]`, marking it released.
-    fn release(&mut self, text: &str, upto: usize) -> String {
-        if upto <= self.released || !text.is_char_boundary(self.released) {
-            return String::new();
-        }
-        match text.get(self.released..upto) {
-            Some(piece) => {
+    fn release(&mut self, upto: usize) -> String {
+        match self.text.get(self.released..upto) {
+            Some(piece) if upto > self.released => {
                 self.released = upto;
                 piece.to_string()
             }
-            None => String::new(),
+            _ => String::new(),
         }
     }
 }
@@ -710,7 +741,7 @@ mod tests {
         let ids = tokenizer.encode(text).unwrap();
         assert!(ids.len() > 4);
         let run = |stops: Vec<String>| {
-            let mut detokenizer = Detokenizer::new(stops, Some(0));
+            let mut detokenizer = Detokenizer::new(stops, vec![0]);
             let mut out = String::new();
             for id in &ids {
                 let (piece, stopped) = detokenizer.push(&tokenizer, *id);
@@ -723,6 +754,24 @@ mod tests {
             (out, false)
         };
         assert_eq!(run(Vec::new()), (text.to_string(), false));
+        // Characters whose bytes are split over tokens come out whole, never half.
+        let text = "Zürich → 東京, naïve café";
+        let ids = tokenizer.encode(text).unwrap();
+        assert!(
+            ids.len() > text.chars().count(),
+            "split characters: {ids:?}"
+        );
+        let mut detokenizer = Detokenizer::new(vec!["京,".into()], vec![0]);
+        let mut pieces = Vec::new();
+        for id in &ids {
+            let (piece, stopped) = detokenizer.push(&tokenizer, *id);
+            pieces.push(piece);
+            if stopped {
+                break;
+            }
+        }
+        assert!(pieces.iter().all(|p| !p.contains('\u{fffd}')), "{pieces:?}");
+        assert_eq!(pieces.concat(), "Zürich → 東");
         assert_eq!(
             run(vec!["city".into()]),
             ("The capital of France is Paris, the ".into(), true)
@@ -731,8 +780,9 @@ mod tests {
             run(vec!["nowhere".into(), "Paris".into()]),
             ("The capital of France is ".into(), true)
         );
-        // The end token is not text.
-        let mut detokenizer = Detokenizer::new(Vec::new(), Some(0));
+        // End tokens are not text, every one of a list.
+        let mut detokenizer = Detokenizer::new(Vec::new(), vec![0, 5]);
         assert_eq!(detokenizer.push(&tokenizer, 0), (String::new(), false));
+        assert_eq!(detokenizer.push(&tokenizer, 5), (String::new(), false));
     }
 }

@@ -54,8 +54,9 @@ impl Served {
         self.ids.fetch_add(1, Ordering::Relaxed)
     }
 
-    pub(super) fn eos(&self) -> Option<u32> {
-        self.engine.model.config().eos_token_id
+    /// The tokens a generation ends at (never text).
+    pub(super) fn end_tokens(&self) -> Vec<u32> {
+        self.engine.model.config().end_tokens().to_vec()
     }
 }
 
