@@ -48,8 +48,30 @@ pub struct Sequence {
 
 impl Sequence {
     pub fn new(model: &Model, prompt: &[u32], max_new: usize, sampling: Sampling) -> Sequence {
+        Sequence::with_cache(model.new_cache(), model, prompt, max_new, sampling)
+    }
+
+    /// A sequence whose cache is allocated whole up front (`Model::new_cache_for`), for a
+    /// server that has checked `prompt` and `max_new` against the context and its memory.
+    pub fn with_reserved_cache(
+        model: &Model,
+        prompt: &[u32],
+        max_new: usize,
+        sampling: Sampling,
+    ) -> Sequence {
+        let cache = model.new_cache_for(prompt.len() + max_new);
+        Sequence::with_cache(cache, model, prompt, max_new, sampling)
+    }
+
+    fn with_cache(
+        cache: Cache,
+        model: &Model,
+        prompt: &[u32],
+        max_new: usize,
+        sampling: Sampling,
+    ) -> Sequence {
         Sequence {
-            cache: model.new_cache(),
+            cache,
             pending: prompt.to_vec(),
             generated: Vec::new(),
             max_new,

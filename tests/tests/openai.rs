@@ -235,6 +235,38 @@ fn concurrent_users_each_get_their_local_answer() {
     assert_eq!(report.logits_blake3, local.logits_blake3);
 }
 
+/// With room for one long generation's cache (`--cache-mib 1`: 622 KiB each on the tiny
+/// preset at 5 + 400 positions), concurrent long requests wait their turn for the batch
+/// instead of being refused or failing, and each still gets its local answer.
+#[test]
+fn long_generations_wait_for_cache_room_and_get_their_local_answers() {
+    let mut swarm = Swarm::start("tiny");
+    swarm.add_worker("*:*");
+    let (_backbone, addr) = swarm.serve_backbone_with("*:*", &["--cache-mib", "1"]);
+    let prompts = ["Once upon a time", "The ledger says", "A worker anywhere"];
+    let answers: Vec<(u16, String)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|prompt| {
+                let addr = addr.clone();
+                scope.spawn(move || {
+                    let ask =
+                        serde_json::json!({"prompt": prompt, "max_tokens": 400, "temperature": 0});
+                    post(&addr, "/v1/completions", &ask)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (prompt, (status, body)) in prompts.iter().zip(&answers) {
+        assert_eq!(*status, 200, "{body}");
+        let completion: Completion = serde_json::from_str(body).unwrap();
+        let (text, reason) = expected(&swarm.local(prompt, 400));
+        assert_eq!(completion.choices[0].text, text, "{prompt}");
+        assert_eq!(completion.choices[0].finish_reason.as_deref(), Some(reason));
+    }
+}
+
 #[test]
 fn bad_requests_get_openai_errors_and_a_full_queue_a_429() {
     let mut swarm = Swarm::start("tiny");

@@ -256,17 +256,22 @@ impl Model {
         per_layer + self.lm_head.byte_len() + h * self.embed.dtype().size()
     }
 
-    /// Bytes of one sequence's cache a decode step reads at `context` positions: the keys
-    /// and values of each attention layer, the state of each DeltaNet layer.
-    pub fn cache_bytes_per_token(&self, context: usize) -> usize {
-        let c = &self.config;
+    /// Bytes of one sequence's cache at `positions` positions, all of which a decode step
+    /// there reads: the keys and values of each attention layer, the state of each DeltaNet
+    /// layer.
+    pub fn cache_bytes(&self, positions: usize) -> usize {
         self.layers
             .iter()
             .map(|l| match &l.mixer {
-                TokenMixer::Attention(_) => 2 * context * c.num_key_value_heads * c.head_dim() * 4,
+                TokenMixer::Attention(_) => 2 * positions * self.kv_width() * 4,
                 TokenMixer::DeltaNet(d) => d.state_bytes(),
             })
             .sum()
+    }
+
+    /// Values one position adds to an attention layer's keys (and as many to its values).
+    fn kv_width(&self) -> usize {
+        self.config.num_key_value_heads * self.config.head_dim()
     }
 
     /// Whether `cache` has this model's layers (as `new_cache` makes them).
@@ -284,13 +289,21 @@ impl Model {
     }
 
     pub fn new_cache(&self) -> Cache {
+        self.new_cache_for(0)
+    }
+
+    /// A cache with room for `positions` positions allocated up front, so that it holds
+    /// exactly `cache_bytes(positions)` when full (grown a step at a time, a vector may hold
+    /// up to twice what it uses).
+    pub fn new_cache_for(&self, positions: usize) -> Cache {
+        let room = || Vec::with_capacity(positions * self.kv_width());
         let layers = self
             .layers
             .iter()
             .map(|l| match &l.mixer {
                 TokenMixer::Attention(_) => LayerCache::Attention {
-                    keys: Vec::new(),
-                    values: Vec::new(),
+                    keys: room(),
+                    values: room(),
                 },
                 TokenMixer::DeltaNet(d) => LayerCache::DeltaNet(d.new_state()),
             })

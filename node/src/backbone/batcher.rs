@@ -10,13 +10,18 @@
 //! for its remote experts at a layer, another computes.
 //!
 //! Requests wait in a bounded queue; when it is full `submit` says so at once (the HTTP
-//! layer answers 429) rather than letting a burst grow memory.
+//! layer answers 429) rather than letting a burst grow memory. The caches of the running
+//! sequences are bounded too (`Limits::cache_bytes`): a sequence joins only when the cache it
+//! will hold at its full length (prompt and tokens to generate) fits beside theirs, so many
+//! long generations wait their turn instead of running the backbone out of memory. Its cache
+//! is allocated whole when it joins, so what is counted is what is held.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 
 use kvasir_inference::generate::{Pipeline, Sampling, Sequence};
+use kvasir_inference::model::qwen_moe::Model;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use super::Engine;
@@ -61,35 +66,47 @@ pub const MAX_PROMPT_TOKENS: usize = 8192;
 /// One prompt always joins, however long.
 const PREFILL_BUDGET: usize = 2048;
 
+/// The batch's bounds.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Sequences that run at once.
+    pub max_batch: usize,
+    /// Micro-batches the running batch is split into, in flight together.
+    pub micro_batches: usize,
+    /// Jobs that may wait for a place; beyond, `submit` refuses them as busy.
+    pub queue: usize,
+    /// Bytes of cache the running sequences may hold together, each counted at its full
+    /// length; a job that alone needs more is refused.
+    pub cache_bytes: usize,
+}
+
 /// The handle requests are submitted through; the batch runs on its own thread until every
 /// handle is dropped.
 #[derive(Clone)]
 pub struct Batcher {
     jobs: SyncSender<(Job, UnboundedSender<Event>)>,
-    context: usize,
-    vocab: usize,
+    engine: Arc<Engine>,
+    cache_bytes: usize,
 }
 
 impl Batcher {
-    /// Starts the batch thread: at most `max_batch` sequences run at once, in up to
-    /// `micro_batches` micro-batches in flight together, and at most `queue` more wait.
-    pub fn start(
-        engine: Arc<Engine>,
-        max_batch: usize,
-        micro_batches: usize,
-        queue: usize,
-    ) -> anyhow::Result<Batcher> {
-        let pipeline = Pipeline::new(micro_batches, rayon::current_num_threads())?;
-        let config = engine.model.config();
-        let (context, vocab) = (config.max_position_embeddings, config.vocab_size);
-        let (jobs, incoming) = sync_channel(queue);
+    /// Starts the batch thread, within `limits`.
+    pub fn start(engine: Arc<Engine>, limits: Limits) -> anyhow::Result<Batcher> {
+        let pipeline = Pipeline::new(limits.micro_batches, rayon::current_num_threads())?;
+        let (jobs, incoming) = sync_channel(limits.queue);
+        let batch = Batch {
+            engine: engine.clone(),
+            pipeline,
+            max_batch: limits.max_batch.max(1),
+            cache_bytes: limits.cache_bytes,
+        };
         std::thread::Builder::new()
             .name("batcher".into())
-            .spawn(move || run(&engine, &pipeline, &incoming, max_batch.max(1)))?;
+            .spawn(move || batch.run(&incoming))?;
         Ok(Batcher {
             jobs,
-            context,
-            vocab,
+            engine,
+            cache_bytes: limits.cache_bytes,
         })
     }
 
@@ -97,26 +114,8 @@ impl Batcher {
     /// A job is checked here, so that no sequence in the batch can fail the step it shares
     /// with the others.
     pub fn submit(&self, job: Job) -> Result<UnboundedReceiver<Event>, Refused> {
-        let invalid = |m: String| Err(Refused::Invalid(m));
-        if job.prompt.is_empty() || job.max_new == 0 {
-            return invalid("a prompt and at least one token to generate are needed".into());
-        }
-        if job.prompt.len() > MAX_PROMPT_TOKENS {
-            return invalid(format!(
-                "the prompt's {} tokens are over {MAX_PROMPT_TOKENS}",
-                job.prompt.len()
-            ));
-        }
-        if job.prompt.len() + job.max_new > self.context {
-            return invalid(format!(
-                "the prompt's {} tokens and {} to generate exceed the model's context of {}",
-                job.prompt.len(),
-                job.max_new,
-                self.context
-            ));
-        }
-        if let Some(token) = job.prompt.iter().find(|t| **t as usize >= self.vocab) {
-            return invalid(format!("token {token} is outside the vocabulary"));
+        if let Err(why) = check(&job, &self.engine.model, self.cache_bytes) {
+            return Err(Refused::Invalid(why));
         }
         let (events, receiver) = unbounded_channel();
         match self.jobs.try_send((job, events)) {
@@ -127,79 +126,141 @@ impl Batcher {
     }
 }
 
-/// A sequence in the batch, with where its caller listens and how many tokens it was told.
+/// Whether `job` can run on `model` beside others, its cache within `cache_bound` bytes;
+/// if not, why.
+fn check(job: &Job, model: &Model, cache_bound: usize) -> Result<(), String> {
+    let config = model.config();
+    let (context, vocab) = (config.max_position_embeddings, config.vocab_size);
+    let (prompt, max_new) = (job.prompt.len(), job.max_new);
+    if prompt == 0 || max_new == 0 {
+        return Err("a prompt and at least one token to generate are needed".into());
+    }
+    if prompt > MAX_PROMPT_TOKENS {
+        return Err(format!(
+            "the prompt's {prompt} tokens are over {MAX_PROMPT_TOKENS}"
+        ));
+    }
+    if prompt + max_new > context {
+        return Err(format!(
+            "the prompt's {prompt} tokens and {max_new} to generate exceed the model's context of {context}"
+        ));
+    }
+    let cache = model.cache_bytes(prompt + max_new);
+    if cache > cache_bound {
+        let kib = |bytes: usize| bytes.div_ceil(1 << 10);
+        return Err(format!(
+            "the prompt's {prompt} tokens and {max_new} to generate need {} KiB of cache, over this backbone's {} KiB",
+            kib(cache),
+            kib(cache_bound),
+        ));
+    }
+    if let Some(token) = job.prompt.iter().find(|t| **t as usize >= vocab) {
+        return Err(format!("token {token} is outside the vocabulary"));
+    }
+    Ok(())
+}
+
+/// The cache `job`'s sequence holds at its full length.
+fn cache_bytes(engine: &Engine, job: &Job) -> usize {
+    engine.model.cache_bytes(job.prompt.len() + job.max_new)
+}
+
+/// A sequence in the batch, with where its caller listens, how many tokens it was told and
+/// the cache it holds.
 struct Running {
     sequence: Sequence,
     events: UnboundedSender<Event>,
     told: usize,
+    cache_bytes: usize,
 }
 
-fn run(
-    engine: &Engine,
-    pipeline: &Pipeline,
-    incoming: &Receiver<(Job, UnboundedSender<Event>)>,
+/// What the batch thread owns.
+struct Batch {
+    engine: Arc<Engine>,
+    pipeline: Pipeline,
     max_batch: usize,
-) {
-    let mut batch: Vec<Running> = Vec::new();
-    // A job taken from the queue that did not fit this step's prefill budget.
-    let mut held: Option<(Job, UnboundedSender<Event>)> = None;
-    loop {
-        // Wait while idle; otherwise take whoever is waiting, up to the batch size and the
-        // step's prefill budget.
-        if batch.is_empty() && held.is_none() {
-            match incoming.recv() {
-                Ok(job) => held = Some(job),
-                Err(_) => return,
+    cache_bytes: usize,
+}
+
+impl Batch {
+    fn run(&self, incoming: &Receiver<(Job, UnboundedSender<Event>)>) {
+        let engine = &*self.engine;
+        let mut batch: Vec<Running> = Vec::new();
+        // A job taken from the queue that did not fit this step's prefill budget or the
+        // cache beside the running sequences'.
+        let mut held: Option<(Job, UnboundedSender<Event>)> = None;
+        loop {
+            // Wait while idle; otherwise take whoever is waiting, up to the batch size, the
+            // step's prefill budget and the cache bound.
+            if batch.is_empty() && held.is_none() {
+                match incoming.recv() {
+                    Ok(job) => held = Some(job),
+                    Err(_) => return,
+                }
             }
-        }
-        let mut prefill = 0;
-        while batch.len() < max_batch {
-            let job = match held.take() {
-                Some(job) => job,
-                None => match incoming.try_recv() {
-                    Ok(job) => job,
-                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-                },
+            let mut prefill = 0;
+            let mut cache: usize = batch.iter().map(|r| r.cache_bytes).sum();
+            while batch.len() < self.max_batch {
+                let job = match held.take() {
+                    Some(job) => job,
+                    None => match incoming.try_recv() {
+                        Ok(job) => job,
+                        Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+                    },
+                };
+                let rows = job.0.prompt.len();
+                let needs = cache_bytes(engine, &job.0);
+                // An empty batch takes any job: `submit` refused those over the bound.
+                let over_cache = !batch.is_empty() && cache + needs > self.cache_bytes;
+                if over_cache || (prefill > 0 && prefill + rows > PREFILL_BUDGET) {
+                    held = Some(job);
+                    break;
+                }
+                prefill += rows;
+                cache += needs;
+                batch.push(admit(engine, job, needs));
+            }
+            // A caller that stopped listening leaves before the step.
+            batch.retain(|r| !r.events.is_closed());
+            if batch.is_empty() {
+                continue;
+            }
+            let mut sequences: Vec<&mut Sequence> =
+                batch.iter_mut().map(|r| &mut r.sequence).collect();
+            // A step that fails, or panics, ends the generations in it, not the service.
+            let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                self.pipeline
+                    .step(&engine.model, &engine.experts, &mut sequences)
+            }));
+            let failure = match stepped {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(format!("generation failed: {e}")),
+                Err(_) => Some("generation failed: the step panicked".to_string()),
             };
-            let rows = job.0.prompt.len();
-            if prefill > 0 && prefill + rows > PREFILL_BUDGET {
-                held = Some(job);
-                break;
+            if let Some(message) = failure {
+                tracing::error!("{message}; the {} generations in it end", batch.len());
+                for running in batch.drain(..) {
+                    let _ = running.events.send(Event::Failed(message.clone()));
+                }
+                continue;
             }
-            prefill += rows;
-            batch.push(admit(engine, job));
+            batch.retain_mut(tell);
         }
-        // A caller that stopped listening leaves before the step.
-        batch.retain(|r| !r.events.is_closed());
-        if batch.is_empty() {
-            continue;
-        }
-        let mut sequences: Vec<&mut Sequence> = batch.iter_mut().map(|r| &mut r.sequence).collect();
-        // A step that fails, or panics, ends the generations in it, not the service.
-        let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            pipeline.step(&engine.model, &engine.experts, &mut sequences)
-        }));
-        let failure = match stepped {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(format!("generation failed: {e}")),
-            Err(_) => Some("generation failed: the step panicked".to_string()),
-        };
-        if let Some(message) = failure {
-            tracing::error!("{message}; the {} generations in it end", batch.len());
-            for running in batch.drain(..) {
-                let _ = running.events.send(Event::Failed(message.clone()));
-            }
-            continue;
-        }
-        batch.retain_mut(tell);
     }
 }
 
-fn admit(engine: &Engine, (job, events): (Job, UnboundedSender<Event>)) -> Running {
+fn admit(
+    engine: &Engine,
+    (job, events): (Job, UnboundedSender<Event>),
+    cache_bytes: usize,
+) -> Running {
+    let sequence =
+        Sequence::with_reserved_cache(&engine.model, &job.prompt, job.max_new, job.sampling);
     Running {
-        sequence: Sequence::new(&engine.model, &job.prompt, job.max_new, job.sampling),
+        sequence,
         events,
         told: 0,
+        cache_bytes,
     }
 }
 
@@ -226,4 +287,85 @@ fn tell(running: &mut Running) -> bool {
         logits_blake3: blake3::hash(&logits).to_hex().to_string(),
     });
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvasir_inference::checkpoint::Checkpoint;
+    use kvasir_inference::config::Config;
+
+    fn tiny() -> Model {
+        let dir = crate::engine::tiny_checkpoint();
+        let config = Config::load(&dir).unwrap();
+        Model::load(&Checkpoint::open(&dir).unwrap(), config).unwrap()
+    }
+
+    fn job(prompt: usize, max_new: usize) -> Job {
+        Job {
+            prompt: vec![1; prompt],
+            max_new,
+            sampling: Sampling::GREEDY,
+        }
+    }
+
+    /// A job is refused before it joins when its cache at full length alone is over the
+    /// bound, as when its context is; the bound is exact to the byte.
+    #[test]
+    fn a_job_whose_cache_cannot_fit_is_refused_before_it_joins() {
+        let model = tiny();
+        let bound = model.cache_bytes(60);
+        assert_eq!(check(&job(10, 50), &model, bound), Ok(()));
+        let refused = check(&job(10, 51), &model, bound).unwrap_err();
+        assert!(
+            refused.contains("of cache, over this backbone's"),
+            "{refused}"
+        );
+        assert!(
+            check(&job(10, 600), &model, usize::MAX).is_err(),
+            "past the context"
+        );
+        assert!(check(&job(0, 5), &model, usize::MAX).is_err());
+        let outside = Job {
+            prompt: vec![u32::MAX],
+            ..job(1, 1)
+        };
+        assert!(check(&outside, &model, usize::MAX).is_err());
+        // The cache is the keys and values of every layer at each position.
+        let per_position = model.cache_bytes(2) - model.cache_bytes(1);
+        assert_eq!(per_position, 3 * 2 * 2 * 32 * 4);
+    }
+
+    /// A reserved cache is allocated whole: a sequence run to its full length holds what was
+    /// counted for it and gives the same tokens as one that grew its cache.
+    #[test]
+    fn a_reserved_cache_gives_the_same_tokens() {
+        let model = tiny();
+        let experts = {
+            let dir = crate::engine::tiny_checkpoint();
+            let config = Config::load(&dir).unwrap();
+            kvasir_inference::moe::LocalExperts::load(
+                &Checkpoint::open(&dir).unwrap(),
+                &config,
+                |_, _| true,
+            )
+            .unwrap()
+        };
+        let run = |mut sequence: Sequence| {
+            while !sequence.is_done() {
+                kvasir_inference::generate::step(&model, &experts, &mut [&mut sequence]).unwrap();
+            }
+            sequence.generated().to_vec()
+        };
+        let prompt = [5, 6, 7];
+        assert_eq!(
+            run(Sequence::with_reserved_cache(
+                &model,
+                &prompt,
+                6,
+                Sampling::GREEDY
+            )),
+            run(Sequence::new(&model, &prompt, 6, Sampling::GREEDY))
+        );
+    }
 }

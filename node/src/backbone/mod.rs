@@ -71,6 +71,11 @@ pub struct Args {
     /// Requests that may wait for a place in the batch; beyond, `--listen` answers 429.
     #[arg(long, default_value_t = 256)]
     max_queued: usize,
+    /// Memory the running generations' caches (attention keys and values, DeltaNet states)
+    /// may take together, in MiB, each counted at its full length: a request joins the batch
+    /// only when its cache fits beside theirs, and one that alone needs more gets a 400.
+    #[arg(long, default_value_t = 8192, value_parser = clap::value_parser!(u64).range(1..))]
+    cache_mib: u64,
     #[command(flatten)]
     sampling: SamplingArgs,
     /// A remote answer later than this is given up on and computed locally.
@@ -164,9 +169,13 @@ pub fn run(args: Args) -> Result<()> {
             sampling,
             model_name: model_id(&args.model).with_context(loading)?,
             chat: chat::Chat::load(&args.model).with_context(loading)?,
-            max_batch: args.max_batch,
-            micro_batches: usize::from(args.micro_batches),
-            max_queued: args.max_queued,
+            batch: batcher::Limits {
+                max_batch: args.max_batch,
+                micro_batches: usize::from(args.micro_batches),
+                queue: args.max_queued,
+                cache_bytes: usize::try_from(args.cache_mib.saturating_mul(1 << 20))
+                    .unwrap_or(usize::MAX),
+            },
         };
         return runtime.block_on(serve::serve(engine, serving));
     }

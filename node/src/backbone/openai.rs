@@ -614,10 +614,6 @@ struct Detokenizer {
     released: usize,
 }
 
-/// Tokens a character's bytes may be split over (UTF-8 has at most four): past that, text
-/// that still ends in a replacement character is invalid bytes, not an unfinished character.
-const MAX_CHARACTER_TOKENS: usize = 4;
-
 impl Detokenizer {
     fn new(stops: Vec<String>, end_tokens: Vec<u32>) -> Detokenizer {
         Detokenizer {
@@ -631,8 +627,11 @@ impl Detokenizer {
         }
     }
 
-    /// Appends to `text` what the tokens from `read` on add, unless it is an unfinished
-    /// character and more tokens may come (`finished` false).
+    /// Appends to `text` what the tokens from `read` on add, unless it ends in an unfinished
+    /// character and more tokens may come (`finished` false). Text is settled only where it
+    /// ends in a whole character, so what follows can never change it (UTF-8 resynchronizes
+    /// at each character) and the appended text is exactly the whole decode's. (Output that
+    /// keeps ending in a broken character is decoded from its last settled point each step.)
     fn settle(&mut self, tokenizer: &Tokenizer, finished: bool) {
         if self.read == self.ids.len() {
             return;
@@ -640,8 +639,7 @@ impl Detokenizer {
         let decode = |ids: &[u32]| tokenizer.decode(ids).unwrap_or_default();
         let before = decode(&self.ids[self.context..self.read]);
         let now = decode(&self.ids[self.context..]);
-        let waiting = self.ids.len() - self.read;
-        if !finished && now.ends_with('\u{fffd}') && waiting < MAX_CHARACTER_TOKENS {
+        if !finished && now.ends_with('\u{fffd}') {
             return;
         }
         if let Some(added) = now.strip_prefix(before.as_str()) {
@@ -784,5 +782,22 @@ mod tests {
         let mut detokenizer = Detokenizer::new(Vec::new(), vec![0, 5]);
         assert_eq!(detokenizer.push(&tokenizer, 0), (String::new(), false));
         assert_eq!(detokenizer.push(&tokenizer, 5), (String::new(), false));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+        /// Any tokens at all, broken characters and invalid bytes included, come out as the
+        /// whole generation's decode, piece by piece.
+        #[test]
+        fn any_tokens_come_out_as_their_whole_decode(ids in proptest::collection::vec(1u32..384, 0..300)) {
+            let tokenizer = Tokenizer::load(&crate::engine::tiny_checkpoint()).unwrap();
+            let mut detokenizer = Detokenizer::new(Vec::new(), vec![0]);
+            let mut out = String::new();
+            for id in &ids {
+                out.push_str(&detokenizer.push(&tokenizer, *id).0);
+            }
+            out.push_str(&detokenizer.rest(&tokenizer));
+            proptest::prop_assert_eq!(out, tokenizer.decode(&ids).unwrap());
+        }
     }
 }

@@ -184,18 +184,11 @@ pub(super) struct Serving {
     pub(super) sampling: Sampling,
     pub(super) model_name: String,
     pub(super) chat: Chat,
-    pub(super) max_batch: usize,
-    pub(super) micro_batches: usize,
-    pub(super) max_queued: usize,
+    pub(super) batch: super::batcher::Limits,
 }
 
 pub(super) async fn serve(engine: Arc<Engine>, serving: Serving) -> Result<()> {
-    let batcher = Batcher::start(
-        engine.clone(),
-        serving.max_batch,
-        serving.micro_batches,
-        serving.max_queued,
-    )?;
+    let batcher = Batcher::start(engine.clone(), serving.batch)?;
     let served = Arc::new(Served {
         engine,
         batcher,

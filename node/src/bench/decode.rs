@@ -427,7 +427,7 @@ pub fn run(args: Args) -> Result<()> {
     let context = PROMPT_LEN + args.tokens / 2;
     let bytes_per_token = model.dense_bytes_per_token()
         + moe_layers * config.num_experts_per_tok * experts.expert_bytes()
-        + model.cache_bytes_per_token(context);
+        + model.cache_bytes(context);
     let bound = bandwidth / bytes_per_token as f64;
     let bandwidth_ratio = batch1 / bound;
     let (batch1_1thread, bound_1thread) =
