@@ -36,6 +36,31 @@ fn events(raw: &str) -> Vec<String> {
         .collect()
 }
 
+/// Completes every prompt greedily at once, one client each, and checks each answer is the
+/// local run's text and finish reason.
+fn all_get_their_local_answers(swarm: &Swarm, addr: &str, prompts: &[&str], max_tokens: usize) {
+    let answers: Vec<(u16, String)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|prompt| {
+                scope.spawn(move || {
+                    let ask = serde_json::json!({"prompt": prompt, "max_tokens": max_tokens,
+                        "temperature": 0});
+                    post(addr, "/v1/completions", &ask)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (prompt, (status, body)) in prompts.iter().zip(&answers) {
+        assert_eq!(*status, 200, "{body}");
+        let completion: Completion = serde_json::from_str(body).unwrap();
+        let (text, reason) = expected(&swarm.local(prompt, max_tokens));
+        assert_eq!(completion.choices[0].text, text, "{prompt}");
+        assert_eq!(completion.choices[0].finish_reason.as_deref(), Some(reason));
+    }
+}
+
 #[test]
 fn openai_completions_and_chats_over_the_swarm_equal_local_runs() {
     let mut swarm = Swarm::start("tiny");
@@ -204,27 +229,7 @@ fn concurrent_users_each_get_their_local_answer() {
         "The ledger says",
         "Hello",
     ];
-    let answers: Vec<(u16, String)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = prompts
-            .iter()
-            .map(|prompt| {
-                let addr = addr.clone();
-                scope.spawn(move || {
-                    let ask =
-                        serde_json::json!({"prompt": prompt, "max_tokens": 12, "temperature": 0});
-                    post(&addr, "/v1/completions", &ask)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    for (prompt, (status, body)) in prompts.iter().zip(&answers) {
-        assert_eq!(*status, 200, "{body}");
-        let completion: Completion = serde_json::from_str(body).unwrap();
-        let (text, reason) = expected(&swarm.local(prompt, 12));
-        assert_eq!(completion.choices[0].text, text, "{prompt}");
-        assert_eq!(completion.choices[0].finish_reason.as_deref(), Some(reason));
-    }
+    all_get_their_local_answers(&swarm, &addr, &prompts, 12);
     // The old endpoint goes through the same batch, and still gives the local bits.
     let request = serde_json::json!({"prompt": PROMPT, "tokens": 8});
     let (status, body) = post(&addr, "/generate", &request);
@@ -244,27 +249,7 @@ fn long_generations_wait_for_cache_room_and_get_their_local_answers() {
     swarm.add_worker("*:*");
     let (_backbone, addr) = swarm.serve_backbone_with("*:*", &["--cache-mib", "1"]);
     let prompts = ["Once upon a time", "The ledger says", "A worker anywhere"];
-    let answers: Vec<(u16, String)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = prompts
-            .iter()
-            .map(|prompt| {
-                let addr = addr.clone();
-                scope.spawn(move || {
-                    let ask =
-                        serde_json::json!({"prompt": prompt, "max_tokens": 400, "temperature": 0});
-                    post(&addr, "/v1/completions", &ask)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    for (prompt, (status, body)) in prompts.iter().zip(&answers) {
-        assert_eq!(*status, 200, "{body}");
-        let completion: Completion = serde_json::from_str(body).unwrap();
-        let (text, reason) = expected(&swarm.local(prompt, 400));
-        assert_eq!(completion.choices[0].text, text, "{prompt}");
-        assert_eq!(completion.choices[0].finish_reason.as_deref(), Some(reason));
-    }
+    all_get_their_local_answers(&swarm, &addr, &prompts, 400);
 }
 
 #[test]
