@@ -224,7 +224,7 @@ impl Config {
     }
 
     /// Takes the end tokens of a `generation_config.json`'s text, if it names any.
-    pub fn take_generation_config(&mut self, text: &str) -> Result<(), LoadError> {
+    fn take_generation_config(&mut self, text: &str) -> Result<(), LoadError> {
         let generation: GenerationConfig =
             serde_json::from_str(text).map_err(|e| LoadError::Config(e.to_string()))?;
         if let Some(tokens) = generation.eos_token_id {

@@ -94,15 +94,14 @@ impl Batcher {
     pub fn start(engine: Arc<Engine>, limits: Limits) -> anyhow::Result<Batcher> {
         let pipeline = Pipeline::new(limits.micro_batches, rayon::current_num_threads())?;
         let (jobs, incoming) = sync_channel(limits.queue);
-        let batch = Batch {
-            engine: engine.clone(),
-            pipeline,
+        let running = Limits {
             max_batch: limits.max_batch.max(1),
-            cache_bytes: limits.cache_bytes,
+            ..limits
         };
+        let batch_engine = engine.clone();
         std::thread::Builder::new()
             .name("batcher".into())
-            .spawn(move || batch.run(&incoming))?;
+            .spawn(move || run(&batch_engine, &pipeline, &incoming, running))?;
         Ok(Batcher {
             jobs,
             engine,
@@ -145,7 +144,7 @@ fn check(job: &Job, model: &Model, cache_bound: usize) -> Result<(), String> {
             "the prompt's {prompt} tokens and {max_new} to generate exceed the model's context of {context}"
         ));
     }
-    let cache = model.cache_bytes(prompt + max_new);
+    let cache = cache_bytes(model, job);
     if cache > cache_bound {
         let kib = |bytes: usize| bytes.div_ceil(1 << 10);
         return Err(format!(
@@ -161,8 +160,8 @@ fn check(job: &Job, model: &Model, cache_bound: usize) -> Result<(), String> {
 }
 
 /// The cache `job`'s sequence holds at its full length.
-fn cache_bytes(engine: &Engine, job: &Job) -> usize {
-    engine.model.cache_bytes(job.prompt.len() + job.max_new)
+fn cache_bytes(model: &Model, job: &Job) -> usize {
+    model.cache_bytes(job.prompt.len() + job.max_new)
 }
 
 /// A sequence in the batch, with where its caller listens, how many tokens it was told and
@@ -174,78 +173,74 @@ struct Running {
     cache_bytes: usize,
 }
 
-/// What the batch thread owns.
-struct Batch {
-    engine: Arc<Engine>,
-    pipeline: Pipeline,
-    max_batch: usize,
-    cache_bytes: usize,
-}
-
-impl Batch {
-    fn run(&self, incoming: &Receiver<(Job, UnboundedSender<Event>)>) {
-        let engine = &*self.engine;
-        let mut batch: Vec<Running> = Vec::new();
-        // A job taken from the queue that did not fit this step's prefill budget or the
-        // cache beside the running sequences'.
-        let mut held: Option<(Job, UnboundedSender<Event>)> = None;
-        loop {
-            // Wait while idle; otherwise take whoever is waiting, up to the batch size, the
-            // step's prefill budget and the cache bound.
-            if batch.is_empty() && held.is_none() {
-                match incoming.recv() {
-                    Ok(job) => held = Some(job),
-                    Err(_) => return,
-                }
+fn run(
+    engine: &Engine,
+    pipeline: &Pipeline,
+    incoming: &Receiver<(Job, UnboundedSender<Event>)>,
+    limits: Limits,
+) {
+    let mut batch: Vec<Running> = Vec::new();
+    // A job taken from the queue that did not fit this step's prefill budget or the cache
+    // beside the running sequences'.
+    let mut held: Option<(Job, UnboundedSender<Event>)> = None;
+    loop {
+        // Wait while idle; otherwise take whoever is waiting, up to the batch size, the
+        // step's prefill budget and the cache bound.
+        if batch.is_empty() && held.is_none() {
+            match incoming.recv() {
+                Ok(job) => held = Some(job),
+                Err(_) => return,
             }
-            let mut prefill = 0;
-            let mut cache: usize = batch.iter().map(|r| r.cache_bytes).sum();
-            while batch.len() < self.max_batch {
-                let job = match held.take() {
-                    Some(job) => job,
-                    None => match incoming.try_recv() {
-                        Ok(job) => job,
-                        Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-                    },
-                };
-                let rows = job.0.prompt.len();
-                let needs = cache_bytes(engine, &job.0);
-                // An empty batch takes any job: `submit` refused those over the bound.
-                let over_cache = !batch.is_empty() && cache + needs > self.cache_bytes;
-                if over_cache || (prefill > 0 && prefill + rows > PREFILL_BUDGET) {
-                    held = Some(job);
-                    break;
-                }
-                prefill += rows;
-                cache += needs;
-                batch.push(admit(engine, job, needs));
-            }
-            // A caller that stopped listening leaves before the step.
-            batch.retain(|r| !r.events.is_closed());
-            if batch.is_empty() {
-                continue;
-            }
-            let mut sequences: Vec<&mut Sequence> =
-                batch.iter_mut().map(|r| &mut r.sequence).collect();
-            // A step that fails, or panics, ends the generations in it, not the service.
-            let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                self.pipeline
-                    .step(&engine.model, &engine.experts, &mut sequences)
-            }));
-            let failure = match stepped {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(format!("generation failed: {e}")),
-                Err(_) => Some("generation failed: the step panicked".to_string()),
-            };
-            if let Some(message) = failure {
-                tracing::error!("{message}; the {} generations in it end", batch.len());
-                for running in batch.drain(..) {
-                    let _ = running.events.send(Event::Failed(message.clone()));
-                }
-                continue;
-            }
-            batch.retain_mut(tell);
         }
+        let mut prefill = 0;
+        let mut cache: usize = batch.iter().map(|r| r.cache_bytes).sum();
+        while batch.len() < limits.max_batch {
+            let job = match held.take() {
+                Some(job) => job,
+                None => match incoming.try_recv() {
+                    Ok(job) => job,
+                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+                },
+            };
+            // A caller that stopped listening while it waited gets no cache.
+            if job.1.is_closed() {
+                continue;
+            }
+            let rows = job.0.prompt.len();
+            let needs = cache_bytes(&engine.model, &job.0);
+            // An empty batch takes any job: `submit` refused those over the bound.
+            let over_cache = !batch.is_empty() && cache.saturating_add(needs) > limits.cache_bytes;
+            if over_cache || (prefill > 0 && prefill + rows > PREFILL_BUDGET) {
+                held = Some(job);
+                break;
+            }
+            prefill += rows;
+            cache += needs;
+            batch.push(admit(engine, job, needs));
+        }
+        // A caller that stopped listening leaves before the step.
+        batch.retain(|r| !r.events.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
+        let mut sequences: Vec<&mut Sequence> = batch.iter_mut().map(|r| &mut r.sequence).collect();
+        // A step that fails, or panics, ends the generations in it, not the service.
+        let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            pipeline.step(&engine.model, &engine.experts, &mut sequences)
+        }));
+        let failure = match stepped {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(format!("generation failed: {e}")),
+            Err(_) => Some("generation failed: the step panicked".to_string()),
+        };
+        if let Some(message) = failure {
+            tracing::error!("{message}; the {} generations in it end", batch.len());
+            for running in batch.drain(..) {
+                let _ = running.events.send(Event::Failed(message.clone()));
+            }
+            continue;
+        }
+        batch.retain_mut(tell);
     }
 }
 
