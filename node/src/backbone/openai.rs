@@ -394,10 +394,11 @@ impl Asked {
                     }
                 }
                 Event::Done { eos, .. } => {
-                    out.push_str(&text.rest(tokenizer));
+                    let (piece, stopped) = text.rest(tokenizer);
+                    out.push_str(&piece);
                     return Ok(Finished {
                         text: out,
-                        finish_reason: if eos { "stop" } else { "length" },
+                        finish_reason: if eos || stopped { "stop" } else { "length" },
                         tokens,
                     });
                 }
@@ -506,8 +507,9 @@ impl Streaming {
                     }
                 }
                 Event::Done { eos, .. } => {
-                    let rest = self.text.rest(tokenizer);
-                    return Some(self.last(rest, if eos { "stop" } else { "length" }));
+                    let (rest, stopped) = self.text.rest(tokenizer);
+                    let reason = if eos || stopped { "stop" } else { "length" };
+                    return Some(self.last(rest, reason));
                 }
                 Event::Failed(message) => {
                     self.ended = true;
@@ -627,11 +629,14 @@ impl Detokenizer {
         }
     }
 
-    /// Appends to `text` what the tokens from `read` on add, unless it ends in an unfinished
-    /// character and more tokens may come (`finished` false). Text is settled only where it
-    /// ends in a whole character, so what follows can never change it (UTF-8 resynchronizes
-    /// at each character) and the appended text is exactly the whole decode's. (Output that
-    /// keeps ending in a broken character is decoded from its last settled point each step.)
+    /// Appends to `text` what the tokens from `read` on add, as far as it cannot change. Text
+    /// is settled only where it ends in a whole character, so what follows can never change
+    /// it (UTF-8 resynchronizes at each character) and the appended text is exactly the whole
+    /// decode's. While more tokens may come (`finished` false) and the decode ends in a
+    /// broken character, only that last character can still change; what the tokens before
+    /// the last decode to is settled if it is a strictly shorter start of the decode, which
+    /// means the last token ended or replaced their final character. So a run of invalid
+    /// bytes streams on and is never decoded again, and the window stays a few tokens.
     fn settle(&mut self, tokenizer: &Tokenizer, finished: bool) {
         if self.read == self.ids.len() {
             return;
@@ -639,14 +644,24 @@ impl Detokenizer {
         let decode = |ids: &[u32]| tokenizer.decode(ids).unwrap_or_default();
         let before = decode(&self.ids[self.context..self.read]);
         let now = decode(&self.ids[self.context..]);
-        if !finished && now.ends_with('\u{fffd}') {
-            return;
-        }
-        if let Some(added) = now.strip_prefix(before.as_str()) {
-            self.text.push_str(added);
-        }
+        let (upto, settled) = if finished || !now.ends_with('\u{fffd}') {
+            (self.ids.len(), now)
+        } else {
+            let upto = self.ids.len() - 1;
+            if upto == self.read {
+                return;
+            }
+            let head = decode(&self.ids[self.context..upto]);
+            if head.len() >= now.len() || !now.starts_with(head.as_str()) {
+                return;
+            }
+            (upto, head)
+        };
+        let added = settled.strip_prefix(before.as_str());
+        debug_assert!(added.is_some(), "settled text changed");
+        self.text.push_str(added.unwrap_or_default());
         self.context = self.read;
-        self.read = self.ids.len();
+        self.read = upto;
     }
 
     /// Adds `token`: the text it releases, and whether a stop string was reached.
@@ -656,6 +671,21 @@ impl Detokenizer {
         }
         self.ids.push(token);
         self.settle(tokenizer, false);
+        self.cut(false)
+    }
+
+    /// At the end of the generation: what is still held back (up to a stop string, if the
+    /// last text reaches one), and whether a stop string was reached.
+    fn rest(&mut self, tokenizer: &Tokenizer) -> (String, bool) {
+        self.settle(tokenizer, true);
+        self.cut(true)
+    }
+
+    /// Releases the settled text up to the first stop string in it, if there is one; else up
+    /// to any tail that could begin a stop string (all of it when the generation is
+    /// `finished`). Released text never holds the start of a stop string, so the unreleased
+    /// text is the only place to look.
+    fn cut(&mut self, finished: bool) -> (String, bool) {
         let unreleased = &self.text[self.released..];
         let stop = self
             .stops
@@ -665,24 +695,19 @@ impl Detokenizer {
         if let Some(at) = stop {
             return (self.release(self.released + at), true);
         }
-        // Hold back any tail that could begin a stop string.
         let mut safe = self.text.len();
-        for stop in &self.stops {
-            let longest = (1..stop.len())
-                .rev()
-                .filter(|k| stop.is_char_boundary(*k))
-                .find(|k| self.text[..safe].ends_with(&stop[..*k]));
-            if let Some(k) = longest {
-                safe -= k;
+        if !finished {
+            for stop in &self.stops {
+                let longest = (1..stop.len())
+                    .rev()
+                    .filter(|k| stop.is_char_boundary(*k))
+                    .find(|k| self.text[..safe].ends_with(&stop[..*k]));
+                if let Some(k) = longest {
+                    safe -= k;
+                }
             }
         }
         (self.release(safe), false)
-    }
-
-    /// What is still held back, at the end of the generation.
-    fn rest(&mut self, tokenizer: &Tokenizer) -> String {
-        self.settle(tokenizer, true);
-        self.release(self.text.len())
     }
 
     /// `text[released..upto]`, marking it released.
@@ -738,19 +763,7 @@ mod tests {
         let text = "The capital of France is Paris, the city of light.";
         let ids = tokenizer.encode(text).unwrap();
         assert!(ids.len() > 4);
-        let run = |stops: Vec<String>| {
-            let mut detokenizer = Detokenizer::new(stops, vec![0]);
-            let mut out = String::new();
-            for id in &ids {
-                let (piece, stopped) = detokenizer.push(&tokenizer, *id);
-                out.push_str(&piece);
-                if stopped {
-                    return (out, true);
-                }
-            }
-            out.push_str(&detokenizer.rest(&tokenizer));
-            (out, false)
-        };
+        let run = |stops: Vec<String>| detokenize(&tokenizer, stops, &ids);
         assert_eq!(run(Vec::new()), (text.to_string(), false));
         // Characters whose bytes are split over tokens come out whole, never half.
         let text = "Zürich → 東京, naïve café";
@@ -784,20 +797,85 @@ mod tests {
         assert_eq!(detokenizer.push(&tokenizer, 5), (String::new(), false));
     }
 
+    /// All of `ids` through a detokenizer stopping at `stops`: the text and whether it stopped.
+    fn detokenize(tokenizer: &Tokenizer, stops: Vec<String>, ids: &[u32]) -> (String, bool) {
+        let mut detokenizer = Detokenizer::new(stops, vec![0]);
+        let mut out = String::new();
+        for id in ids {
+            let (piece, stopped) = detokenizer.push(tokenizer, *id);
+            out.push_str(&piece);
+            if stopped {
+                return (out, true);
+            }
+        }
+        let (piece, stopped) = detokenizer.rest(tokenizer);
+        out.push_str(&piece);
+        (out, stopped)
+    }
+
+    /// Invalid bytes stream out as they come, each decoded once, and a stop string reached
+    /// only by the last, unfinished character still stops the generation.
+    #[test]
+    fn invalid_bytes_stream_on_and_the_last_text_is_searched_for_stops() {
+        let tokenizer = Tokenizer::load(&crate::engine::tiny_checkpoint()).unwrap();
+        let decode = |ids: &[u32]| tokenizer.decode(ids).unwrap();
+        // A lone continuation byte: invalid wherever it is.
+        let lone = (1..384)
+            .find(|&t| decode(&[t]) == "\u{fffd}" && decode(&[t, t]) == "\u{fffd}\u{fffd}")
+            .expect("a byte token that is never part of a character");
+        let mut detokenizer = Detokenizer::new(Vec::new(), vec![0]);
+        let mut out = String::new();
+        for n in 1..=50 {
+            out.push_str(&detokenizer.push(&tokenizer, lone).0);
+            assert_eq!(
+                out.chars().count(),
+                n - 1,
+                "held back more than the last token"
+            );
+            assert!(
+                detokenizer.ids.len() - detokenizer.context <= 2,
+                "the window grew"
+            );
+        }
+        // The first byte of a three-byte character, at the end: not a character, but text.
+        let lead = tokenizer.encode("京").unwrap()[0];
+        assert_eq!(decode(&[lead]), "\u{fffd}");
+        assert_eq!(
+            detokenize(&tokenizer, vec!["\u{fffd}".into()], &[lead]),
+            (String::new(), true)
+        );
+        let ids = tokenizer.encode("ok").unwrap();
+        let ended = [ids.as_slice(), &[lead]].concat();
+        assert_eq!(
+            detokenize(&tokenizer, vec!["k\u{fffd}".into()], &ended),
+            ("o".into(), true)
+        );
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
         /// Any tokens at all, broken characters and invalid bytes included, come out as the
-        /// whole generation's decode, piece by piece.
+        /// whole generation's decode, piece by piece; with a stop string, as that decode up
+        /// to the stop string's first place in it.
         #[test]
-        fn any_tokens_come_out_as_their_whole_decode(ids in proptest::collection::vec(1u32..384, 0..300)) {
+        fn any_tokens_come_out_as_their_whole_decode(
+            ids in proptest::collection::vec(1u32..384, 0..300),
+            at in 0usize..300,
+            len in 1usize..4,
+            broken in proptest::bool::ANY,
+        ) {
             let tokenizer = Tokenizer::load(&crate::engine::tiny_checkpoint()).unwrap();
-            let mut detokenizer = Detokenizer::new(Vec::new(), vec![0]);
-            let mut out = String::new();
-            for id in &ids {
-                out.push_str(&detokenizer.push(&tokenizer, *id).0);
-            }
-            out.push_str(&detokenizer.rest(&tokenizer));
-            proptest::prop_assert_eq!(out, tokenizer.decode(&ids).unwrap());
+            let whole = tokenizer.decode(&ids).unwrap();
+            proptest::prop_assert_eq!(detokenize(&tokenizer, Vec::new(), &ids), (whole.clone(), false));
+            // A stop string that occurs: the text of a few of the tokens, or a broken character.
+            let from = at.min(ids.len());
+            let spelled = tokenizer.decode(&ids[from..(from + len).min(ids.len())]).unwrap();
+            let stop = if broken || spelled.is_empty() { "\u{fffd}".to_string() } else { spelled };
+            let expected = match whole.find(&stop) {
+                Some(cut) => (whole[..cut].to_string(), true),
+                None => (whole, false),
+            };
+            proptest::prop_assert_eq!(detokenize(&tokenizer, vec![stop], &ids), expected);
         }
     }
 }
