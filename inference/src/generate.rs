@@ -1,6 +1,8 @@
 //! Generation: sequences with their own KV cache and sampler, decoded together in batches
 //! that sequences can join and leave between steps.
 
+use std::collections::TryReserveError;
+
 use crate::kernels::cpu::softmax;
 use crate::model::qwen_moe::{Cache, ForwardError, Model, Step};
 use crate::moe::ExpertExecutor;
@@ -52,15 +54,18 @@ impl Sequence {
     }
 
     /// A sequence whose cache is allocated whole up front (`Model::new_cache_for`), for a
-    /// server that has checked `prompt` and `max_new` against the context and its memory.
+    /// server that has checked `prompt` and `max_new` against the context and its memory;
+    /// an error when the allocator cannot give that memory.
     pub fn with_reserved_cache(
         model: &Model,
         prompt: &[u32],
         max_new: usize,
         sampling: Sampling,
-    ) -> Sequence {
-        let cache = model.new_cache_for(prompt.len() + max_new);
-        Sequence::with_cache(cache, model, prompt, max_new, sampling)
+    ) -> Result<Sequence, TryReserveError> {
+        let cache = model.new_cache_for(prompt.len().saturating_add(max_new))?;
+        Ok(Sequence::with_cache(
+            cache, model, prompt, max_new, sampling,
+        ))
     }
 
     fn with_cache(

@@ -240,7 +240,7 @@ fn concurrent_users_each_get_their_local_answer() {
     assert_eq!(report.logits_blake3, local.logits_blake3);
 }
 
-/// With room for one long generation's cache (`--cache-mib 1`: 622 KiB each on the tiny
+/// With room for one long generation's cache (`--cache-mib 1`: 608 KiB each on the tiny
 /// preset at 5 + 400 positions), concurrent long requests wait their turn for the batch
 /// instead of being refused or failing, and each still gets its local answer.
 #[test]

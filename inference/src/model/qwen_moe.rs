@@ -3,6 +3,9 @@
 //! token mixers (attention, or Qwen3.5's gated DeltaNet), norms and routers; routed experts
 //! are reached through an `ExpertExecutor`.
 
+use std::collections::TryReserveError;
+use std::convert::Infallible;
+
 use rayon::prelude::*;
 
 use super::deltanet::{DeltaState, GatedDeltaNet};
@@ -263,10 +266,10 @@ impl Model {
         self.layers
             .iter()
             .map(|l| match &l.mixer {
-                TokenMixer::Attention(_) => 2 * positions * self.kv_width() * 4,
+                TokenMixer::Attention(_) => positions.saturating_mul(2 * self.kv_width() * 4),
                 TokenMixer::DeltaNet(d) => d.state_bytes(),
             })
-            .sum()
+            .fold(0, usize::saturating_add)
     }
 
     /// Values one position adds to an attention layer's keys (and as many to its values).
@@ -289,26 +292,37 @@ impl Model {
     }
 
     pub fn new_cache(&self) -> Cache {
-        self.new_cache_for(0)
+        let Ok(cache) = self.cache_with(|| Ok::<_, Infallible>(Vec::new()));
+        cache
     }
 
     /// A cache with room for `positions` positions allocated up front, so that it holds
     /// exactly `cache_bytes(positions)` when full (grown a step at a time, a vector may hold
-    /// up to twice what it uses).
-    pub fn new_cache_for(&self, positions: usize) -> Cache {
-        let room = || Vec::with_capacity(positions * self.kv_width());
+    /// up to twice what it uses). An error, not an abort, when the memory is not there.
+    pub fn new_cache_for(&self, positions: usize) -> Result<Cache, TryReserveError> {
+        let values = positions.saturating_mul(self.kv_width());
+        self.cache_with(|| {
+            let mut room = Vec::new();
+            room.try_reserve_exact(values).map(|()| room)
+        })
+    }
+
+    /// A cache whose attention keys and values each start as `room()`.
+    fn cache_with<E>(&self, mut room: impl FnMut() -> Result<Vec<f32>, E>) -> Result<Cache, E> {
         let layers = self
             .layers
             .iter()
-            .map(|l| match &l.mixer {
-                TokenMixer::Attention(_) => LayerCache::Attention {
-                    keys: room(),
-                    values: room(),
-                },
-                TokenMixer::DeltaNet(d) => LayerCache::DeltaNet(d.new_state()),
+            .map(|l| {
+                Ok(match &l.mixer {
+                    TokenMixer::Attention(_) => LayerCache::Attention {
+                        keys: room()?,
+                        values: room()?,
+                    },
+                    TokenMixer::DeltaNet(d) => LayerCache::DeltaNet(d.new_state()),
+                })
             })
-            .collect();
-        Cache { layers, len: 0 }
+            .collect::<Result<_, E>>()?;
+        Ok(Cache { layers, len: 0 })
     }
 
     /// Runs the new tokens of every sequence in `steps` through the model as one batch,

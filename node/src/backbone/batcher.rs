@@ -139,14 +139,13 @@ fn check(job: &Job, model: &Model, cache_bound: usize) -> Result<(), String> {
             "the prompt's {prompt} tokens are over {MAX_PROMPT_TOKENS}"
         ));
     }
-    if prompt + max_new > context {
+    if prompt.saturating_add(max_new) > context {
         return Err(format!(
             "the prompt's {prompt} tokens and {max_new} to generate exceed the model's context of {context}"
         ));
     }
     let cache = cache_bytes(model, job);
     if cache > cache_bound {
-        let kib = |bytes: usize| bytes.div_ceil(1 << 10);
         return Err(format!(
             "the prompt's {prompt} tokens and {max_new} to generate need {} KiB of cache, over this backbone's {} KiB",
             kib(cache),
@@ -159,9 +158,13 @@ fn check(job: &Job, model: &Model, cache_bound: usize) -> Result<(), String> {
     Ok(())
 }
 
+fn kib(bytes: usize) -> usize {
+    bytes.div_ceil(1 << 10)
+}
+
 /// The cache `job`'s sequence holds at its full length.
 fn cache_bytes(model: &Model, job: &Job) -> usize {
-    model.cache_bytes(job.prompt.len() + job.max_new)
+    model.cache_bytes(job.prompt.len().saturating_add(job.max_new))
 }
 
 /// A sequence in the batch, with where its caller listens, how many tokens it was told and
@@ -214,9 +217,11 @@ fn run(
                 held = Some(job);
                 break;
             }
-            prefill += rows;
-            cache += needs;
-            batch.push(admit(engine, job, needs));
+            if let Some(running) = admit(engine, job, needs) {
+                prefill += rows;
+                cache += needs;
+                batch.push(running);
+            }
         }
         // A caller that stopped listening leaves before the step.
         batch.retain(|r| !r.events.is_closed());
@@ -244,18 +249,26 @@ fn run(
     }
 }
 
+/// `job`'s place in the batch, its cache allocated; if the memory is not there, the caller
+/// is told and the job is dropped.
 fn admit(
     engine: &Engine,
     (job, events): (Job, UnboundedSender<Event>),
     cache_bytes: usize,
-) -> Running {
-    let sequence =
-        Sequence::with_reserved_cache(&engine.model, &job.prompt, job.max_new, job.sampling);
-    Running {
-        sequence,
-        events,
-        told: 0,
-        cache_bytes,
+) -> Option<Running> {
+    match Sequence::with_reserved_cache(&engine.model, &job.prompt, job.max_new, job.sampling) {
+        Ok(sequence) => Some(Running {
+            sequence,
+            events,
+            told: 0,
+            cache_bytes,
+        }),
+        Err(e) => {
+            let message = format!("no memory for the {} KiB cache: {e}", kib(cache_bytes));
+            tracing::error!("{message}");
+            let _ = events.send(Event::Failed(message));
+            None
+        }
     }
 }
 
@@ -289,11 +302,21 @@ mod tests {
     use super::*;
     use kvasir_inference::checkpoint::Checkpoint;
     use kvasir_inference::config::Config;
+    use kvasir_inference::moe::LocalExperts;
+    use kvasir_inference::tokenizer::Tokenizer;
+
+    use crate::backbone::remote::RemoteExperts;
 
     fn tiny() -> Model {
         let dir = crate::engine::tiny_checkpoint();
         let config = Config::load(&dir).unwrap();
         Model::load(&Checkpoint::open(&dir).unwrap(), config).unwrap()
+    }
+
+    fn every_expert() -> LocalExperts {
+        let dir = crate::engine::tiny_checkpoint();
+        let config = Config::load(&dir).unwrap();
+        LocalExperts::load(&Checkpoint::open(&dir).unwrap(), &config, |_, _| true).unwrap()
     }
 
     fn job(prompt: usize, max_new: usize) -> Job {
@@ -302,6 +325,14 @@ mod tests {
             max_new,
             sampling: Sampling::GREEDY,
         }
+    }
+
+    /// The tokens `sequence` generates run alone, to its end.
+    fn alone(model: &Model, experts: &LocalExperts, mut sequence: Sequence) -> Vec<u32> {
+        while !sequence.is_done() {
+            kvasir_inference::generate::step(model, experts, &mut [&mut sequence]).unwrap();
+        }
+        sequence.generated().to_vec()
     }
 
     /// A job is refused before it joins when its cache at full length alone is over the
@@ -320,6 +351,7 @@ mod tests {
             check(&job(10, 600), &model, usize::MAX).is_err(),
             "past the context"
         );
+        assert!(check(&job(10, usize::MAX), &model, usize::MAX).is_err());
         assert!(check(&job(0, 5), &model, usize::MAX).is_err());
         let outside = Job {
             prompt: vec![u32::MAX],
@@ -329,6 +361,9 @@ mod tests {
         // The cache is the keys and values of every layer at each position.
         let per_position = model.cache_bytes(2) - model.cache_bytes(1);
         assert_eq!(per_position, 3 * 2 * 2 * 32 * 4);
+        // Sizes past memory are an error, not an overflow or an abort.
+        assert_eq!(model.cache_bytes(usize::MAX), usize::MAX);
+        assert!(model.new_cache_for(usize::MAX / 2).is_err());
     }
 
     /// A reserved cache is allocated whole: a sequence run to its full length holds what was
@@ -336,31 +371,75 @@ mod tests {
     #[test]
     fn a_reserved_cache_gives_the_same_tokens() {
         let model = tiny();
-        let experts = {
-            let dir = crate::engine::tiny_checkpoint();
-            let config = Config::load(&dir).unwrap();
-            kvasir_inference::moe::LocalExperts::load(
-                &Checkpoint::open(&dir).unwrap(),
-                &config,
-                |_, _| true,
-            )
-            .unwrap()
-        };
-        let run = |mut sequence: Sequence| {
-            while !sequence.is_done() {
-                kvasir_inference::generate::step(&model, &experts, &mut [&mut sequence]).unwrap();
-            }
-            sequence.generated().to_vec()
-        };
+        let experts = every_expert();
         let prompt = [5, 6, 7];
+        let reserved = Sequence::with_reserved_cache(&model, &prompt, 6, Sampling::GREEDY).unwrap();
         assert_eq!(
-            run(Sequence::with_reserved_cache(
+            alone(&model, &experts, reserved),
+            alone(
                 &model,
-                &prompt,
-                6,
-                Sampling::GREEDY
-            )),
-            run(Sequence::new(&model, &prompt, 6, Sampling::GREEDY))
+                &experts,
+                Sequence::new(&model, &prompt, 6, Sampling::GREEDY)
+            )
         );
+    }
+
+    /// With cache room for one generation at a time, the others wait in the queue: each has
+    /// ended before the next one's first token, and each gets the tokens it gets alone.
+    #[test]
+    fn jobs_whose_caches_do_not_fit_together_run_one_after_another() {
+        let dir = crate::engine::tiny_checkpoint();
+        let model = tiny();
+        let hidden = model.config().hidden_size;
+        let engine = Arc::new(Engine {
+            model,
+            tokenizer: Tokenizer::load(&dir).unwrap(),
+            experts: RemoteExperts::unlinked(every_expert(), hidden),
+        });
+        let prompts = [[5, 6, 7], [8, 9, 10], [11, 12, 13]];
+        let max_new = 8;
+        let jobs = prompts.map(|prompt| Job {
+            prompt: prompt.to_vec(),
+            max_new,
+            sampling: Sampling::GREEDY,
+        });
+        let one = cache_bytes(&engine.model, &jobs[0]);
+        let limits = Limits {
+            max_batch: 8,
+            micro_batches: 1,
+            queue: 8,
+            cache_bytes: one + one / 2,
+        };
+        let batcher = Batcher::start(engine.clone(), limits).unwrap();
+        let mut receivers = jobs.map(|job| batcher.submit(job).unwrap());
+        let mut heard: [Vec<Event>; 3] = Default::default();
+        for next in 1..3 {
+            let first = receivers[next].blocking_recv().unwrap();
+            while let Ok(event) = receivers[next - 1].try_recv() {
+                heard[next - 1].push(event);
+            }
+            assert!(
+                matches!(heard[next - 1].last(), Some(Event::Done { .. })),
+                "job {next} started beside job {}: {:?}",
+                next - 1,
+                heard[next - 1]
+            );
+            heard[next].push(first);
+        }
+        while let Some(event) = receivers[2].blocking_recv() {
+            heard[2].push(event);
+        }
+        let experts = every_expert();
+        for (prompt, events) in prompts.iter().zip(&heard) {
+            let tokens: Vec<u32> = events
+                .iter()
+                .filter_map(|e| match e {
+                    Event::Token(t) => Some(*t),
+                    _ => None,
+                })
+                .collect();
+            let sequence = Sequence::new(&engine.model, prompt, max_new, Sampling::GREEDY);
+            assert_eq!(tokens, alone(&engine.model, &experts, sequence));
+        }
     }
 }

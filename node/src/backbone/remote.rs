@@ -320,6 +320,13 @@ impl RemoteExperts {
         Ok(experts)
     }
 
+    /// An executor with no link: `local` evaluates every expert.
+    #[cfg(test)]
+    pub(super) fn unlinked(local: LocalExperts, hidden: usize) -> RemoteExperts {
+        let remote: ExpertSpec = "*:*".parse().unwrap_or_else(|_| unreachable!());
+        RemoteExperts::new(local, remote, String::new(), hidden, Duration::ZERO)
+    }
+
     /// This executor, auditing answers with `auditor` (by default none is audited).
     pub fn with_auditor(mut self, auditor: Auditor) -> RemoteExperts {
         self.auditor = auditor;
