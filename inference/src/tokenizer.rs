@@ -24,6 +24,17 @@ impl Tokenizer {
         Ok(encoding.get_ids().to_vec())
     }
 
+    /// Whether decoding joins the tokens' bytes and reads them as UTF-8 (the byte-level
+    /// decoder of GPT-2 and Qwen), so that bytes added later can change only the last,
+    /// unfinished character of the text. A byte-fallback decoder, for one, reads a whole run
+    /// of byte tokens at once: a later byte can turn the run's earlier characters into U+FFFD.
+    pub fn joins_bytes(&self) -> bool {
+        matches!(
+            self.inner.get_decoder(),
+            Some(tokenizers::decoders::DecoderWrapper::ByteLevel(_))
+        )
+    }
+
     pub fn decode(&self, ids: &[u32]) -> Result<String, LoadError> {
         self.inner
             .decode(ids, false)

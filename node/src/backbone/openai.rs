@@ -633,10 +633,11 @@ impl Detokenizer {
     /// is settled only where it ends in a whole character, so what follows can never change
     /// it (UTF-8 resynchronizes at each character) and the appended text is exactly the whole
     /// decode's. While more tokens may come (`finished` false) and the decode ends in a
-    /// broken character, only that last character can still change; what the tokens before
-    /// the last decode to is settled if it is a strictly shorter start of the decode, which
-    /// means the last token ended or replaced their final character. So a run of invalid
-    /// bytes streams on and is never decoded again, and the window stays a few tokens.
+    /// broken character, a byte-level decoder (`Tokenizer::joins_bytes`) can still change only
+    /// that last character: what the tokens before the last decode to is then settled if it is
+    /// a strictly shorter start of the decode, which means the last token ended or replaced
+    /// their final character. So a run of invalid bytes streams on instead of being held and
+    /// decoded again each token. (Other decoders wait for a whole character.)
     fn settle(&mut self, tokenizer: &Tokenizer, finished: bool) {
         if self.read == self.ids.len() {
             return;
@@ -646,6 +647,8 @@ impl Detokenizer {
         let now = decode(&self.ids[self.context..]);
         let (upto, settled) = if finished || !now.ends_with('\u{fffd}') {
             (self.ids.len(), now)
+        } else if !tokenizer.joins_bytes() {
+            return;
         } else {
             let upto = self.ids.len() - 1;
             if upto == self.read {
@@ -657,9 +660,12 @@ impl Detokenizer {
             }
             (upto, head)
         };
-        let added = settled.strip_prefix(before.as_str());
-        debug_assert!(added.is_some(), "settled text changed");
-        self.text.push_str(added.unwrap_or_default());
+        match settled.strip_prefix(before.as_str()) {
+            Some(added) => self.text.push_str(added),
+            // Only a decoder that is not byte-level can do this (a byte-fallback run turned
+            // invalid by a later byte); what was released stays as it was.
+            None => tracing::warn!("the tokenizer's decode changed text already settled"),
+        }
         self.context = self.read;
         self.read = upto;
     }
@@ -850,6 +856,32 @@ mod tests {
             detokenize(&tokenizer, vec!["k\u{fffd}".into()], &ended),
             ("o".into(), true)
         );
+    }
+
+    /// A byte-fallback decoder reads a run of byte tokens as a whole, so nothing of a
+    /// character split over them is released before the run makes it whole.
+    #[test]
+    fn a_byte_fallback_run_is_released_only_when_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let vocab = r#"{"<0xE4>": 0, "<0xB8>": 1, "<0xAD>": 2, "a": 3}"#;
+        let json = format!(
+            r#"{{"version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "pre_tokenizer": null, "post_processor": null,
+            "decoder": {{"type": "ByteFallback"}},
+            "model": {{"type": "BPE", "byte_fallback": true, "vocab": {vocab}, "merges": []}}}}"#
+        );
+        std::fs::write(dir.path().join("tokenizer.json"), json).unwrap();
+        let tokenizer = Tokenizer::load(dir.path()).unwrap();
+        assert!(!tokenizer.joins_bytes());
+        assert!(Tokenizer::load(&crate::engine::tiny_checkpoint())
+            .unwrap()
+            .joins_bytes());
+        let mut detokenizer = Detokenizer::new(Vec::new(), vec![]);
+        let pieces: Vec<String> = [3, 0, 1, 2]
+            .iter()
+            .map(|id| detokenizer.push(&tokenizer, *id).0)
+            .collect();
+        assert_eq!(pieces, ["a", "", "", "中"]);
     }
 
     proptest::proptest! {
