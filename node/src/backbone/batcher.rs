@@ -300,23 +300,14 @@ fn tell(running: &mut Running) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvasir_inference::checkpoint::Checkpoint;
-    use kvasir_inference::config::Config;
-    use kvasir_inference::moe::LocalExperts;
-    use kvasir_inference::tokenizer::Tokenizer;
+    use kvasir_inference::moe::{ExpertExecutor, LocalExperts};
 
     use crate::backbone::remote::RemoteExperts;
+    use crate::engine::{load_local, tiny_checkpoint};
 
-    fn tiny() -> Model {
-        let dir = crate::engine::tiny_checkpoint();
-        let config = Config::load(&dir).unwrap();
-        Model::load(&Checkpoint::open(&dir).unwrap(), config).unwrap()
-    }
-
-    fn every_expert() -> LocalExperts {
-        let dir = crate::engine::tiny_checkpoint();
-        let config = Config::load(&dir).unwrap();
-        LocalExperts::load(&Checkpoint::open(&dir).unwrap(), &config, |_, _| true).unwrap()
+    fn tiny() -> (Model, LocalExperts) {
+        let (model, experts, _) = load_local(&tiny_checkpoint()).unwrap();
+        (model, experts)
     }
 
     fn job(prompt: usize, max_new: usize) -> Job {
@@ -328,7 +319,7 @@ mod tests {
     }
 
     /// The tokens `sequence` generates run alone, to its end.
-    fn alone(model: &Model, experts: &LocalExperts, mut sequence: Sequence) -> Vec<u32> {
+    fn alone(model: &Model, experts: &dyn ExpertExecutor, mut sequence: Sequence) -> Vec<u32> {
         while !sequence.is_done() {
             kvasir_inference::generate::step(model, experts, &mut [&mut sequence]).unwrap();
         }
@@ -339,7 +330,7 @@ mod tests {
     /// bound, as when its context is; the bound is exact to the byte.
     #[test]
     fn a_job_whose_cache_cannot_fit_is_refused_before_it_joins() {
-        let model = tiny();
+        let (model, _) = tiny();
         let bound = model.cache_bytes(60);
         assert_eq!(check(&job(10, 50), &model, bound), Ok(()));
         let refused = check(&job(10, 51), &model, bound).unwrap_err();
@@ -370,8 +361,7 @@ mod tests {
     /// counted for it and gives the same tokens as one that grew its cache.
     #[test]
     fn a_reserved_cache_gives_the_same_tokens() {
-        let model = tiny();
-        let experts = every_expert();
+        let (model, experts) = tiny();
         let prompt = [5, 6, 7];
         let reserved = Sequence::with_reserved_cache(&model, &prompt, 6, Sampling::GREEDY).unwrap();
         assert_eq!(
@@ -388,13 +378,12 @@ mod tests {
     /// ended before the next one's first token, and each gets the tokens it gets alone.
     #[test]
     fn jobs_whose_caches_do_not_fit_together_run_one_after_another() {
-        let dir = crate::engine::tiny_checkpoint();
-        let model = tiny();
+        let (model, experts, tokenizer) = load_local(&tiny_checkpoint()).unwrap();
         let hidden = model.config().hidden_size;
         let engine = Arc::new(Engine {
             model,
-            tokenizer: Tokenizer::load(&dir).unwrap(),
-            experts: RemoteExperts::unlinked(every_expert(), hidden),
+            tokenizer,
+            experts: RemoteExperts::unlinked(experts, hidden),
         });
         let prompts = [[5, 6, 7], [8, 9, 10], [11, 12, 13]];
         let max_new = 8;
@@ -429,7 +418,6 @@ mod tests {
         while let Some(event) = receivers[2].blocking_recv() {
             heard[2].push(event);
         }
-        let experts = every_expert();
         for (prompt, events) in prompts.iter().zip(&heard) {
             let tokens: Vec<u32> = events
                 .iter()
@@ -439,7 +427,7 @@ mod tests {
                 })
                 .collect();
             let sequence = Sequence::new(&engine.model, prompt, max_new, Sampling::GREEDY);
-            assert_eq!(tokens, alone(&engine.model, &experts, sequence));
+            assert_eq!(tokens, alone(&engine.model, &engine.experts, sequence));
         }
     }
 }
