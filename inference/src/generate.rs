@@ -173,10 +173,13 @@ pub fn step(
     Ok(())
 }
 
-/// Decode steps split into micro-batches that are in flight at once: while one waits for its
+/// Decode split into micro-batches that are in flight at once: while one waits for its
 /// remote experts at a layer, another runs attention, its router and its local experts. Each
-/// micro-batch runs on a thread pool of its own, so a pass blocked on the network holds no
-/// thread another pass could compute on. A sequence's tokens and logits are the same bits
+/// micro-batch runs on a thread of its own with a thread pool of its own, so a pass blocked
+/// on the network holds no thread another pass could compute on, and steps on its own: no
+/// micro-batch waits for another between steps, so they fall out of phase and one's wait
+/// covers the others' compute (a barrier each step would start them together, computing
+/// together and then all waiting together). A sequence's tokens and logits are the same bits
 /// with any number of micro-batches (a row's bits depend on nothing else in its batch, nor on
 /// the thread count).
 pub struct Pipeline {
@@ -204,40 +207,47 @@ impl Pipeline {
         self.pools.len()
     }
 
-    /// One decode step for every unfinished sequence in `batch`, as `step`, its unfinished
-    /// sequences split into up to `micro_batches` contiguous groups run concurrently.
-    pub fn step(
+    /// Runs `lane` on each of `work` (at most one item per micro-batch) at once, each on a
+    /// thread of its own inside its micro-batch's pool, and returns their results in order.
+    /// A lane that panics panics this call, after the others returned.
+    pub fn in_flight<W: Send, T: Send>(
+        &self,
+        work: impl IntoIterator<Item = W>,
+        lane: impl Fn(W) -> T + Sync,
+    ) -> Vec<T> {
+        let lane = &lane;
+        std::thread::scope(|scope| {
+            let lanes: Vec<_> = work
+                .into_iter()
+                .zip(&self.pools)
+                .map(|(work, pool)| scope.spawn(move || pool.install(|| lane(work))))
+                .collect();
+            lanes
+                .into_iter()
+                .map(|running| {
+                    running
+                        .join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                })
+                .collect()
+        })
+    }
+
+    /// Up to `steps` decode steps for every sequence in `batch`, split into up to
+    /// `micro_batches` contiguous groups that each `step` on their own.
+    pub fn decode(
         &self,
         model: &Model,
         experts: &dyn ExpertExecutor,
         batch: &mut [&mut Sequence],
+        steps: usize,
     ) -> Result<(), ForwardError> {
-        let mut active: Vec<&mut Sequence> = batch
-            .iter_mut()
-            .filter(|s| !s.is_done())
-            .map(|s| &mut **s)
-            .collect();
-        if active.is_empty() {
-            return Ok(());
-        }
-        let size = active.len().div_ceil(self.pools.len());
-        std::thread::scope(|scope| {
-            let passes: Vec<_> = active
-                .chunks_mut(size)
-                .zip(&self.pools)
-                .map(|(group, pool)| {
-                    scope.spawn(move || pool.install(|| step(model, experts, group)))
-                })
-                .collect();
-            passes
-                .into_iter()
-                .map(|pass| {
-                    pass.join()
-                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-                })
-                .collect::<Result<Vec<()>, ForwardError>>()
-                .map(|_| ())
+        let size = batch.len().div_ceil(self.pools.len()).max(1);
+        self.in_flight(batch.chunks_mut(size), |group| {
+            (0..steps).try_for_each(|_| step(model, experts, group))
         })
+        .into_iter()
+        .collect()
     }
 }
 

@@ -140,10 +140,9 @@ fn micro_batches_in_flight_at_once_give_the_bits_of_one_pass() {
                 .enumerate()
                 .map(|(i, p)| Sequence::new(&model, p, 6 + i, Sampling::GREEDY))
                 .collect();
-            while !sequences.iter().all(Sequence::is_done) {
-                let mut batch: Vec<&mut Sequence> = sequences.iter_mut().collect();
-                pipeline.step(&model, &experts, &mut batch).unwrap();
-            }
+            let mut batch: Vec<&mut Sequence> = sequences.iter_mut().collect();
+            // Past every sequence's end: a done sequence takes no step.
+            pipeline.decode(&model, &experts, &mut batch, 12).unwrap();
             sequences
                 .iter()
                 .map(|s| (s.generated().to_vec(), bits(s.last_logits())))

@@ -1,26 +1,29 @@
-//! Continuous batching: every generation the backbone serves shares its decode steps. One
-//! thread owns the running batch; a request joins it between two steps (its prompt is
-//! prefilled in the step it joins) and leaves when it is done or its caller stops listening,
-//! so a step carries one row per running sequence (plus the prompts joining) and costs one
-//! round trip per remote worker per layer, whatever the number of users. A sequence's tokens
-//! and logits are the same bits alone or in any batch (the engine's guarantee), so batching
-//! changes throughput, never answers.
-//!
-//! The batch is split into micro-batches in flight at once (`Pipeline`): while one waits
-//! for its remote experts at a layer, another computes.
+//! Continuous batching: every generation the backbone serves shares its decode steps. The
+//! running sequences are split into micro-batches in flight at once (`Pipeline`), each a
+//! lane: a thread that owns its sequences and steps them on its own, so that while one lane
+//! waits for its remote experts at a layer, another computes. A request joins a lane between
+//! two of its steps (its prompt is prefilled in the step it joins) and leaves when it is done
+//! or its caller stops listening, so a step carries one row per sequence of the lane (plus
+//! the prompts joining) and costs one round trip per remote worker per layer, whatever the
+//! number of users. A sequence's tokens and logits are the same bits alone or in any batch
+//! (the engine's guarantee), so batching changes throughput, never answers.
 //!
 //! Requests wait in a bounded queue; when it is full `submit` says so at once (the HTTP
-//! layer answers 429) rather than letting a burst grow memory. The caches of the running
-//! sequences are bounded too (`Limits::cache_bytes`): a sequence joins only when the cache it
-//! will hold at its full length (prompt and tokens to generate) fits beside theirs, so many
-//! long generations wait their turn instead of running the backbone out of memory. Its cache
-//! is allocated whole when it joins, so what is counted is what is held.
+//! layer answers 429) rather than letting a burst grow memory. One thread places them, in
+//! order, each in the lane that runs fewest sequences, when there is room (`Room`): at most
+//! `Limits::max_batch` sequences run in all lanes together, and their caches are bounded
+//! (`Limits::cache_bytes`): a sequence is placed only when the cache it will hold at its full
+//! length (prompt and tokens to generate) fits beside theirs, so many long generations wait
+//! their turn instead of running the backbone out of memory. Its cache is allocated whole
+//! when it is placed, so what is counted is what is held.
 
+use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
-use std::sync::Arc;
+use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender, TrySendError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
-use kvasir_inference::generate::{Pipeline, Sampling, Sequence};
+use kvasir_inference::generate::{step, Pipeline, Sampling, Sequence};
 use kvasir_inference::model::qwen_moe::Model;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
@@ -61,17 +64,17 @@ pub enum Refused {
 /// Most prompt tokens one job may bring.
 pub const MAX_PROMPT_TOKENS: usize = 8192;
 
-/// Prompt tokens that may join the batch in one step: a prompt is prefilled in the step it
-/// joins, so this bounds how long one step (every running stream's next token) can take.
+/// Prompt tokens that may join a lane in one step: a prompt is prefilled in the step it
+/// joins, so this bounds how long one step (every stream of the lane's next token) can take.
 /// One prompt always joins, however long.
 const PREFILL_BUDGET: usize = 2048;
 
 /// The batch's bounds.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
-    /// Sequences that run at once.
+    /// Sequences that run at once, in all micro-batches together.
     pub max_batch: usize,
-    /// Micro-batches the running batch is split into, in flight together.
+    /// Micro-batches (lanes) the running sequences are split into, in flight together.
     pub micro_batches: usize,
     /// Jobs that may wait for a place; beyond, `submit` refuses them as busy.
     pub queue: usize,
@@ -80,8 +83,8 @@ pub struct Limits {
     pub cache_bytes: usize,
 }
 
-/// The handle requests are submitted through; the batch runs on its own thread until every
-/// handle is dropped.
+/// The handle requests are submitted through; the batch runs on its own threads until every
+/// handle is dropped (and then until its running sequences are done).
 #[derive(Clone)]
 pub struct Batcher {
     jobs: SyncSender<(Job, UnboundedSender<Event>)>,
@@ -94,14 +97,25 @@ impl Batcher {
     pub fn start(engine: Arc<Engine>, limits: Limits) -> anyhow::Result<Batcher> {
         let pipeline = Pipeline::new(limits.micro_batches, rayon::current_num_threads())?;
         let (jobs, incoming) = sync_channel(limits.queue);
-        let running = Limits {
+        let limits = Limits {
             max_batch: limits.max_batch.max(1),
             ..limits
         };
-        let batch_engine = engine.clone();
+        let room = Arc::new(Room::new(pipeline.micro_batches(), limits));
+        let (lanes, placed): (Vec<Sender<Running>>, Vec<Receiver<Running>>) =
+            (0..pipeline.micro_batches()).map(|_| channel()).unzip();
+        let (lane_engine, lane_room) = (engine.clone(), room.clone());
+        std::thread::Builder::new()
+            .name("batch-lanes".into())
+            .spawn(move || {
+                pipeline.in_flight(placed.into_iter().enumerate(), |(lane, placed)| {
+                    run_lane(&lane_engine, &lane_room, lane, &placed)
+                })
+            })?;
+        let place_engine = engine.clone();
         std::thread::Builder::new()
             .name("batcher".into())
-            .spawn(move || run(&batch_engine, &pipeline, &incoming, running))?;
+            .spawn(move || place(&place_engine, &room, &incoming, &lanes))?;
         Ok(Batcher {
             jobs,
             engine,
@@ -167,71 +181,155 @@ fn cache_bytes(model: &Model, job: &Job) -> usize {
     model.cache_bytes(job.prompt.len().saturating_add(job.max_new))
 }
 
-/// A sequence in the batch, with where its caller listens, how many tokens it was told and
-/// the cache it holds.
+/// A sequence in a lane, with where its caller listens, how many tokens it was told, the
+/// prompt tokens its first step prefills and the cache it holds.
 struct Running {
     sequence: Sequence,
     events: UnboundedSender<Event>,
     told: usize,
+    prompt: usize,
     cache_bytes: usize,
 }
 
-fn run(
-    engine: &Engine,
-    pipeline: &Pipeline,
-    incoming: &Receiver<(Job, UnboundedSender<Event>)>,
+/// What the lanes hold together: the sequences each runs and the cache of all. The placing
+/// thread waits here for room; a lane gives back a sequence's share when it leaves.
+struct Room {
+    held: Mutex<Held>,
+    freed: Condvar,
     limits: Limits,
+}
+
+struct Held {
+    per_lane: Vec<usize>,
+    cache: usize,
+}
+
+/// How often a job waiting for room looks whether its caller is still listening.
+const WAITING_CHECK: Duration = Duration::from_millis(100);
+
+impl Room {
+    fn new(lanes: usize, limits: Limits) -> Room {
+        Room {
+            held: Mutex::new(Held {
+                per_lane: vec![0; lanes],
+                cache: 0,
+            }),
+            freed: Condvar::new(),
+            limits,
+        }
+    }
+
+    /// A lane holds no shared invariant a panic could break halfway: counts only.
+    fn lock(&self) -> MutexGuard<'_, Held> {
+        self.held
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Waits until a sequence whose cache is `needs` bytes fits (any does when none runs),
+    /// counts it in the lane that runs fewest and says which; `None` once `left()` says its
+    /// caller stopped listening.
+    fn take(&self, needs: usize, left: impl Fn() -> bool) -> Option<usize> {
+        let mut held = self.lock();
+        loop {
+            if left() {
+                return None;
+            }
+            let running: usize = held.per_lane.iter().sum();
+            let fits = running == 0
+                || (running < self.limits.max_batch
+                    && held.cache.saturating_add(needs) <= self.limits.cache_bytes);
+            if fits {
+                let lane = (0..held.per_lane.len())
+                    .min_by_key(|lane| held.per_lane[*lane])
+                    .unwrap_or(0);
+                held.per_lane[lane] += 1;
+                held.cache = held.cache.saturating_add(needs);
+                return Some(lane);
+            }
+            held = self
+                .freed
+                .wait_timeout(held, WAITING_CHECK)
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .0;
+        }
+    }
+
+    /// A sequence of `lane` holding `cache_bytes` has left.
+    fn give_back(&self, lane: usize, cache_bytes: usize) {
+        let mut held = self.lock();
+        if let Some(running) = held.per_lane.get_mut(lane) {
+            *running = running.saturating_sub(1);
+        }
+        held.cache = held.cache.saturating_sub(cache_bytes);
+        drop(held);
+        self.freed.notify_all();
+    }
+}
+
+/// The placing thread: takes jobs in order, waits for room for each and hands it, its cache
+/// allocated, to a lane. Ends when every `Batcher` is dropped, which ends the lanes once
+/// their sequences are done.
+fn place(
+    engine: &Engine,
+    room: &Room,
+    incoming: &Receiver<(Job, UnboundedSender<Event>)>,
+    lanes: &[Sender<Running>],
 ) {
+    while let Ok((job, events)) = incoming.recv() {
+        let needs = cache_bytes(&engine.model, &job);
+        // A caller that stopped listening while it waited gets no cache.
+        let Some(lane) = room.take(needs, || events.is_closed()) else {
+            continue;
+        };
+        let Some(running) = admit(engine, (job, events), needs) else {
+            room.give_back(lane, needs);
+            continue;
+        };
+        if lanes[lane].send(running).is_err() {
+            tracing::error!("batch lane {lane} is gone; nothing more is served");
+            return;
+        }
+    }
+}
+
+/// One lane: steps its sequences until the placing thread is gone and none is left.
+fn run_lane(engine: &Engine, room: &Room, lane: usize, placed: &Receiver<Running>) {
     let mut batch: Vec<Running> = Vec::new();
-    // A job taken from the queue that did not fit this step's prefill budget or the cache
-    // beside the running sequences'.
-    let mut held: Option<(Job, UnboundedSender<Event>)> = None;
+    // Placed here, not yet joined: beyond this step's prefill budget.
+    let mut waiting: VecDeque<Running> = VecDeque::new();
+    let leave = |running: &Running| room.give_back(lane, running.cache_bytes);
     loop {
-        // Wait while idle; otherwise take whoever is waiting, up to the batch size, the
-        // step's prefill budget and the cache bound.
-        if batch.is_empty() && held.is_none() {
-            match incoming.recv() {
-                Ok(job) => held = Some(job),
+        if batch.is_empty() && waiting.is_empty() {
+            match placed.recv() {
+                Ok(running) => waiting.push_back(running),
                 Err(_) => return,
             }
         }
+        waiting.extend(placed.try_iter());
         let mut prefill = 0;
-        let mut cache: usize = batch.iter().map(|r| r.cache_bytes).sum();
-        while batch.len() < limits.max_batch {
-            let job = match held.take() {
-                Some(job) => job,
-                None => match incoming.try_recv() {
-                    Ok(job) => job,
-                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-                },
-            };
-            // A caller that stopped listening while it waited gets no cache.
-            if job.1.is_closed() {
-                continue;
-            }
-            let rows = job.0.prompt.len();
-            let needs = cache_bytes(&engine.model, &job.0);
-            // An empty batch takes any job: `submit` refused those over the bound.
-            let over_cache = !batch.is_empty() && cache.saturating_add(needs) > limits.cache_bytes;
-            if over_cache || (prefill > 0 && prefill + rows > PREFILL_BUDGET) {
-                held = Some(job);
+        while let Some(next) = waiting.front() {
+            if prefill > 0 && prefill + next.prompt > PREFILL_BUDGET {
                 break;
             }
-            if let Some(running) = admit(engine, job, needs) {
-                prefill += rows;
-                cache += needs;
-                batch.push(running);
-            }
+            prefill += next.prompt;
+            batch.extend(waiting.pop_front());
         }
         // A caller that stopped listening leaves before the step.
-        batch.retain(|r| !r.events.is_closed());
+        batch.retain(|running| {
+            let listening = !running.events.is_closed();
+            if !listening {
+                leave(running);
+            }
+            listening
+        });
         if batch.is_empty() {
             continue;
         }
         let mut sequences: Vec<&mut Sequence> = batch.iter_mut().map(|r| &mut r.sequence).collect();
         // A step that fails, or panics, ends the generations in it, not the service.
         let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            pipeline.step(&engine.model, &engine.experts, &mut sequences)
+            step(&engine.model, &engine.experts, &mut sequences)
         }));
         let failure = match stepped {
             Ok(Ok(())) => None,
@@ -242,14 +340,21 @@ fn run(
             tracing::error!("{message}; the {} generations in it end", batch.len());
             for running in batch.drain(..) {
                 let _ = running.events.send(Event::Failed(message.clone()));
+                leave(&running);
             }
             continue;
         }
-        batch.retain_mut(tell);
+        batch.retain_mut(|running| {
+            let stays = tell(running);
+            if !stays {
+                leave(running);
+            }
+            stays
+        });
     }
 }
 
-/// `job`'s place in the batch, its cache allocated; if the memory is not there, the caller
+/// `job`'s place in a lane, its cache allocated; if the memory is not there, the caller
 /// is told and the job is dropped.
 fn admit(
     engine: &Engine,
@@ -261,6 +366,7 @@ fn admit(
             sequence,
             events,
             told: 0,
+            prompt: job.prompt.len(),
             cache_bytes,
         }),
         Err(e) => {
@@ -375,50 +481,90 @@ mod tests {
     }
 
     /// With cache room for one generation at a time, the others wait in the queue: each has
-    /// ended before the next one's first token, and each gets the tokens it gets alone.
+    /// ended before the next one's first token, and each gets the tokens it gets alone. The
+    /// room is shared: with several lanes, an idle lane does not take a job that does not fit.
     #[test]
     fn jobs_whose_caches_do_not_fit_together_run_one_after_another() {
+        for micro_batches in [1, 3] {
+            let engine = tiny_engine();
+            let jobs = PROMPTS.map(|prompt| job_for(&prompt));
+            let one = cache_bytes(&engine.model, &jobs[0]);
+            let limits = Limits {
+                max_batch: 8,
+                micro_batches,
+                queue: 8,
+                cache_bytes: one + one / 2,
+            };
+            let batcher = Batcher::start(engine.clone(), limits).unwrap();
+            let mut receivers = jobs.map(|job| batcher.submit(job).unwrap());
+            let mut heard: [Vec<Event>; 3] = Default::default();
+            for next in 1..3 {
+                let first = receivers[next].blocking_recv().unwrap();
+                while let Ok(event) = receivers[next - 1].try_recv() {
+                    heard[next - 1].push(event);
+                }
+                assert!(
+                    matches!(heard[next - 1].last(), Some(Event::Done { .. })),
+                    "{micro_batches} lanes: job {next} started beside job {}: {:?}",
+                    next - 1,
+                    heard[next - 1]
+                );
+                heard[next].push(first);
+            }
+            while let Some(event) = receivers[2].blocking_recv() {
+                heard[2].push(event);
+            }
+            assert_alone(&engine, &heard);
+        }
+    }
+
+    /// With room for all, generations placed in several lanes at once, each stepping on its
+    /// own, get the tokens they get alone.
+    #[test]
+    fn lanes_in_flight_at_once_give_every_generation_its_own_tokens() {
+        let engine = tiny_engine();
+        let limits = Limits {
+            max_batch: 8,
+            micro_batches: 2,
+            queue: 8,
+            cache_bytes: usize::MAX,
+        };
+        let batcher = Batcher::start(engine.clone(), limits).unwrap();
+        let mut receivers = PROMPTS.map(|prompt| batcher.submit(job_for(&prompt)).unwrap());
+        let heard = receivers.each_mut().map(|events| {
+            let mut heard = Vec::new();
+            while let Some(event) = events.blocking_recv() {
+                heard.push(event);
+            }
+            heard
+        });
+        assert_alone(&engine, &heard);
+    }
+
+    const PROMPTS: [[u32; 3]; 3] = [[5, 6, 7], [8, 9, 10], [11, 12, 13]];
+    const MAX_NEW: usize = 8;
+
+    fn tiny_engine() -> Arc<Engine> {
         let (model, experts, tokenizer) = load_local(&tiny_checkpoint()).unwrap();
         let hidden = model.config().hidden_size;
-        let engine = Arc::new(Engine {
+        Arc::new(Engine {
             model,
             tokenizer,
             experts: RemoteExperts::unlinked(experts, hidden),
-        });
-        let prompts = [[5, 6, 7], [8, 9, 10], [11, 12, 13]];
-        let max_new = 8;
-        let jobs = prompts.map(|prompt| Job {
+        })
+    }
+
+    fn job_for(prompt: &[u32]) -> Job {
+        Job {
             prompt: prompt.to_vec(),
-            max_new,
+            max_new: MAX_NEW,
             sampling: Sampling::GREEDY,
-        });
-        let one = cache_bytes(&engine.model, &jobs[0]);
-        let limits = Limits {
-            max_batch: 8,
-            micro_batches: 1,
-            queue: 8,
-            cache_bytes: one + one / 2,
-        };
-        let batcher = Batcher::start(engine.clone(), limits).unwrap();
-        let mut receivers = jobs.map(|job| batcher.submit(job).unwrap());
-        let mut heard: [Vec<Event>; 3] = Default::default();
-        for next in 1..3 {
-            let first = receivers[next].blocking_recv().unwrap();
-            while let Ok(event) = receivers[next - 1].try_recv() {
-                heard[next - 1].push(event);
-            }
-            assert!(
-                matches!(heard[next - 1].last(), Some(Event::Done { .. })),
-                "job {next} started beside job {}: {:?}",
-                next - 1,
-                heard[next - 1]
-            );
-            heard[next].push(first);
         }
-        while let Some(event) = receivers[2].blocking_recv() {
-            heard[2].push(event);
-        }
-        for (prompt, events) in prompts.iter().zip(&heard) {
+    }
+
+    /// Each of `PROMPTS` was told the tokens it generates alone, then its end.
+    fn assert_alone(engine: &Engine, heard: &[Vec<Event>; 3]) {
+        for (prompt, events) in PROMPTS.iter().zip(heard) {
             let tokens: Vec<u32> = events
                 .iter()
                 .filter_map(|e| match e {
@@ -426,8 +572,12 @@ mod tests {
                     _ => None,
                 })
                 .collect();
-            let sequence = Sequence::new(&engine.model, prompt, max_new, Sampling::GREEDY);
+            let sequence = Sequence::new(&engine.model, prompt, MAX_NEW, Sampling::GREEDY);
             assert_eq!(tokens, alone(&engine.model, &engine.experts, sequence));
+            assert!(
+                matches!(events.last(), Some(Event::Done { .. })),
+                "{events:?}"
+            );
         }
     }
 }

@@ -104,10 +104,13 @@ pub(super) fn decode_rate(
     batch: usize,
     steps: usize,
 ) -> Result<f64> {
-    timed_decode(model, batch, steps, |refs| step(model, experts, refs))
+    timed_decode(model, batch, steps, |refs, steps| {
+        (0..steps).try_for_each(|_| step(model, experts, refs))
+    })
 }
 
-/// As `decode_rate`, each step split into `pipeline`'s micro-batches in flight at once.
+/// As `decode_rate`, the batch split into `pipeline`'s micro-batches in flight at once,
+/// each stepping on its own.
 pub(super) fn pipelined_rate(
     model: &Model,
     experts: &dyn ExpertExecutor,
@@ -115,26 +118,24 @@ pub(super) fn pipelined_rate(
     batch: usize,
     steps: usize,
 ) -> Result<f64> {
-    timed_decode(model, batch, steps, |refs| {
-        pipeline.step(model, experts, refs)
+    timed_decode(model, batch, steps, |refs, steps| {
+        pipeline.decode(model, experts, refs, steps)
     })
 }
 
-/// Tokens per second of `steps` calls of `one_step` over `batch` fresh sequences, after an
+/// Tokens per second of `decode(batch, steps)` over `batch` fresh sequences, after an
 /// untimed first step (the prefill).
 fn timed_decode(
     model: &Model,
     batch: usize,
     steps: usize,
-    mut one_step: impl FnMut(&mut [&mut Sequence]) -> Result<(), ForwardError>,
+    mut decode: impl FnMut(&mut [&mut Sequence], usize) -> Result<(), ForwardError>,
 ) -> Result<f64> {
     let mut sequences = sequences(model, batch, PROMPT_LEN, steps);
     let mut refs: Vec<&mut Sequence> = sequences.iter_mut().collect();
-    one_step(&mut refs)?;
+    decode(&mut refs, 1)?;
     let start = Instant::now();
-    for _ in 0..steps {
-        one_step(&mut refs)?;
-    }
+    decode(&mut refs, steps)?;
     Ok((batch * steps) as f64 / start.elapsed().as_secs_f64())
 }
 
