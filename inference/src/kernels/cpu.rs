@@ -757,7 +757,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn the_bf16_kernels_give_the_reference_sum(seed in any::<u32>(), rows in 1usize..9, k in 1usize..200, n in 1usize..9) {
+        fn the_bf16_kernels_give_the_reference_sum(seed in any::<u32>(), rows in 1usize..40, k in 1usize..200, n in 1usize..9) {
             let value = |i: usize| {
                 let bits = (i as u32).wrapping_mul(2_654_435_761) ^ seed;
                 ((bits % 4001) as f32 / 997.0 - 2.0) * 2f32.powi((bits >> 20) as i32 % 24 - 12)
@@ -780,7 +780,7 @@ mod tests {
         }
 
         #[test]
-        fn every_kernel_gives_the_portable_bits(seed in any::<u32>(), rows in 1usize..15, k in 1usize..90, n in 1usize..20, first in 0usize..3, tiny in any::<bool>()) {
+        fn every_kernel_gives_the_portable_bits(seed in any::<u32>(), rows in 1usize..40, k in 1usize..90, n in 1usize..20, first in 0usize..3, tiny in any::<bool>()) {
             prop_assume!(first < n);
             // With `tiny`, some values are near 2^-70, so that products fall below f32's
             // normal range, where fusing them matters.

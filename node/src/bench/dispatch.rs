@@ -46,8 +46,8 @@ pub struct Args {
     /// Concurrent streams to measure, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
     streams: Vec<usize>,
-    /// Micro-batches in flight at once on the remote side; by default one more than the
-    /// round trips a local step's compute can cover, at most 8 and at most the streams.
+    /// Micro-batches in flight at once on the remote side; by default enough that the
+    /// others' compute covers one's round trips, at most 8 and at most the streams.
     #[arg(long)]
     micro_batches: Option<usize>,
     /// Decode steps timed per measurement (a quarter of them, at least 2, past 16 streams).
@@ -147,13 +147,25 @@ impl Point {
     }
 }
 
-/// Micro-batches for `streams` when not given: enough that the round trips of one
-/// micro-batch's step (`link` per remote layer) are covered by the others' compute (a local
-/// step of `local_step` seconds split among them), plus one.
+/// Most micro-batches `auto_micro_batches` picks.
+const MAX_AUTO_MICRO_BATCHES: usize = 8;
+
+/// Micro-batches for `streams` when not given. One micro-batch's step waits `link` at each
+/// remote layer; while it waits the others compute, (m - 1)/m of a local step of
+/// `local_step` seconds between them, which covers the waits when m is at least
+/// `local_step / (local_step - waits)`. When no number can (the waits are longer than a
+/// local step) or it is over the cap, the cap; never more than the streams.
 fn auto_micro_batches(streams: usize, local_step: f64, link: f64, remote_layers: usize) -> usize {
     let waits = link * remote_layers as f64;
-    let covering = (waits / local_step.max(1e-9)).ceil() as usize + 1;
-    covering.clamp(1, 8).min(streams.max(1))
+    let spare = local_step - waits;
+    let covering = if spare > 0.0 {
+        (local_step / spare).ceil() as usize
+    } else {
+        MAX_AUTO_MICRO_BATCHES
+    };
+    covering
+        .clamp(1, MAX_AUTO_MICRO_BATCHES)
+        .min(streams.max(1))
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -315,4 +327,23 @@ pub fn run(args: Args) -> Result<()> {
     }
     println!("remote_vs_local target: >= 0.8 at 256 streams with '*:*' remote at 13 ms");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn micro_batches_cover_the_waits_within_the_cap_and_the_streams() {
+        // 200 ms of compute a step, 6 layers at 13.5 ms: two cover (100 ms > 81 ms).
+        assert_eq!(auto_micro_batches(256, 0.200, 0.0135, 6), 2);
+        // 91 ms against 81 ms would need 10: the cap.
+        assert_eq!(auto_micro_batches(256, 0.091, 0.0135, 6), 8);
+        // Waits longer than a step: the cap, and never more than the streams.
+        assert_eq!(auto_micro_batches(64, 0.027, 0.0135, 6), 8);
+        assert_eq!(auto_micro_batches(3, 0.027, 0.0135, 6), 3);
+        assert_eq!(auto_micro_batches(1, 0.002, 0.0135, 1), 1);
+        // Nothing remote to wait for: one.
+        assert_eq!(auto_micro_batches(256, 0.091, 0.0135, 0), 1);
+    }
 }
