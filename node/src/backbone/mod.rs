@@ -35,6 +35,9 @@ use audit::{Auditor, Reporting};
 use placements::Placements;
 pub use remote::{RemoteExperts, SignedAnswer};
 
+/// `--micro-batches` when experts are remote and it is not given.
+const DEFAULT_REMOTE_MICRO_BATCHES: u16 = 4;
+
 #[derive(clap::Args)]
 pub struct Args {
     /// Checkpoint directory (every expert is loaded too, as the fallback).
@@ -63,11 +66,14 @@ pub struct Args {
     /// Generations that share one decode step at most (continuous batching); more wait.
     #[arg(long, default_value_t = 64)]
     max_batch: usize,
-    /// Micro-batches the running batch is split into, in flight at once: while one waits for
-    /// its remote experts, another computes. Tokens and logits are the same bits for any
-    /// number; more hide more of the round trip when workers are far away.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
-    micro_batches: u16,
+    /// Micro-batches the running batch is split into, in flight at once, each stepping on
+    /// its own: while one waits for its remote experts, another computes. Tokens and logits
+    /// are the same bits for any number; more hide more of the round trip when workers are
+    /// far away, and cost rows per expert. By default 4 when `--remote` names any expert of
+    /// the model (with every layer's experts 13 ms away, 4 to 8 served 64 streams best on
+    /// 2 cores: `bench serve --micro-batches`), 1 when none (nothing to hide).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    micro_batches: Option<u16>,
     /// Requests that may wait for a place in the batch; beyond, `--listen` answers 429.
     #[arg(long, default_value_t = 256)]
     max_queued: usize,
@@ -171,7 +177,13 @@ pub fn run(args: Args) -> Result<()> {
             chat: chat::Chat::load(&args.model).with_context(loading)?,
             batch: batcher::Limits {
                 max_batch: args.max_batch,
-                micro_batches: usize::from(args.micro_batches),
+                micro_batches: usize::from(args.micro_batches.unwrap_or(
+                    if args.remote.resolve(&config).is_empty() {
+                        1
+                    } else {
+                        DEFAULT_REMOTE_MICRO_BATCHES
+                    },
+                )),
                 queue: args.max_queued,
                 cache_bytes: usize::try_from(args.cache_mib.saturating_mul(1 << 20))
                     .unwrap_or(usize::MAX),

@@ -33,6 +33,11 @@ pub struct Args {
     /// Tokens each client asks for.
     #[arg(long, default_value_t = 32)]
     tokens: usize,
+    /// Micro-batches of the backbone whose experts are remote (the backbone's
+    /// `--micro-batches`, by default its default); the all-local one runs one, its best
+    /// (nothing to hide).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    micro_batches: Option<u16>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -146,9 +151,10 @@ fn backbone(
     key: &str,
     remote: &str,
     clients: usize,
+    micro_batches: Option<u16>,
 ) -> Result<(Child, SocketAddr)> {
     let clients = clients.to_string();
-    let args = [
+    let mut args = [
         "backbone",
         "--model",
         model,
@@ -175,7 +181,11 @@ fn backbone(
         "--probation",
         "0",
     ]
-    .map(String::from);
+    .map(String::from)
+    .to_vec();
+    if let Some(micro_batches) = micro_batches {
+        args.extend(["--micro-batches".into(), micro_batches.to_string()]);
+    }
     let mut child = Child::spawn(&args)?;
     let addr = child.listening("backbone")?;
     Ok((child, addr))
@@ -215,12 +225,19 @@ pub fn run(args: Args) -> Result<()> {
     let key = key.display().to_string();
     // All local: the same backbone with no expert remote (the selection names no layer).
     let local = {
-        let (_child, addr) = backbone(&model, swarm.hub_addr, &key, "65535:0", args.clients)?;
+        let (_child, addr) = backbone(&model, swarm.hub_addr, &key, "65535:0", args.clients, None)?;
         load(addr, 1, 2)?;
         load(addr, args.clients, args.tokens)?
     };
     let remote = {
-        let (_child, addr) = backbone(&model, swarm.hub_addr, &key, "*:*", args.clients)?;
+        let (_child, addr) = backbone(
+            &model,
+            swarm.hub_addr,
+            &key,
+            "*:*",
+            args.clients,
+            args.micro_batches,
+        )?;
         load(addr, 1, 2)?;
         load(addr, args.clients, args.tokens)?
     };
