@@ -647,8 +647,9 @@ pub(super) unsafe fn column_block_avx2(
 }
 
 /// Columns `first..` of the product of bf16 weights `w` with input rows rounded to bf16
-/// (`x`, as bits) into `block` row by row, with `vdpbf16ps`: tiles of 6 input rows by 4
-/// weight rows, the weights read as stored, never widened.
+/// (`x`, as bits) into `block` row by row, with `vdpbf16ps`, the weights read as stored,
+/// never widened: tiles of 6 input rows by 1 weight row up to `STREAMED_DPBF16_MAX_ROWS`
+/// rows, by 4 weight rows above.
 ///
 /// # Safety
 ///
@@ -729,7 +730,8 @@ const ROW_BLOCK: usize = 96;
 /// The CPU has AVX-512F, AVX-512 BF16 and FMA.
 #[target_feature(enable = "avx512f,avx512bf16,fma")]
 pub(super) unsafe fn dpbf16_self_check() -> bool {
-    let (rows, k, n) = (7, 96, 5);
+    // 7 rows take the streamed path, 19 the tiled one.
+    let (rows, k, n) = (19, 96, 5);
     // Values of mixed sign over 2^-20..2^20, all within the instruction's exact bounds.
     let mut state = 0x9e37_79b9_u32;
     let mut value = || {
@@ -745,12 +747,14 @@ pub(super) unsafe fn dpbf16_self_check() -> bool {
     if !Exponents::of(&x).dpbf16_exact(Exponents::of(&w), k) {
         return false;
     }
-    let mut block = vec![0f32; rows * n];
-    column_block_dpbf16(&x, rows, &weight, 0, &mut block);
-    (0..rows).all(|r| {
-        (0..n).all(|j| {
-            let want = bf16::reference_dot(&x[r * k..(r + 1) * k], &w[j * k..(j + 1) * k]);
-            block[r * n + j].to_bits() == want.to_bits()
+    [7, rows].into_iter().all(|rows| {
+        let mut block = vec![0f32; rows * n];
+        column_block_dpbf16(&x[..rows * k], rows, &weight, 0, &mut block);
+        (0..rows).all(|r| {
+            (0..n).all(|j| {
+                let want = bf16::reference_dot(&x[r * k..(r + 1) * k], &w[j * k..(j + 1) * k]);
+                block[r * n + j].to_bits() == want.to_bits()
+            })
         })
     })
 }

@@ -10,7 +10,8 @@
 //!
 //! Requests wait in a bounded queue; when it is full `submit` says so at once (the HTTP
 //! layer answers 429) rather than letting a burst grow memory. One thread places them, in
-//! order, each in the lane that runs fewest sequences, when there is room (`Room`): at most
+//! order, each in the lane that runs fewest sequences (a sequence stays in its lane to its
+//! end: lanes are balanced when placing, not rebalanced), when there is room (`Room`): at most
 //! `Limits::max_batch` sequences run in all lanes together, and their caches are bounded
 //! (`Limits::cache_bytes`): a sequence is placed only when the cache it will hold at its full
 //! length (prompt and tokens to generate) fits beside theirs, so many long generations wait
@@ -19,7 +20,9 @@
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
-use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender, TrySendError};
+use std::sync::mpsc::{
+    channel, sync_channel, Receiver, SendError, Sender, SyncSender, TrySendError,
+};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -54,7 +57,7 @@ pub enum Event {
 pub enum Refused {
     /// The queue is full: try again later.
     Busy,
-    /// The batch thread is gone: nothing will be served.
+    /// The batch has stopped (no lane is left): nothing will be served.
     Stopped,
     /// The job cannot run on this model (too long for its context, a token outside its
     /// vocabulary, nothing to generate).
@@ -65,8 +68,9 @@ pub enum Refused {
 pub const MAX_PROMPT_TOKENS: usize = 8192;
 
 /// Prompt tokens that may join a lane in one step: a prompt is prefilled in the step it
-/// joins, so this bounds how long one step (every stream of the lane's next token) can take.
-/// One prompt always joins, however long.
+/// joins, so this bounds how much one lane's step (every stream of the lane's next token)
+/// prefills; the lanes together prefill at most this many times their number. One prompt
+/// always joins, however long.
 const PREFILL_BUDGET: usize = 2048;
 
 /// The batch's bounds.
@@ -93,7 +97,7 @@ pub struct Batcher {
 }
 
 impl Batcher {
-    /// Starts the batch thread, within `limits`.
+    /// Starts the placing thread and the lanes, within `limits`.
     pub fn start(engine: Arc<Engine>, limits: Limits) -> anyhow::Result<Batcher> {
         let pipeline = Pipeline::new(limits.micro_batches, rayon::current_num_threads())?;
         let (jobs, incoming) = sync_channel(limits.queue);
@@ -109,7 +113,13 @@ impl Batcher {
             .name("batch-lanes".into())
             .spawn(move || {
                 pipeline.in_flight(placed.into_iter().enumerate(), |(lane, placed)| {
-                    run_lane(&lane_engine, &lane_room, lane, &placed)
+                    Lane {
+                        room: &lane_room,
+                        lane,
+                        batch: Vec::new(),
+                        waiting: VecDeque::new(),
+                    }
+                    .run(&lane_engine, &placed)
                 })
             })?;
         let place_engine = engine.clone();
@@ -192,7 +202,8 @@ struct Running {
 }
 
 /// What the lanes hold together: the sequences each runs and the cache of all. The placing
-/// thread waits here for room; a lane gives back a sequence's share when it leaves.
+/// thread waits here for room; a lane gives back a sequence's share when it leaves, and its
+/// place when it ends.
 struct Room {
     held: Mutex<Held>,
     freed: Condvar,
@@ -200,8 +211,24 @@ struct Room {
 }
 
 struct Held {
-    per_lane: Vec<usize>,
+    /// Sequences placed in each lane; `None` once the lane has ended.
+    per_lane: Vec<Option<usize>>,
     cache: usize,
+}
+
+impl Held {
+    fn running(&self) -> usize {
+        self.per_lane.iter().flatten().sum()
+    }
+}
+
+/// Where a job goes.
+enum Placing {
+    Lane(usize),
+    /// Its caller stopped listening while it waited.
+    Left,
+    /// No lane is left to run it.
+    NoLane,
 }
 
 /// How often a job waiting for room looks whether its caller is still listening.
@@ -211,7 +238,7 @@ impl Room {
     fn new(lanes: usize, limits: Limits) -> Room {
         Room {
             held: Mutex::new(Held {
-                per_lane: vec![0; lanes],
+                per_lane: vec![Some(0); lanes],
                 cache: 0,
             }),
             freed: Condvar::new(),
@@ -219,114 +246,182 @@ impl Room {
         }
     }
 
-    /// A lane holds no shared invariant a panic could break halfway: counts only.
+    /// Counts only: nothing a panic could leave half done.
     fn lock(&self) -> MutexGuard<'_, Held> {
         self.held
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    fn wait<'a>(&self, held: MutexGuard<'a, Held>) -> MutexGuard<'a, Held> {
+        self.freed
+            .wait_timeout(held, WAITING_CHECK)
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .0
+    }
+
+    /// Waits until fewer than `max_batch` sequences run, so that a job is taken from the
+    /// queue only when it could run but for its cache (the queue then holds `queue` jobs
+    /// waiting, and one more at most is held for cache room); false when no lane is left.
+    fn wait_for_a_place(&self) -> bool {
+        let mut held = self.lock();
+        loop {
+            if held.per_lane.iter().all(Option::is_none) {
+                return false;
+            }
+            if held.running() < self.limits.max_batch {
+                return true;
+            }
+            held = self.wait(held);
+        }
+    }
+
     /// Waits until a sequence whose cache is `needs` bytes fits (any does when none runs),
-    /// counts it in the lane that runs fewest and says which; `None` once `left()` says its
-    /// caller stopped listening.
-    fn take(&self, needs: usize, left: impl Fn() -> bool) -> Option<usize> {
+    /// counts it in the live lane that runs fewest and says which, unless `left()` says its
+    /// caller stopped listening first.
+    fn take(&self, needs: usize, left: impl Fn() -> bool) -> Placing {
         let mut held = self.lock();
         loop {
             if left() {
-                return None;
+                return Placing::Left;
             }
-            let running: usize = held.per_lane.iter().sum();
+            let Some(lane) = (0..held.per_lane.len())
+                .filter(|lane| held.per_lane[*lane].is_some())
+                .min_by_key(|lane| held.per_lane[*lane])
+            else {
+                return Placing::NoLane;
+            };
+            let running = held.running();
             let fits = running == 0
                 || (running < self.limits.max_batch
                     && held.cache.saturating_add(needs) <= self.limits.cache_bytes);
             if fits {
-                let lane = (0..held.per_lane.len())
-                    .min_by_key(|lane| held.per_lane[*lane])
-                    .unwrap_or(0);
-                held.per_lane[lane] += 1;
+                if let Some(count) = &mut held.per_lane[lane] {
+                    *count += 1;
+                }
                 held.cache = held.cache.saturating_add(needs);
-                return Some(lane);
+                return Placing::Lane(lane);
             }
-            held = self
-                .freed
-                .wait_timeout(held, WAITING_CHECK)
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .0;
+            held = self.wait(held);
         }
     }
 
     /// A sequence of `lane` holding `cache_bytes` has left.
     fn give_back(&self, lane: usize, cache_bytes: usize) {
         let mut held = self.lock();
-        if let Some(running) = held.per_lane.get_mut(lane) {
-            *running = running.saturating_sub(1);
+        if let Some(Some(count)) = held.per_lane.get_mut(lane) {
+            debug_assert!(*count > 0, "lane {lane} gave back more than it held");
+            *count = count.saturating_sub(1);
         }
+        debug_assert!(held.cache >= cache_bytes, "more cache given back than held");
         held.cache = held.cache.saturating_sub(cache_bytes);
         drop(held);
+        self.freed.notify_all();
+    }
+
+    /// `lane` has ended (its sequences given back): nothing is placed there again.
+    fn close(&self, lane: usize) {
+        if let Some(place) = self.lock().per_lane.get_mut(lane) {
+            *place = None;
+        }
         self.freed.notify_all();
     }
 }
 
 /// The placing thread: takes jobs in order, waits for room for each and hands it, its cache
 /// allocated, to a lane. Ends when every `Batcher` is dropped, which ends the lanes once
-/// their sequences are done.
+/// their sequences are done, or when no lane is left (then `submit` says `Stopped`).
 fn place(
     engine: &Engine,
     room: &Room,
     incoming: &Receiver<(Job, UnboundedSender<Event>)>,
     lanes: &[Sender<Running>],
 ) {
-    while let Ok((job, events)) = incoming.recv() {
+    let stopped = || "generation failed: the batch stopped".to_string();
+    while room.wait_for_a_place() {
+        let Ok((job, events)) = incoming.recv() else {
+            return;
+        };
         let needs = cache_bytes(&engine.model, &job);
         // A caller that stopped listening while it waited gets no cache.
-        let Some(lane) = room.take(needs, || events.is_closed()) else {
-            continue;
+        let lane = match room.take(needs, || events.is_closed()) {
+            Placing::Lane(lane) => lane,
+            Placing::Left => continue,
+            Placing::NoLane => {
+                let _ = events.send(Event::Failed(stopped()));
+                break;
+            }
         };
         let Some(running) = admit(engine, (job, events), needs) else {
             room.give_back(lane, needs);
             continue;
         };
-        if lanes[lane].send(running).is_err() {
-            tracing::error!("batch lane {lane} is gone; nothing more is served");
-            return;
+        // The lane ended after it was chosen: this job fails, the next goes elsewhere.
+        if let Err(SendError(running)) = lanes[lane].send(running) {
+            let _ = running.events.send(Event::Failed(stopped()));
+            room.give_back(lane, needs);
         }
     }
+    tracing::error!("every batch lane has ended; nothing more is served");
 }
 
-/// One lane: steps its sequences until the placing thread is gone and none is left.
-fn run_lane(engine: &Engine, room: &Room, lane: usize, placed: &Receiver<Running>) {
-    let mut batch: Vec<Running> = Vec::new();
-    // Placed here, not yet joined: beyond this step's prefill budget.
-    let mut waiting: VecDeque<Running> = VecDeque::new();
-    let leave = |running: &Running| room.give_back(lane, running.cache_bytes);
-    loop {
-        if batch.is_empty() && waiting.is_empty() {
-            match placed.recv() {
-                Ok(running) => waiting.push_back(running),
-                Err(_) => return,
+/// One lane's sequences: those stepping, and those placed here that have not joined yet
+/// (beyond a step's prefill budget). However the lane ends, even by a panic, what it holds is
+/// given back and its callers told (`Drop`).
+struct Lane<'a> {
+    room: &'a Room,
+    lane: usize,
+    batch: Vec<Running>,
+    waiting: VecDeque<Running>,
+}
+
+impl Lane<'_> {
+    /// Gives back the room of those whose caller stopped listening, and keeps the others.
+    fn keep_listening(&self, sequences: impl Iterator<Item = Running>) -> Vec<Running> {
+        sequences
+            .filter(|running| {
+                let listening = !running.events.is_closed();
+                if !listening {
+                    self.room.give_back(self.lane, running.cache_bytes);
+                }
+                listening
+            })
+            .collect()
+    }
+
+    /// Steps the lane's sequences until the placing thread is gone and none is left.
+    fn run(&mut self, engine: &Engine, placed: &Receiver<Running>) {
+        loop {
+            if self.batch.is_empty() && self.waiting.is_empty() {
+                match placed.recv() {
+                    Ok(running) => self.waiting.push_back(running),
+                    Err(_) => return,
+                }
             }
-        }
-        waiting.extend(placed.try_iter());
-        let mut prefill = 0;
-        while let Some(next) = waiting.front() {
-            if prefill > 0 && prefill + next.prompt > PREFILL_BUDGET {
-                break;
+            self.waiting.extend(placed.try_iter());
+            // A caller that stopped listening leaves before the step (and takes no budget).
+            let waiting = std::mem::take(&mut self.waiting);
+            self.waiting = self.keep_listening(waiting.into_iter()).into();
+            let batch = std::mem::take(&mut self.batch);
+            self.batch = self.keep_listening(batch.into_iter());
+            let mut prefill = 0;
+            while let Some(next) = self.waiting.front() {
+                if prefill > 0 && prefill + next.prompt > PREFILL_BUDGET {
+                    break;
+                }
+                prefill += next.prompt;
+                self.batch.extend(self.waiting.pop_front());
             }
-            prefill += next.prompt;
-            batch.extend(waiting.pop_front());
-        }
-        // A caller that stopped listening leaves before the step.
-        batch.retain(|running| {
-            let listening = !running.events.is_closed();
-            if !listening {
-                leave(running);
+            if self.batch.is_empty() {
+                continue;
             }
-            listening
-        });
-        if batch.is_empty() {
-            continue;
+            self.step(engine);
         }
-        let mut sequences: Vec<&mut Sequence> = batch.iter_mut().map(|r| &mut r.sequence).collect();
+    }
+
+    fn step(&mut self, engine: &Engine) {
+        let mut sequences: Vec<&mut Sequence> =
+            self.batch.iter_mut().map(|r| &mut r.sequence).collect();
         // A step that fails, or panics, ends the generations in it, not the service.
         let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| {
             step(&engine.model, &engine.experts, &mut sequences)
@@ -337,20 +432,32 @@ fn run_lane(engine: &Engine, room: &Room, lane: usize, placed: &Receiver<Running
             Err(_) => Some("generation failed: the step panicked".to_string()),
         };
         if let Some(message) = failure {
-            tracing::error!("{message}; the {} generations in it end", batch.len());
-            for running in batch.drain(..) {
+            tracing::error!("{message}; the {} generations in it end", self.batch.len());
+            for running in self.batch.drain(..) {
                 let _ = running.events.send(Event::Failed(message.clone()));
-                leave(&running);
+                self.room.give_back(self.lane, running.cache_bytes);
             }
-            continue;
+            return;
         }
-        batch.retain_mut(|running| {
+        let (room, lane) = (self.room, self.lane);
+        self.batch.retain_mut(|running| {
             let stays = tell(running);
             if !stays {
-                leave(running);
+                room.give_back(lane, running.cache_bytes);
             }
             stays
         });
+    }
+}
+
+impl Drop for Lane<'_> {
+    fn drop(&mut self) {
+        for running in self.batch.drain(..).chain(self.waiting.drain(..)) {
+            let message = "generation failed: its batch lane stopped".to_string();
+            let _ = running.events.send(Event::Failed(message));
+            self.room.give_back(self.lane, running.cache_bytes);
+        }
+        self.room.close(self.lane);
     }
 }
 
@@ -480,23 +587,29 @@ mod tests {
         );
     }
 
-    /// With cache room for one generation at a time, the others wait in the queue: each has
-    /// ended before the next one's first token, and each gets the tokens it gets alone. The
-    /// room is shared: with several lanes, an idle lane does not take a job that does not fit.
+    /// With room for one generation at a time (by its cache, or by `max_batch`), the others
+    /// wait in the queue: each has ended before the next one's first token, and each gets
+    /// the tokens it gets alone. The room is shared: with several lanes, an idle lane does
+    /// not take a job that does not fit.
     #[test]
-    fn jobs_whose_caches_do_not_fit_together_run_one_after_another() {
-        for micro_batches in [1, 3] {
-            let engine = tiny_engine();
-            let jobs = PROMPTS.map(|prompt| job_for(&prompt));
-            let one = cache_bytes(&engine.model, &jobs[0]);
-            let limits = Limits {
-                max_batch: 8,
-                micro_batches,
-                queue: 8,
-                cache_bytes: one + one / 2,
-            };
+    fn jobs_that_do_not_fit_together_run_one_after_another() {
+        let engine = tiny_engine();
+        let one = cache_bytes(&engine.model, &job_for(&PROMPTS[0]));
+        let by_cache = |micro_batches| Limits {
+            max_batch: 8,
+            micro_batches,
+            queue: 8,
+            cache_bytes: one + one / 2,
+        };
+        let by_count = Limits {
+            max_batch: 1,
+            micro_batches: 3,
+            queue: 8,
+            cache_bytes: usize::MAX,
+        };
+        for limits in [by_cache(1), by_cache(3), by_count] {
             let batcher = Batcher::start(engine.clone(), limits).unwrap();
-            let mut receivers = jobs.map(|job| batcher.submit(job).unwrap());
+            let mut receivers = PROMPTS.map(|prompt| batcher.submit(job_for(&prompt)).unwrap());
             let mut heard: [Vec<Event>; 3] = Default::default();
             for next in 1..3 {
                 let first = receivers[next].blocking_recv().unwrap();
@@ -505,17 +618,77 @@ mod tests {
                 }
                 assert!(
                     matches!(heard[next - 1].last(), Some(Event::Done { .. })),
-                    "{micro_batches} lanes: job {next} started beside job {}: {:?}",
+                    "{limits:?}: job {next} started beside job {}: {:?}",
                     next - 1,
                     heard[next - 1]
                 );
                 heard[next].push(first);
             }
-            while let Some(event) = receivers[2].blocking_recv() {
-                heard[2].push(event);
-            }
+            let [_, _, last] = receivers;
+            heard[2].extend(all_events(last));
             assert_alone(&engine, &heard);
         }
+    }
+
+    /// A caller that hangs up gives its room back, whether it was running or waiting for
+    /// room: with room for one, the jobs after it still run.
+    #[test]
+    fn a_caller_that_hangs_up_gives_its_room_back() {
+        let engine = tiny_engine();
+        let long = Job {
+            max_new: 200,
+            ..job_for(&PROMPTS[0])
+        };
+        let limits = Limits {
+            max_batch: 8,
+            micro_batches: 2,
+            queue: 8,
+            cache_bytes: cache_bytes(&engine.model, &long),
+        };
+        let batcher = Batcher::start(engine.clone(), limits).unwrap();
+        let mut running = batcher.submit(long).unwrap();
+        assert!(matches!(running.blocking_recv(), Some(Event::Token(_))));
+        // This one waits for room behind the running one, then both callers leave.
+        drop(batcher.submit(job_for(&PROMPTS[1])).unwrap());
+        drop(running);
+        let last = batcher.submit(job_for(&PROMPTS[2])).unwrap();
+        let heard = all_events(last);
+        assert!(
+            matches!(heard.last(), Some(Event::Done { .. })),
+            "{heard:?}"
+        );
+    }
+    /// A full batch takes nothing from the queue: with one running and a queue of one, a
+    /// second job waits in the queue and a third is refused as busy.
+    #[test]
+    fn a_full_batch_leaves_the_queue_its_bound() {
+        let engine = tiny_engine();
+        let limits = Limits {
+            max_batch: 1,
+            micro_batches: 2,
+            queue: 1,
+            cache_bytes: usize::MAX,
+        };
+        let batcher = Batcher::start(engine.clone(), limits).unwrap();
+        let long = Job {
+            max_new: 200,
+            ..job_for(&PROMPTS[0])
+        };
+        let mut running = batcher.submit(long).unwrap();
+        assert!(matches!(running.blocking_recv(), Some(Event::Token(_))));
+        let queued = batcher.submit(job_for(&PROMPTS[1])).unwrap();
+        // Time for a placing thread that wrongly takes the queued job out of the queue.
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(matches!(
+            batcher.submit(job_for(&PROMPTS[2])),
+            Err(Refused::Busy)
+        ));
+        drop(running);
+        let heard = all_events(queued);
+        assert!(
+            matches!(heard.last(), Some(Event::Done { .. })),
+            "{heard:?}"
+        );
     }
 
     /// With room for all, generations placed in several lanes at once, each stepping on its
@@ -530,18 +703,26 @@ mod tests {
             cache_bytes: usize::MAX,
         };
         let batcher = Batcher::start(engine.clone(), limits).unwrap();
-        let mut receivers = PROMPTS.map(|prompt| batcher.submit(job_for(&prompt)).unwrap());
-        let heard = receivers.each_mut().map(|events| {
-            let mut heard = Vec::new();
-            while let Some(event) = events.blocking_recv() {
-                heard.push(event);
-            }
-            heard
-        });
+        let heard = PROMPTS.map(|prompt| all_events(batcher.submit(job_for(&prompt)).unwrap()));
         assert_alone(&engine, &heard);
     }
 
     const PROMPTS: [[u32; 3]; 3] = [[5, 6, 7], [8, 9, 10], [11, 12, 13]];
+
+    /// Every event of a generation to its end; a generation that has not ended within a
+    /// minute fails the test rather than hanging it.
+    fn all_events(mut events: UnboundedReceiver<Event>) -> Vec<Event> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut heard = Vec::new();
+            while let Some(event) = events.blocking_recv() {
+                heard.push(event);
+            }
+            let _ = tx.send(heard);
+        });
+        rx.recv_timeout(Duration::from_secs(60))
+            .expect("the generation ended within a minute")
+    }
     const MAX_NEW: usize = 8;
 
     fn tiny_engine() -> Arc<Engine> {

@@ -1,6 +1,6 @@
 //! `--listen`: the backbone's HTTP endpoints: `POST /generate` with JSON in and out, and the
-//! OpenAI-compatible API under `/v1/` (`openai`). Every generation joins one shared decode
-//! batch (`batcher`).
+//! OpenAI-compatible API under `/v1/` (`openai`). Every generation joins the shared decode
+//! batch (`batcher`): its micro-batches step at once, each on its own.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

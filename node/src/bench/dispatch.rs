@@ -48,9 +48,10 @@ pub struct Args {
     streams: Vec<usize>,
     /// Micro-batches in flight at once on the remote side; by default enough that the
     /// others' compute covers one's round trips, at most 8 and at most the streams.
-    #[arg(long)]
-    micro_batches: Option<usize>,
-    /// Decode steps timed per measurement (a quarter of them, at least 2, past 16 streams).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    micro_batches: Option<u16>,
+    /// Decode steps timed per measurement (a quarter of them, at least 8, past 16 streams:
+    /// the micro-batches start together and take a few steps to fall out of phase).
     #[arg(long, default_value_t = 16)]
     steps: usize,
     /// Print one JSON object instead of a table.
@@ -239,14 +240,14 @@ pub fn run(args: Args) -> Result<()> {
     let mut points = Vec::new();
     for &streams in &args.streams {
         let steps = if streams > 16 {
-            (args.steps / 4).max(2)
+            (args.steps / 4).max(8).min(args.steps)
         } else {
             args.steps
         };
         let context = |what: &str| format!("{what} decode of {streams} streams");
         let local_rate =
             decode_rate(&model, &local, streams, steps).with_context(|| context("local"))?;
-        let micro_batches = args.micro_batches.unwrap_or_else(|| {
+        let micro_batches = args.micro_batches.map(usize::from).unwrap_or_else(|| {
             auto_micro_batches(streams, streams as f64 / local_rate, link, remote_layers)
         });
         let pipeline = Pipeline::new(micro_batches, threads)?;
