@@ -596,16 +596,14 @@ mod tests {
         let engine = tiny_engine();
         let one = cache_bytes(&engine.model, &job_for(&PROMPTS[0]));
         let by_cache = |micro_batches| Limits {
-            max_batch: 8,
             micro_batches,
-            queue: 8,
             cache_bytes: one + one / 2,
+            ..ROOMY
         };
         let by_count = Limits {
             max_batch: 1,
             micro_batches: 3,
-            queue: 8,
-            cache_bytes: usize::MAX,
+            ..ROOMY
         };
         for limits in [by_cache(1), by_cache(3), by_count] {
             let batcher = Batcher::start(engine.clone(), limits).unwrap();
@@ -635,29 +633,18 @@ mod tests {
     #[test]
     fn a_caller_that_hangs_up_gives_its_room_back() {
         let engine = tiny_engine();
-        let long = Job {
-            max_new: 200,
-            ..job_for(&PROMPTS[0])
-        };
         let limits = Limits {
-            max_batch: 8,
-            micro_batches: 2,
-            queue: 8,
-            cache_bytes: cache_bytes(&engine.model, &long),
+            cache_bytes: cache_bytes(&engine.model, &long_job()),
+            ..ROOMY
         };
         let batcher = Batcher::start(engine.clone(), limits).unwrap();
-        let mut running = batcher.submit(long).unwrap();
-        assert!(matches!(running.blocking_recv(), Some(Event::Token(_))));
+        let long = running(&batcher, long_job());
         // This one waits for room behind the running one, then both callers leave.
         drop(batcher.submit(job_for(&PROMPTS[1])).unwrap());
-        drop(running);
-        let last = batcher.submit(job_for(&PROMPTS[2])).unwrap();
-        let heard = all_events(last);
-        assert!(
-            matches!(heard.last(), Some(Event::Done { .. })),
-            "{heard:?}"
-        );
+        drop(long);
+        assert_ends(batcher.submit(job_for(&PROMPTS[2])).unwrap());
     }
+
     /// A full batch takes nothing from the queue: with one running and a queue of one, a
     /// second job waits in the queue and a third is refused as busy.
     #[test]
@@ -665,17 +652,11 @@ mod tests {
         let engine = tiny_engine();
         let limits = Limits {
             max_batch: 1,
-            micro_batches: 2,
             queue: 1,
-            cache_bytes: usize::MAX,
+            ..ROOMY
         };
         let batcher = Batcher::start(engine.clone(), limits).unwrap();
-        let long = Job {
-            max_new: 200,
-            ..job_for(&PROMPTS[0])
-        };
-        let mut running = batcher.submit(long).unwrap();
-        assert!(matches!(running.blocking_recv(), Some(Event::Token(_))));
+        let long = running(&batcher, long_job());
         let queued = batcher.submit(job_for(&PROMPTS[1])).unwrap();
         // Time for a placing thread that wrongly takes the queued job out of the queue.
         std::thread::sleep(Duration::from_millis(200));
@@ -683,12 +664,8 @@ mod tests {
             batcher.submit(job_for(&PROMPTS[2])),
             Err(Refused::Busy)
         ));
-        drop(running);
-        let heard = all_events(queued);
-        assert!(
-            matches!(heard.last(), Some(Event::Done { .. })),
-            "{heard:?}"
-        );
+        drop(long);
+        assert_ends(queued);
     }
 
     /// With room for all, generations placed in several lanes at once, each stepping on its
@@ -696,18 +673,43 @@ mod tests {
     #[test]
     fn lanes_in_flight_at_once_give_every_generation_its_own_tokens() {
         let engine = tiny_engine();
-        let limits = Limits {
-            max_batch: 8,
-            micro_batches: 2,
-            queue: 8,
-            cache_bytes: usize::MAX,
-        };
-        let batcher = Batcher::start(engine.clone(), limits).unwrap();
+        let batcher = Batcher::start(engine.clone(), ROOMY).unwrap();
         let heard = PROMPTS.map(|prompt| all_events(batcher.submit(job_for(&prompt)).unwrap()));
         assert_alone(&engine, &heard);
     }
 
     const PROMPTS: [[u32; 3]; 3] = [[5, 6, 7], [8, 9, 10], [11, 12, 13]];
+
+    /// Room for every test's jobs at once, in two lanes.
+    const ROOMY: Limits = Limits {
+        max_batch: 8,
+        micro_batches: 2,
+        queue: 8,
+        cache_bytes: usize::MAX,
+    };
+
+    /// A generation that runs long enough for a test to act while it does.
+    fn long_job() -> Job {
+        Job {
+            max_new: 200,
+            ..job_for(&PROMPTS[0])
+        }
+    }
+
+    /// A generation that was placed, and has its first token.
+    fn running(batcher: &Batcher, job: Job) -> UnboundedReceiver<Event> {
+        let mut events = batcher.submit(job).unwrap();
+        assert!(matches!(events.blocking_recv(), Some(Event::Token(_))));
+        events
+    }
+
+    fn assert_ends(events: UnboundedReceiver<Event>) {
+        let heard = all_events(events);
+        assert!(
+            matches!(heard.last(), Some(Event::Done { .. })),
+            "{heard:?}"
+        );
+    }
 
     /// Every event of a generation to its end; a generation that has not ended within a
     /// minute fails the test rather than hanging it.
