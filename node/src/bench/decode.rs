@@ -140,9 +140,9 @@ fn timed_decode(
 }
 
 /// Best of `RUNS` runs, for every figure alike: the machine's noise only slows a run.
-const RUNS: usize = 3;
+pub(super) const RUNS: usize = 3;
 
-fn best_of(mut run: impl FnMut() -> Result<f64>) -> Result<f64> {
+pub(super) fn best_of(mut run: impl FnMut() -> Result<f64>) -> Result<f64> {
     let mut best = 0f64;
     for _ in 0..RUNS {
         best = best.max(run()?);
