@@ -45,9 +45,19 @@ pub struct Network {
     isolatable: Option<(usize, Proxy)>,
 }
 
+/// A port free now, drawn below Linux's ephemeral range (32768 and up). A port the kernel
+/// hands out for `:0` comes from that range, where any outgoing connection (the nodes dial
+/// each other) can take it before the node given it binds it: a test once failed so, with
+/// "Address already in use".
 fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    listener.local_addr().expect("its address").port()
+    use rand::Rng;
+    let mut rng = rand::thread_rng();
+    loop {
+        let port = rng.gen_range(10_000..32_000);
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 impl Network {
