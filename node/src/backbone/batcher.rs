@@ -376,17 +376,14 @@ struct Lane<'a> {
 }
 
 impl Lane<'_> {
-    /// Gives back the room of those whose caller stopped listening, and keeps the others.
-    fn keep_listening(&self, sequences: impl Iterator<Item = Running>) -> Vec<Running> {
-        sequences
-            .filter(|running| {
-                let listening = !running.events.is_closed();
-                if !listening {
-                    self.room.give_back(self.lane, running.cache_bytes);
-                }
-                listening
-            })
-            .collect()
+    /// Whether `running`'s caller still listens; if not, its room is given back (the caller
+    /// then leaves the lane).
+    fn listening(room: &Room, lane: usize, running: &Running) -> bool {
+        let listening = !running.events.is_closed();
+        if !listening {
+            room.give_back(lane, running.cache_bytes);
+        }
+        listening
     }
 
     /// Steps the lane's sequences until the placing thread is gone and none is left.
@@ -400,10 +397,9 @@ impl Lane<'_> {
             }
             self.waiting.extend(placed.try_iter());
             // A caller that stopped listening leaves before the step (and takes no budget).
-            let waiting = std::mem::take(&mut self.waiting);
-            self.waiting = self.keep_listening(waiting.into_iter()).into();
-            let batch = std::mem::take(&mut self.batch);
-            self.batch = self.keep_listening(batch.into_iter());
+            let (room, lane) = (self.room, self.lane);
+            self.waiting.retain(|r| Lane::listening(room, lane, r));
+            self.batch.retain(|r| Lane::listening(room, lane, r));
             let mut prefill = 0;
             while let Some(next) = self.waiting.front() {
                 if prefill > 0 && prefill + next.prompt > PREFILL_BUDGET {
