@@ -172,6 +172,12 @@ pub fn run(args: Args) -> Result<()> {
         experts,
     });
     if let Some(listen) = args.listen {
+        let anything_remote = !args.remote.resolve(&config).is_empty();
+        let micro_batches = match args.micro_batches {
+            Some(given) => given,
+            None if anything_remote => DEFAULT_REMOTE_MICRO_BATCHES,
+            None => 1,
+        };
         let serving = serve::Serving {
             listen,
             limits: Limits::total(args.max_connections),
@@ -180,13 +186,7 @@ pub fn run(args: Args) -> Result<()> {
             chat: chat::Chat::load(&args.model).with_context(loading)?,
             batch: batcher::Limits {
                 max_batch: args.max_batch,
-                micro_batches: usize::from(args.micro_batches.unwrap_or(
-                    if args.remote.resolve(&config).is_empty() {
-                        1
-                    } else {
-                        DEFAULT_REMOTE_MICRO_BATCHES
-                    },
-                )),
+                micro_batches: usize::from(micro_batches),
                 queue: args.max_queued,
                 cache_bytes: usize::try_from(args.cache_mib.saturating_mul(1 << 20))
                     .unwrap_or(usize::MAX),
