@@ -630,13 +630,14 @@ mod tests {
     fn a_caller_that_hangs_up_gives_its_room_back() {
         let engine = tiny_engine();
         let limits = Limits {
-            cache_bytes: cache_bytes(&engine.model, &long_job()),
+            cache_bytes: cache_bytes(&engine.model, &long_job(&engine.model)),
             ..ROOMY
         };
         let batcher = Batcher::start(engine.clone(), limits).unwrap();
-        let long = running(&batcher, long_job());
+        let mut long = running(&batcher, long_job(&engine.model));
         // This one waits for room behind the running one, then both callers leave.
         drop(batcher.submit(job_for(&PROMPTS[1])).unwrap());
+        assert_still_running(&mut long);
         drop(long);
         assert_ends(batcher.submit(job_for(&PROMPTS[2])).unwrap());
     }
@@ -652,7 +653,7 @@ mod tests {
             ..ROOMY
         };
         let batcher = Batcher::start(engine.clone(), limits).unwrap();
-        let long = running(&batcher, long_job());
+        let mut long = running(&batcher, long_job(&engine.model));
         let queued = batcher.submit(job_for(&PROMPTS[1])).unwrap();
         // Time for a placing thread that wrongly takes the queued job out of the queue.
         std::thread::sleep(Duration::from_millis(200));
@@ -660,6 +661,7 @@ mod tests {
             batcher.submit(job_for(&PROMPTS[2])),
             Err(Refused::Busy)
         ));
+        assert_still_running(&mut long);
         drop(long);
         assert_ends(queued);
     }
@@ -684,11 +686,13 @@ mod tests {
         cache_bytes: usize::MAX,
     };
 
-    /// A generation that runs long enough for a test to act while it does.
-    fn long_job() -> Job {
+    /// A generation that runs to the end of the model's context, long enough for a test to
+    /// act while it does (the test checks that it has not ended).
+    fn long_job(model: &Model) -> Job {
+        let prompt = &PROMPTS[0];
         Job {
-            max_new: 200,
-            ..job_for(&PROMPTS[0])
+            max_new: model.config().max_position_embeddings - prompt.len(),
+            ..job_for(prompt)
         }
     }
 
@@ -697,6 +701,13 @@ mod tests {
         let mut events = batcher.submit(job).unwrap();
         assert!(matches!(events.blocking_recv(), Some(Event::Token(_))));
         events
+    }
+
+    /// `events`' generation has not ended (or the test would prove nothing).
+    fn assert_still_running(events: &mut UnboundedReceiver<Event>) {
+        while let Ok(event) = events.try_recv() {
+            assert!(matches!(event, Event::Token(_)), "it ended: {event:?}");
+        }
     }
 
     fn assert_ends(events: UnboundedReceiver<Event>) {
