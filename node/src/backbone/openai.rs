@@ -663,8 +663,12 @@ impl Detokenizer {
         match settled.strip_prefix(before.as_str()) {
             Some(added) => self.text.push_str(added),
             // Only a decoder that is not byte-level can do this (a byte-fallback run turned
-            // invalid by a later byte); what was released stays as it was.
-            None => tracing::warn!("the tokenizer's decode changed text already settled"),
+            // invalid by a later byte): what was released stays as it was, and the new
+            // tokens are added as they decode alone, so that none of their text is lost.
+            None => {
+                tracing::warn!("the tokenizer's decode changed text already settled");
+                self.text.push_str(&decode(&self.ids[self.read..upto]));
+            }
         }
         self.context = self.read;
         self.read = upto;
@@ -882,6 +886,17 @@ mod tests {
             .map(|id| detokenizer.push(&tokenizer, *id).0)
             .collect();
         assert_eq!(pieces, ["a", "", "", "中"]);
+        // A stray byte after the run: the run decoded with it no longer starts with the
+        // released "中", and the text after the byte is still not lost.
+        let mut detokenizer = Detokenizer::new(Vec::new(), vec![]);
+        let pieces: String = [3, 0, 1, 2, 0, 3]
+            .iter()
+            .map(|id| detokenizer.push(&tokenizer, *id).0)
+            .collect();
+        assert!(
+            pieces.starts_with("a中") && pieces.ends_with('a'),
+            "{pieces:?}"
+        );
     }
 
     proptest::proptest! {
