@@ -45,19 +45,22 @@ pub struct Network {
     isolatable: Option<(usize, Proxy)>,
 }
 
-/// A port free now, drawn below Linux's ephemeral range (32768 and up). A port the kernel
-/// hands out for `:0` comes from that range, where any outgoing connection (the nodes dial
-/// each other) can take it before the node given it binds it: a test once failed so, with
-/// "Address already in use".
-fn free_port() -> u16 {
+/// `count` distinct ports free now, drawn below Linux's ephemeral range (32768 and up). A
+/// port the kernel hands out for `:0` comes from that range, where any outgoing connection
+/// (the nodes dial each other) can take it before the node given it binds it: a test once
+/// failed so, with "Address already in use". Each is held until all are drawn, so none is
+/// drawn twice.
+fn free_ports(count: usize) -> Vec<u16> {
     use rand::Rng;
     let mut rng = rand::thread_rng();
-    loop {
+    let mut held = Vec::with_capacity(count);
+    while held.len() < count {
         let port = rng.gen_range(10_000..32_000);
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
+        if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            held.push((port, listener));
         }
     }
+    held.into_iter().map(|(port, _)| port).collect()
 }
 
 impl Network {
@@ -117,13 +120,15 @@ impl Network {
         args.extend_from_slice(init_extra);
         genesis_init_with(&chain, &args);
         let count = validators + full_nodes;
+        let mut p2p = free_ports(2 * count);
+        let rest = p2p.split_off(count);
         Network {
             root: root.to_path_buf(),
             _temp: None,
             chain,
             validators,
-            p2p: (0..count).map(|_| free_port()).collect(),
-            rest: (0..count).map(|_| free_port()).collect(),
+            p2p,
+            rest,
             nodes: (0..count).map(|_| None).collect(),
             ledger_extra: ledger_extra.iter().map(|a| a.to_string()).collect(),
             isolatable: None,
