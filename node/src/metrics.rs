@@ -30,6 +30,16 @@ impl Histogram {
         let micros = u64::try_from(duration.as_micros()).unwrap_or(u64::MAX);
         self.sum_micros.fetch_add(micros, Ordering::Relaxed);
     }
+
+    /// How many durations were observed so far, and their sum (to the microsecond): two
+    /// readings give the mean of what came between them.
+    pub fn totals(&self) -> (u64, Duration) {
+        let sum = self.sum_micros.load(Ordering::Relaxed);
+        (
+            self.count.load(Ordering::Relaxed),
+            Duration::from_micros(sum),
+        )
+    }
 }
 
 /// One exposition, metric by metric.

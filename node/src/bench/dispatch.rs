@@ -10,6 +10,9 @@
 //! `remote_vs_local` (remote aggregate / local aggregate at the same streams), and at one
 //! stream `exposed_rtt_fraction` = added time per step / (RTT x remote layers), the round
 //! trips a step exposes. RTT is the round trip measured through the proxy in the same run.
+//! Beside them, the mean dispatch round trip the backbone saw over the remote runs, and the
+//! exposed round trips split into what the requests' round trips take beyond the RTT (relay
+//! path, worker queue and compute) and what the step's own compute takes beyond all local.
 //! A run in which any request fell back to local experts measured something else, and is an
 //! error. Each figure is the best of `RUNS` runs (the machine's noise only slows a run; a
 //! one-stream step is short enough that one slow run moved the exposed round trips by 0.1).
@@ -141,11 +144,41 @@ struct Point {
     micro_batches: usize,
     local: f64,
     remote: f64,
+    /// Mean seconds from sending a request to its answer, as the backbone measures it: the
+    /// injected RTT, the relay path, the worker's queue and compute.
+    round_trip: f64,
 }
 
 impl Point {
     fn remote_vs_local(&self) -> f64 {
         self.remote / self.local
+    }
+}
+
+/// The mean duration (seconds) of what a histogram observed between two `totals` readings.
+fn mean_between(before: (u64, Duration), after: (u64, Duration)) -> f64 {
+    let count = after.0.saturating_sub(before.0).max(1);
+    after.1.saturating_sub(before.1).as_secs_f64() / count as f64
+}
+
+/// The round trips one remote step exposes, `added / (link x layers)`, split in two: the
+/// part its requests' round trips take beyond the injected `link` (relay path and worker),
+/// and the rest, the step's own compute taking longer than all local (after a wait, caches
+/// and idle CPUs are cold).
+struct Exposed {
+    total: f64,
+    relay: f64,
+}
+
+impl Exposed {
+    fn of(point: &Point, link: f64, remote_layers: usize) -> Exposed {
+        let streams = point.streams as f64;
+        let added = streams / point.remote - streams / point.local;
+        let waits = link * remote_layers as f64;
+        Exposed {
+            total: added / waits,
+            relay: (point.round_trip - link) * remote_layers as f64 / waits,
+        }
     }
 }
 
@@ -252,6 +285,7 @@ pub fn run(args: Args) -> Result<()> {
             auto_micro_batches(streams, streams as f64 / local_rate, link, remote_layers)
         });
         let pipeline = Pipeline::new(micro_batches, threads)?;
+        let before = remote.round_trip.totals();
         let remote_rate = best_of(|| pipelined_rate(&model, &remote, &pipeline, streams, steps))
             .with_context(|| context("remote"))?;
         points.push(Point {
@@ -259,6 +293,7 @@ pub fn run(args: Args) -> Result<()> {
             micro_batches,
             local: local_rate,
             remote: remote_rate,
+            round_trip: mean_between(before, remote.round_trip.totals()),
         });
     }
     remote
@@ -266,11 +301,10 @@ pub fn run(args: Args) -> Result<()> {
         .all_remote()
         .map_err(|why| anyhow::anyhow!("{why}: not a measurement of remote dispatch"))?;
     // Round trips a one-stream step exposes, against the round trip measured through the proxy.
-    let exposed = |p: &Point| {
-        let added = p.streams as f64 / p.remote - p.streams as f64 / p.local;
-        added / (link * remote_layers as f64)
-    };
-    let single = points.iter().find(|p| p.streams == 1);
+    let single = points
+        .iter()
+        .find(|p| p.streams == 1)
+        .map(|p| Exposed::of(p, link, remote_layers));
     if args.json {
         let by_streams: Vec<serde_json::Value> = points
             .iter()
@@ -280,6 +314,7 @@ pub fn run(args: Args) -> Result<()> {
                     "local_tok_s": p.local, "remote_tok_s": p.remote,
                     "remote_per_stream_tok_s": p.remote / p.streams as f64,
                     "remote_vs_local": p.remote_vs_local(),
+                    "round_trip_ms": p.round_trip * 1e3,
                 })
             })
             .collect();
@@ -291,7 +326,8 @@ pub fn run(args: Args) -> Result<()> {
             "proxy_rtt_ms": link * 1e3,
             "by_streams": by_streams,
             "remote_vs_local": points.last().map(Point::remote_vs_local),
-            "exposed_round_trips_1_stream": single.map(exposed),
+            "exposed_round_trips_1_stream": single.as_ref().map(|e| e.total),
+            "exposed_by_relay_1_stream": single.as_ref().map(|e| e.relay),
             "statistic": format!("best of {RUNS} runs for every figure"),
         });
         println!("{value}");
@@ -308,24 +344,35 @@ pub fn run(args: Args) -> Result<()> {
         link * 1e3
     );
     println!(
-        "{:>8} {:>6} {:>12} {:>12} {:>16} {:>16}",
-        "streams", "micro", "local tok/s", "remote tok/s", "per stream tok/s", "remote_vs_local"
+        "{:>8} {:>6} {:>12} {:>12} {:>16} {:>16} {:>14}",
+        "streams",
+        "micro",
+        "local tok/s",
+        "remote tok/s",
+        "per stream tok/s",
+        "remote_vs_local",
+        "round trip ms"
     );
     for p in &points {
         println!(
-            "{:>8} {:>6} {:>12.2} {:>12.2} {:>16.2} {:>16.3}",
+            "{:>8} {:>6} {:>12.2} {:>12.2} {:>16.2} {:>16.3} {:>14.2}",
             p.streams,
             p.micro_batches,
             p.local,
             p.remote,
             p.remote / p.streams as f64,
-            p.remote_vs_local()
+            p.remote_vs_local(),
+            p.round_trip * 1e3
         );
     }
-    if let Some(p) = single {
+    if let Some(e) = single {
         println!(
-            "exposed round trips per step at 1 stream: {:.3} (target <= 1.05 with one remote layer)",
-            exposed(p)
+            "exposed round trips per step at 1 stream: {:.3} (target <= 1.05 with one remote layer): \
+             {:.3} in the requests' round trips beyond the injected RTT, {:.3} in the step's own \
+             compute taking longer than all local",
+            e.total,
+            e.relay,
+            e.total - 1.0 - e.relay
         );
     }
     println!(
@@ -350,5 +397,27 @@ mod tests {
         assert_eq!(auto_micro_batches(1, 0.002, 0.0135, 1), 1);
         // Nothing remote to wait for: one.
         assert_eq!(auto_micro_batches(256, 0.091, 0.0135, 0), 1);
+    }
+
+    #[test]
+    fn exposed_round_trips_split_into_relay_and_compute() {
+        // Two requests of 15 and 17 ms observed between the readings.
+        let before = (3, Duration::from_millis(40));
+        let after = (5, Duration::from_millis(72));
+        assert!((mean_between(before, after) - 0.016).abs() < 1e-12);
+        // Nothing observed: no division by zero.
+        assert_eq!(mean_between(after, after), 0.0);
+        // Local steps of 1 ms, remote of 16 ms, one remote layer at 13 ms with 14 ms round
+        // trips: 15 ms added is 15/13 round trips, 1/13 of them in the relay.
+        let point = Point {
+            streams: 1,
+            micro_batches: 1,
+            local: 1000.0,
+            remote: 62.5,
+            round_trip: 0.014,
+        };
+        let exposed = Exposed::of(&point, 0.013, 1);
+        assert!((exposed.total - 15.0 / 13.0).abs() < 1e-9);
+        assert!((exposed.relay - 1.0 / 13.0).abs() < 1e-9);
     }
 }
