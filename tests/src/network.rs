@@ -45,24 +45,6 @@ pub struct Network {
     isolatable: Option<(usize, Proxy)>,
 }
 
-/// `count` distinct ports free now, drawn below Linux's ephemeral range (32768 and up). A
-/// port the kernel hands out for `:0` comes from that range, where any outgoing connection
-/// (the nodes dial each other) can take it before the node given it binds it: a test once
-/// failed so, with "Address already in use". Each is held until all are drawn, so none is
-/// drawn twice.
-fn free_ports(count: usize) -> Vec<u16> {
-    use rand::Rng;
-    let mut rng = rand::thread_rng();
-    let mut held = Vec::with_capacity(count);
-    while held.len() < count {
-        let port = rng.gen_range(10_000..32_000);
-        if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
-            held.push((port, listener));
-        }
-    }
-    held.into_iter().map(|(port, _)| port).collect()
-}
-
 impl Network {
     /// A fresh chain of `validators` validators and `full_nodes` full nodes, all started,
     /// with a block every 200 ms.
@@ -120,7 +102,7 @@ impl Network {
         args.extend_from_slice(init_extra);
         genesis_init_with(&chain, &args);
         let count = validators + full_nodes;
-        let mut p2p = free_ports(2 * count);
+        let mut p2p = kvasir_node::dev::launch::free_ports(2 * count).expect("free ports");
         let rest = p2p.split_off(count);
         Network {
             root: root.to_path_buf(),

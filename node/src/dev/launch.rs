@@ -361,9 +361,33 @@ pub fn ledger_dir(chain: &Path, index: usize) -> PathBuf {
 
 /// A loopback port free now, for a role that must be told its peers' ports before any of
 /// them starts (a validator's consensus listener, its REST API for forwarding).
-fn free_port() -> Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
-    Ok(listener.local_addr()?.port())
+/// `count` distinct loopback ports free now, drawn below Linux's ephemeral range (32768 and
+/// up). A port the kernel hands out for `:0` comes from that range, where any outgoing
+/// connection (the validators dial each other) can take it before the role given it binds
+/// it: a test once failed so, with "Address already in use". Each is held until all are
+/// drawn, so none is drawn twice.
+pub fn free_ports(count: usize) -> Result<Vec<u16>> {
+    use rand::Rng;
+    let mut rng = rand::thread_rng();
+    let mut held = Vec::with_capacity(count);
+    // Ports taken by others are skipped; a machine with almost none free is an error, not a
+    // loop that never ends.
+    for _ in 0..count.saturating_mul(100).max(100) {
+        if held.len() == count {
+            break;
+        }
+        let port = rng.gen_range(10_000..32_000);
+        if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            held.push((port, listener));
+        }
+    }
+    if held.len() < count {
+        bail!(
+            "found {} free loopback ports of the {count} needed",
+            held.len()
+        );
+    }
+    Ok(held.into_iter().map(|(port, _)| port).collect())
 }
 
 /// Starts one validator per validator key of the chain in `chain` (`keys/validator.key`,
@@ -377,8 +401,8 @@ pub fn start_validators(
 ) -> Result<Vec<SocketAddr>> {
     let genesis = kvasir_ledger::Genesis::load(&genesis_path(chain))?;
     let count = genesis.authorities.validators.len();
-    let p2p: Vec<u16> = (0..count).map(|_| free_port()).collect::<Result<_>>()?;
-    let rest: Vec<u16> = (0..count).map(|_| free_port()).collect::<Result<_>>()?;
+    let mut p2p = free_ports(2 * count)?;
+    let rest = p2p.split_off(count);
     let mut started = Vec::with_capacity(count);
     for index in 0..count {
         let mut args = [
