@@ -116,10 +116,11 @@ impl Batcher {
                     Lane {
                         room: &lane_room,
                         lane,
+                        placed: &placed,
                         batch: Vec::new(),
                         waiting: VecDeque::new(),
                     }
-                    .run(&lane_engine, &placed)
+                    .run(&lane_engine)
                 })
             })?;
         let place_engine = engine.clone();
@@ -198,7 +199,23 @@ struct Running {
     events: UnboundedSender<Event>,
     told: usize,
     prompt: usize,
+    /// Held for its drop: the sequence's room goes back when it leaves.
+    _share: Share,
+}
+
+/// A sequence's share of the room: its place in a lane and its cache. Given back when it is
+/// dropped, however the sequence leaves: done, failed, its caller gone, or its lane ended,
+/// even while it was still in the channel to that lane.
+struct Share {
+    room: Arc<Room>,
+    lane: usize,
     cache_bytes: usize,
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        self.room.give_back(self.lane, self.cache_bytes);
+    }
 }
 
 /// What the lanes hold together: the sequences each runs and the cache of all. The placing
@@ -306,7 +323,7 @@ impl Room {
         }
     }
 
-    /// A sequence of `lane` holding `cache_bytes` has left.
+    /// A sequence of `lane` holding `cache_bytes` has left (`Share`'s drop).
     fn give_back(&self, lane: usize, cache_bytes: usize) {
         let mut held = self.lock();
         if let Some(Some(count)) = held.per_lane.get_mut(lane) {
@@ -333,7 +350,7 @@ impl Room {
 /// their sequences are done, or when no lane is left (then `submit` says `Stopped`).
 fn place(
     engine: &Engine,
-    room: &Room,
+    room: &Arc<Room>,
     incoming: &Receiver<(Job, UnboundedSender<Event>)>,
     lanes: &[Sender<Running>],
 ) {
@@ -344,22 +361,25 @@ fn place(
         };
         let needs = cache_bytes(&engine.model, &job);
         // A caller that stopped listening while it waited gets no cache.
-        let lane = match room.take(needs, || events.is_closed()) {
-            Placing::Lane(lane) => lane,
+        let share = match room.take(needs, || events.is_closed()) {
+            Placing::Lane(lane) => Share {
+                room: room.clone(),
+                lane,
+                cache_bytes: needs,
+            },
             Placing::Left => continue,
             Placing::NoLane => {
                 let _ = events.send(Event::Failed(stopped()));
                 break;
             }
         };
-        let Some(running) = admit(engine, (job, events), needs) else {
-            room.give_back(lane, needs);
+        let lane = share.lane;
+        let Some(running) = admit(engine, (job, events), share) else {
             continue;
         };
         // The lane ended after it was chosen: this job fails, the next goes elsewhere.
         if let Err(SendError(running)) = lanes[lane].send(running) {
             let _ = running.events.send(Event::Failed(stopped()));
-            room.give_back(lane, needs);
         }
     }
     tracing::error!("every batch lane has ended; nothing more is served");
@@ -371,35 +391,26 @@ fn place(
 struct Lane<'a> {
     room: &'a Room,
     lane: usize,
+    placed: &'a Receiver<Running>,
     batch: Vec<Running>,
     waiting: VecDeque<Running>,
 }
 
 impl Lane<'_> {
-    /// Whether `running`'s caller still listens; if not, its room is given back (the caller
-    /// then leaves the lane).
-    fn listening(room: &Room, lane: usize, running: &Running) -> bool {
-        let listening = !running.events.is_closed();
-        if !listening {
-            room.give_back(lane, running.cache_bytes);
-        }
-        listening
-    }
-
     /// Steps the lane's sequences until the placing thread is gone and none is left.
-    fn run(&mut self, engine: &Engine, placed: &Receiver<Running>) {
+    fn run(&mut self, engine: &Engine) {
         loop {
             if self.batch.is_empty() && self.waiting.is_empty() {
-                match placed.recv() {
+                match self.placed.recv() {
                     Ok(running) => self.waiting.push_back(running),
                     Err(_) => return,
                 }
             }
-            self.waiting.extend(placed.try_iter());
-            // A caller that stopped listening leaves before the step (and takes no budget).
-            let (room, lane) = (self.room, self.lane);
-            self.waiting.retain(|r| Lane::listening(room, lane, r));
-            self.batch.retain(|r| Lane::listening(room, lane, r));
+            self.waiting.extend(self.placed.try_iter());
+            // A caller that stopped listening leaves before the step (and takes no budget);
+            // its share goes back as it is dropped.
+            self.waiting.retain(|r| !r.events.is_closed());
+            self.batch.retain(|r| !r.events.is_closed());
             let mut prefill = 0;
             while let Some(next) = self.waiting.front() {
                 if prefill > 0 && prefill + next.prompt > PREFILL_BUDGET {
@@ -431,29 +442,25 @@ impl Lane<'_> {
             tracing::error!("{message}; the {} generations in it end", self.batch.len());
             for running in self.batch.drain(..) {
                 let _ = running.events.send(Event::Failed(message.clone()));
-                self.room.give_back(self.lane, running.cache_bytes);
             }
             return;
         }
-        let (room, lane) = (self.room, self.lane);
-        self.batch.retain_mut(|running| {
-            let stays = tell(running);
-            if !stays {
-                room.give_back(lane, running.cache_bytes);
-            }
-            stays
-        });
+        self.batch.retain_mut(tell);
     }
 }
 
 impl Drop for Lane<'_> {
+    /// Closed first, so that nothing more is placed here; then every sequence it holds, and
+    /// any still in its channel, fails (their shares go back as they are dropped). A job sent
+    /// by a placing thread that chose this lane just before it closed is dropped with the
+    /// channel: its share goes back too, and its caller's events end.
     fn drop(&mut self) {
-        for running in self.batch.drain(..).chain(self.waiting.drain(..)) {
+        self.room.close(self.lane);
+        let held = self.batch.drain(..).chain(self.waiting.drain(..));
+        for running in held.chain(self.placed.try_iter()) {
             let message = "generation failed: its batch lane stopped".to_string();
             let _ = running.events.send(Event::Failed(message));
-            self.room.give_back(self.lane, running.cache_bytes);
         }
-        self.room.close(self.lane);
     }
 }
 
@@ -462,7 +469,7 @@ impl Drop for Lane<'_> {
 fn admit(
     engine: &Engine,
     (job, events): (Job, UnboundedSender<Event>),
-    cache_bytes: usize,
+    share: Share,
 ) -> Option<Running> {
     match Sequence::with_reserved_cache(&engine.model, &job.prompt, job.max_new, job.sampling) {
         Ok(sequence) => Some(Running {
@@ -470,10 +477,13 @@ fn admit(
             events,
             told: 0,
             prompt: job.prompt.len(),
-            cache_bytes,
+            _share: share,
         }),
         Err(e) => {
-            let message = format!("no memory for the {} KiB cache: {e}", kib(cache_bytes));
+            let message = format!(
+                "no memory for the {} KiB cache: {e}",
+                kib(share.cache_bytes)
+            );
             tracing::error!("{message}");
             let _ = events.send(Event::Failed(message));
             None
@@ -640,6 +650,57 @@ mod tests {
         assert_still_running(&mut long);
         drop(long);
         assert_ends(batcher.submit(job_for(&PROMPTS[2])).unwrap());
+    }
+
+    /// A lane that ends, however, gives back the room of every sequence placed in it and
+    /// tells their callers, those still in its channel too; one lost with the channel gives
+    /// its room back as well.
+    #[test]
+    fn an_ended_lane_gives_back_the_room_of_all_it_was_given() {
+        let engine = tiny_engine();
+        let room = Arc::new(Room::new(2, ROOMY));
+        let needs = cache_bytes(&engine.model, &job(3, 4));
+        let placed = |lane: usize| {
+            let Placing::Lane(chosen) = room.take(needs, || false) else {
+                panic!("room for a job");
+            };
+            assert_eq!(chosen, lane, "the least loaded lane");
+            let (events, heard) = unbounded_channel();
+            let share = Share {
+                room: room.clone(),
+                lane,
+                cache_bytes: needs,
+            };
+            let running = admit(&engine, (job(3, 4), events), share).unwrap();
+            (running, heard)
+        };
+        // The least loaded lane, the first of equals: 0, 1, 0.
+        let (first, mut first_heard) = placed(0);
+        let (second, mut second_heard) = placed(1);
+        let (third, mut third_heard) = placed(0);
+        assert_eq!(room.lock().running(), 3);
+        // Lane 0 runs the first, and the third is still in its channel when it ends.
+        let (to_lane, in_channel) = channel();
+        to_lane.send(third).unwrap();
+        drop(Lane {
+            room: &room,
+            lane: 0,
+            placed: &in_channel,
+            batch: vec![first],
+            waiting: VecDeque::new(),
+        });
+        for heard in [&mut first_heard, &mut third_heard] {
+            assert!(matches!(heard.try_recv(), Ok(Event::Failed(_))));
+        }
+        assert_eq!(room.lock().per_lane, vec![None, Some(1)]);
+        assert_eq!(room.lock().cache, needs);
+        // Lost with a channel, not told: the room comes back all the same.
+        let (to_lane, in_channel) = channel();
+        to_lane.send(second).unwrap();
+        drop(in_channel);
+        assert!(second_heard.try_recv().is_err());
+        assert_eq!(room.lock().per_lane, vec![None, Some(0)]);
+        assert_eq!(room.lock().cache, 0);
     }
 
     /// A full batch takes nothing from the queue: with one running and a queue of one, a
