@@ -32,7 +32,8 @@ impl Histogram {
     }
 
     /// How many durations were observed so far, and their sum (to the microsecond): two
-    /// readings give the mean of what came between them.
+    /// readings give the mean of what came between them. The two are read one after the
+    /// other, so a reading is exact only while nothing is being observed.
     pub fn totals(&self) -> (u64, Duration) {
         let sum = self.sum_micros.load(Ordering::Relaxed);
         (

@@ -199,7 +199,8 @@ struct Running {
     events: UnboundedSender<Event>,
     told: usize,
     prompt: usize,
-    /// Held for its drop: the sequence's room goes back when it leaves.
+    /// Held for its drop: the sequence's room goes back when it leaves. Last, so that it
+    /// is dropped after the sequence: its cache is freed before its room is given back.
     _share: Share,
 }
 
@@ -219,8 +220,8 @@ impl Drop for Share {
 }
 
 /// What the lanes hold together: the sequences each runs and the cache of all. The placing
-/// thread waits here for room; a lane gives back a sequence's share when it leaves, and its
-/// place when it ends.
+/// thread waits here for room and takes a sequence's `Share`, which gives it back when the
+/// sequence leaves; a lane gives back its place when it ends.
 struct Room {
     held: Mutex<Held>,
     freed: Condvar,
@@ -241,7 +242,8 @@ impl Held {
 
 /// Where a job goes.
 enum Placing {
-    Lane(usize),
+    /// Its share of the room, in the lane it goes to.
+    Lane(Share),
     /// Its caller stopped listening while it waited.
     Left,
     /// No lane is left to run it.
@@ -294,9 +296,9 @@ impl Room {
     }
 
     /// Waits until a sequence whose cache is `needs` bytes fits (any does when none runs),
-    /// counts it in the live lane that runs fewest and says which, unless `left()` says its
-    /// caller stopped listening first.
-    fn take(&self, needs: usize, left: impl Fn() -> bool) -> Placing {
+    /// counts it in the live lane that runs fewest and gives its share there, unless `left()`
+    /// says its caller stopped listening first.
+    fn take(self: &Arc<Room>, needs: usize, left: impl Fn() -> bool) -> Placing {
         let mut held = self.lock();
         loop {
             if left() {
@@ -317,7 +319,11 @@ impl Room {
                     *count += 1;
                 }
                 held.cache = held.cache.saturating_add(needs);
-                return Placing::Lane(lane);
+                return Placing::Lane(Share {
+                    room: self.clone(),
+                    lane,
+                    cache_bytes: needs,
+                });
             }
             held = self.wait(held);
         }
@@ -336,7 +342,8 @@ impl Room {
         self.freed.notify_all();
     }
 
-    /// `lane` has ended (its sequences given back): nothing is placed there again.
+    /// `lane` has ended: nothing is placed there again, and its count is no longer kept
+    /// (the shares of its sequences give back only their cache).
     fn close(&self, lane: usize) {
         if let Some(place) = self.lock().per_lane.get_mut(lane) {
             *place = None;
@@ -362,11 +369,7 @@ fn place(
         let needs = cache_bytes(&engine.model, &job);
         // A caller that stopped listening while it waited gets no cache.
         let share = match room.take(needs, || events.is_closed()) {
-            Placing::Lane(lane) => Share {
-                room: room.clone(),
-                lane,
-                cache_bytes: needs,
-            },
+            Placing::Lane(share) => share,
             Placing::Left => continue,
             Placing::NoLane => {
                 let _ = events.send(Event::Failed(stopped()));
@@ -661,16 +664,11 @@ mod tests {
         let room = Arc::new(Room::new(2, ROOMY));
         let needs = cache_bytes(&engine.model, &job(3, 4));
         let placed = |lane: usize| {
-            let Placing::Lane(chosen) = room.take(needs, || false) else {
+            let Placing::Lane(share) = room.take(needs, || false) else {
                 panic!("room for a job");
             };
-            assert_eq!(chosen, lane, "the least loaded lane");
+            assert_eq!(share.lane, lane, "the least loaded lane");
             let (events, heard) = unbounded_channel();
-            let share = Share {
-                room: room.clone(),
-                lane,
-                cache_bytes: needs,
-            };
             let running = admit(&engine, (job(3, 4), events), share).unwrap();
             (running, heard)
         };

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use kvasir_inference::config::Config;
-use kvasir_inference::generate::{step, Pipeline, Sampling, Sequence};
+use kvasir_inference::generate::{step, Sampling, Sequence};
 use kvasir_inference::kernels::cpu::{isa, record_shapes, Shape};
 use kvasir_inference::model::qwen_moe::{ForwardError, Model};
 use kvasir_inference::moe::{ExpertExecutor, ExpertRequest, LocalExperts};
@@ -109,23 +109,9 @@ pub(super) fn decode_rate(
     })
 }
 
-/// As `decode_rate`, the batch split into `pipeline`'s micro-batches in flight at once,
-/// each stepping on its own.
-pub(super) fn pipelined_rate(
-    model: &Model,
-    experts: &dyn ExpertExecutor,
-    pipeline: &Pipeline,
-    batch: usize,
-    steps: usize,
-) -> Result<f64> {
-    timed_decode(model, batch, steps, |refs, steps| {
-        pipeline.decode(model, experts, refs, steps)
-    })
-}
-
 /// Tokens per second of `decode(batch, steps)` over `batch` fresh sequences, after an
-/// untimed first step (the prefill).
-fn timed_decode(
+/// untimed first step (the prefill: `decode` is called for 1 step, then for `steps`).
+pub(super) fn timed_decode(
     model: &Model,
     batch: usize,
     steps: usize,
@@ -143,9 +129,17 @@ fn timed_decode(
 pub(super) const RUNS: usize = 3;
 
 pub(super) fn best_of(mut run: impl FnMut() -> Result<f64>) -> Result<f64> {
-    let mut best = 0f64;
-    for _ in 0..RUNS {
-        best = best.max(run()?);
+    best_run_of(|| Ok((run()?, ()))).map(|(rate, ())| rate)
+}
+
+/// As `best_of`, for runs that measure more than their rate: the fastest run, whole.
+pub(super) fn best_run_of<T>(mut run: impl FnMut() -> Result<(f64, T)>) -> Result<(f64, T)> {
+    let mut best = run()?;
+    for _ in 1..RUNS {
+        let next = run()?;
+        if next.0 > best.0 {
+            best = next;
+        }
     }
     Ok(best)
 }

@@ -8,11 +8,12 @@
 //! needs many streams in flight, and micro-batches (`Pipeline`) so that while one waits at a
 //! layer another computes. Per point: local and remote tokens/s (aggregate, and per stream),
 //! `remote_vs_local` (remote aggregate / local aggregate at the same streams), and at one
-//! stream `exposed_rtt_fraction` = added time per step / (RTT x remote layers), the round
+//! stream `exposed_round_trips` = added time per step / (RTT x remote layers), the round
 //! trips a step exposes. RTT is the round trip measured through the proxy in the same run.
-//! Beside them, the mean dispatch round trip the backbone saw over the remote runs, and the
-//! exposed round trips split into what the requests' round trips take beyond the RTT (relay
-//! path, worker queue and compute) and what the step's own compute takes beyond all local.
+//! Beside them, the mean dispatch round trip the backbone saw in the timed steps of the best
+//! remote run, and the exposed round trips split into what the requests' round trips take
+//! beyond the RTT (relay path, worker queue and compute) and what the step's own compute
+//! takes beyond all local.
 //! A run in which any request fell back to local experts measured something else, and is an
 //! error. Each figure is the best of `RUNS` runs (the machine's noise only slows a run; a
 //! one-stream step is short enough that one slow run moved the exposed round trips by 0.1).
@@ -30,7 +31,7 @@ use kvasir_inference::moe::LocalExperts;
 use kvasir_inference::synth::{preset, synthesize};
 use std::io::{Read, Write};
 
-use super::decode::{best_of, decode_rate, pipelined_rate, RUNS};
+use super::decode::{best_of, best_run_of, decode_rate, timed_decode, RUNS};
 use crate::backbone::RemoteExperts;
 use crate::dev::launch::Loopback;
 use crate::engine::Backend;
@@ -144,9 +145,11 @@ struct Point {
     micro_batches: usize,
     local: f64,
     remote: f64,
-    /// Mean seconds from sending a request to its answer, as the backbone measures it: the
-    /// injected RTT, the relay path, the worker's queue and compute.
-    round_trip: f64,
+    /// Mean seconds from sending a request to its answer over the timed steps of the best
+    /// remote run, as the backbone measures it: the injected RTT, the relay path, the worker's
+    /// queue and compute (the backbone reads an answer once it has computed its local
+    /// experts, which with every expert of a layer remote is none). `None`: no request.
+    round_trip: Option<f64>,
 }
 
 impl Point {
@@ -155,10 +158,35 @@ impl Point {
     }
 }
 
-/// The mean duration (seconds) of what a histogram observed between two `totals` readings.
-fn mean_between(before: (u64, Duration), after: (u64, Duration)) -> f64 {
-    let count = after.0.saturating_sub(before.0).max(1);
-    after.1.saturating_sub(before.1).as_secs_f64() / count as f64
+/// The mean duration (seconds) of what a histogram observed between two `totals` readings;
+/// `None` if nothing was.
+fn mean_between(before: (u64, Duration), after: (u64, Duration)) -> Option<f64> {
+    let count = after.0.checked_sub(before.0).filter(|n| *n > 0)?;
+    Some(after.1.saturating_sub(before.1).as_secs_f64() / count as f64)
+}
+
+/// `streams` sequences decoded for `steps` steps in `pipeline`'s micro-batches with the
+/// `remote` experts: tokens per second, and the requests' mean round trip over the timed
+/// steps (not the prefill, whose requests carry whole prompts).
+fn remote_run(
+    model: &Model,
+    remote: &RemoteExperts,
+    pipeline: &Pipeline,
+    streams: usize,
+    steps: usize,
+) -> Result<(f64, Option<f64>)> {
+    let mut calls = 0;
+    let mut round_trip = None;
+    let rate = timed_decode(model, streams, steps, |sequences, steps| {
+        calls += 1;
+        let before = remote.round_trip.totals();
+        let decoded = pipeline.decode(model, remote, sequences, steps);
+        if calls == 2 {
+            round_trip = mean_between(before, remote.round_trip.totals());
+        }
+        decoded
+    })?;
+    Ok((rate, round_trip))
 }
 
 /// The round trips one remote step exposes, `added / (link x layers)`, split in two: the
@@ -167,7 +195,8 @@ fn mean_between(before: (u64, Duration), after: (u64, Duration)) -> f64 {
 /// and idle CPUs are cold).
 struct Exposed {
     total: f64,
-    relay: f64,
+    /// `None` when no request was timed.
+    relay: Option<f64>,
 }
 
 impl Exposed {
@@ -177,8 +206,15 @@ impl Exposed {
         let waits = link * remote_layers as f64;
         Exposed {
             total: added / waits,
-            relay: (point.round_trip - link) * remote_layers as f64 / waits,
+            relay: point
+                .round_trip
+                .map(|round_trip| (round_trip - link) * remote_layers as f64 / waits),
         }
+    }
+
+    /// What the step's own compute adds, in round trips: the rest beyond the one per layer.
+    fn compute(&self) -> Option<f64> {
+        self.relay.map(|relay| self.total - 1.0 - relay)
     }
 }
 
@@ -285,15 +321,15 @@ pub fn run(args: Args) -> Result<()> {
             auto_micro_batches(streams, streams as f64 / local_rate, link, remote_layers)
         });
         let pipeline = Pipeline::new(micro_batches, threads)?;
-        let before = remote.round_trip.totals();
-        let remote_rate = best_of(|| pipelined_rate(&model, &remote, &pipeline, streams, steps))
-            .with_context(|| context("remote"))?;
+        let (remote_rate, round_trip) =
+            best_run_of(|| remote_run(&model, &remote, &pipeline, streams, steps))
+                .with_context(|| context("remote"))?;
         points.push(Point {
             streams,
             micro_batches,
             local: local_rate,
             remote: remote_rate,
-            round_trip: mean_between(before, remote.round_trip.totals()),
+            round_trip,
         });
     }
     remote
@@ -314,7 +350,7 @@ pub fn run(args: Args) -> Result<()> {
                     "local_tok_s": p.local, "remote_tok_s": p.remote,
                     "remote_per_stream_tok_s": p.remote / p.streams as f64,
                     "remote_vs_local": p.remote_vs_local(),
-                    "round_trip_ms": p.round_trip * 1e3,
+                    "round_trip_ms": p.round_trip.map(|s| s * 1e3),
                 })
             })
             .collect();
@@ -327,7 +363,8 @@ pub fn run(args: Args) -> Result<()> {
             "by_streams": by_streams,
             "remote_vs_local": points.last().map(Point::remote_vs_local),
             "exposed_round_trips_1_stream": single.as_ref().map(|e| e.total),
-            "exposed_by_relay_1_stream": single.as_ref().map(|e| e.relay),
+            "exposed_by_relay_1_stream": single.as_ref().and_then(|e| e.relay),
+            "exposed_by_compute_1_stream": single.as_ref().and_then(Exposed::compute),
             "statistic": format!("best of {RUNS} runs for every figure"),
         });
         println!("{value}");
@@ -355,25 +392,28 @@ pub fn run(args: Args) -> Result<()> {
     );
     for p in &points {
         println!(
-            "{:>8} {:>6} {:>12.2} {:>12.2} {:>16.2} {:>16.3} {:>14.2}",
+            "{:>8} {:>6} {:>12.2} {:>12.2} {:>16.2} {:>16.3} {:>14}",
             p.streams,
             p.micro_batches,
             p.local,
             p.remote,
             p.remote / p.streams as f64,
             p.remote_vs_local(),
-            p.round_trip * 1e3
+            p.round_trip
+                .map_or("n/a".to_string(), |s| format!("{:.2}", s * 1e3))
         );
     }
     if let Some(e) = single {
         println!(
-            "exposed round trips per step at 1 stream: {:.3} (target <= 1.05 with one remote layer): \
-             {:.3} in the requests' round trips beyond the injected RTT, {:.3} in the step's own \
-             compute taking longer than all local",
-            e.total,
-            e.relay,
-            e.total - 1.0 - e.relay
+            "exposed round trips per step at 1 stream: {:.3} (target <= 1.05 with one remote layer)",
+            e.total
         );
+        if let (Some(relay), Some(compute)) = (e.relay, e.compute()) {
+            println!(
+                "  of which {relay:.3} in the requests' round trips beyond the injected RTT, \
+                 {compute:.3} in the step's own compute taking longer than all local"
+            );
+        }
     }
     println!(
         "(best of {RUNS} runs for every figure) remote_vs_local target: >= 0.8 at 256 streams with '*:*' remote at 13 ms"
@@ -404,9 +444,9 @@ mod tests {
         // Two requests of 15 and 17 ms observed between the readings.
         let before = (3, Duration::from_millis(40));
         let after = (5, Duration::from_millis(72));
-        assert!((mean_between(before, after) - 0.016).abs() < 1e-12);
-        // Nothing observed: no division by zero.
-        assert_eq!(mean_between(after, after), 0.0);
+        assert!((mean_between(before, after).unwrap() - 0.016).abs() < 1e-12);
+        // Nothing observed: no mean, not a mean of zero.
+        assert_eq!(mean_between(after, after), None);
         // Local steps of 1 ms, remote of 16 ms, one remote layer at 13 ms with 14 ms round
         // trips: 15 ms added is 15/13 round trips, 1/13 of them in the relay.
         let point = Point {
@@ -414,10 +454,16 @@ mod tests {
             micro_batches: 1,
             local: 1000.0,
             remote: 62.5,
-            round_trip: 0.014,
+            round_trip: Some(0.014),
         };
         let exposed = Exposed::of(&point, 0.013, 1);
         assert!((exposed.total - 15.0 / 13.0).abs() < 1e-9);
-        assert!((exposed.relay - 1.0 / 13.0).abs() < 1e-9);
+        assert!((exposed.relay.unwrap() - 1.0 / 13.0).abs() < 1e-9);
+        assert!((exposed.compute().unwrap() - 1.0 / 13.0).abs() < 1e-9);
+        let untimed = Point {
+            round_trip: None,
+            ..point
+        };
+        assert_eq!(Exposed::of(&untimed, 0.013, 1).compute(), None);
     }
 }

@@ -359,13 +359,14 @@ pub fn ledger_dir(chain: &Path, index: usize) -> PathBuf {
     }
 }
 
-/// A loopback port free now, for a role that must be told its peers' ports before any of
-/// them starts (a validator's consensus listener, its REST API for forwarding).
-/// `count` distinct loopback ports free now, drawn below Linux's ephemeral range (32768 and
-/// up). A port the kernel hands out for `:0` comes from that range, where any outgoing
-/// connection (the validators dial each other) can take it before the role given it binds
-/// it: a test once failed so, with "Address already in use". Each is held until all are
-/// drawn, so none is drawn twice.
+/// `count` distinct loopback ports free now, for roles that must be told their peers' ports
+/// before any of them starts (a validator's consensus listener, its REST API for forwarding).
+/// They are drawn below Linux's ephemeral range (32768 and up): a port the kernel hands out
+/// for `:0` comes from that range, where any outgoing connection (the validators dial each
+/// other) can take it before the role given it binds it; a test once failed so, with "Address
+/// already in use". Each is held until all are drawn, so none is drawn twice. They are free
+/// again when returned: another process drawing at the same moment may still pick one (a
+/// 1 in 22,000 chance a port), which only the role's own bind would rule out.
 pub fn free_ports(count: usize) -> Result<Vec<u16>> {
     use rand::Rng;
     let mut rng = rand::thread_rng();
