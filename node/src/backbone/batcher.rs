@@ -9,7 +9,8 @@
 //! (the engine's guarantee), so batching changes throughput, never answers.
 //!
 //! Requests wait in a bounded queue; when it is full `submit` says so at once (the HTTP
-//! layer answers 429) rather than letting a burst grow memory. One thread places them, in
+//! layer answers 429) rather than letting a burst grow memory. A request whose caller has
+//! hung up leaves the queue when the next one comes, so the gone do not keep the living out. One thread places them, in
 //! order, each in the lane that runs fewest sequences (a sequence stays in its lane to its
 //! end: lanes are balanced when placing, not rebalanced), when there is room (`Room`): at most
 //! `Limits::max_batch` sequences run in all lanes together, and their caches are bounded
@@ -20,9 +21,7 @@
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
-use std::sync::mpsc::{
-    channel, sync_channel, Receiver, SendError, Sender, SyncSender, TrySendError,
-};
+use std::sync::mpsc::{channel, Receiver, SendError, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -80,7 +79,8 @@ pub struct Limits {
     pub max_batch: usize,
     /// Micro-batches (lanes) the running sequences are split into, in flight together.
     pub micro_batches: usize,
-    /// Jobs that may wait for a place; beyond, `submit` refuses them as busy.
+    /// Jobs that may wait for a place (every job waits there, however briefly: with none,
+    /// nothing is served); beyond, `submit` refuses them as busy.
     pub queue: usize,
     /// Bytes of cache the running sequences may hold together, each counted at its full
     /// length; a job that alone needs more is refused.
@@ -91,7 +91,7 @@ pub struct Limits {
 /// handle is dropped (and then until its running sequences are done).
 #[derive(Clone)]
 pub struct Batcher {
-    jobs: SyncSender<(Job, UnboundedSender<Event>)>,
+    submitter: Arc<Submitter>,
     engine: Arc<Engine>,
     cache_bytes: usize,
 }
@@ -100,7 +100,7 @@ impl Batcher {
     /// Starts the placing thread and the lanes, within `limits`.
     pub fn start(engine: Arc<Engine>, limits: Limits) -> anyhow::Result<Batcher> {
         let pipeline = Pipeline::new(limits.micro_batches, rayon::current_num_threads())?;
-        let (jobs, incoming) = sync_channel(limits.queue);
+        let queue = Arc::new(Queue::new(limits.queue));
         let limits = Limits {
             max_batch: limits.max_batch.max(1),
             ..limits
@@ -123,12 +123,12 @@ impl Batcher {
                     .run(&lane_engine)
                 })
             })?;
-        let place_engine = engine.clone();
+        let (place_engine, incoming) = (engine.clone(), queue.clone());
         std::thread::Builder::new()
             .name("batcher".into())
             .spawn(move || place(&place_engine, &room, &incoming, &lanes))?;
         Ok(Batcher {
-            jobs,
+            submitter: Arc::new(Submitter(queue)),
             engine,
             cache_bytes: limits.cache_bytes,
         })
@@ -142,11 +142,100 @@ impl Batcher {
             return Err(Refused::Invalid(why));
         }
         let (events, receiver) = unbounded_channel();
-        match self.jobs.try_send((job, events)) {
-            Ok(()) => Ok(receiver),
-            Err(TrySendError::Full(_)) => Err(Refused::Busy),
-            Err(TrySendError::Disconnected(_)) => Err(Refused::Stopped),
+        self.submitter.0.push((job, events))?;
+        Ok(receiver)
+    }
+}
+
+/// A job and where its caller hears about it.
+type Queued = (Job, UnboundedSender<Event>);
+
+/// The jobs waiting for a place, in order, at most `bound` of them.
+struct Queue {
+    state: Mutex<Waiting>,
+    arrived: Condvar,
+    bound: usize,
+}
+
+struct Waiting {
+    jobs: VecDeque<Queued>,
+    /// False once the placing thread has ended: nothing is served any more.
+    taking: bool,
+    /// False once every `Batcher` is gone: nothing more comes.
+    submitting: bool,
+}
+
+impl Queue {
+    fn new(bound: usize) -> Queue {
+        Queue {
+            state: Mutex::new(Waiting {
+                jobs: VecDeque::new(),
+                taking: true,
+                submitting: true,
+            }),
+            arrived: Condvar::new(),
+            bound,
         }
+    }
+
+    /// A queue and its flags: nothing a panic could leave half done.
+    fn lock(&self) -> MutexGuard<'_, Waiting> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Queues `job` behind the others, unless the queue is full of callers still listening
+    /// (those who hung up leave it first) or nothing takes jobs any more.
+    fn push(&self, job: Queued) -> Result<(), Refused> {
+        let mut waiting = self.lock();
+        if !waiting.taking {
+            return Err(Refused::Stopped);
+        }
+        waiting.jobs.retain(|(_, events)| !events.is_closed());
+        if waiting.jobs.len() >= self.bound {
+            return Err(Refused::Busy);
+        }
+        waiting.jobs.push_back(job);
+        drop(waiting);
+        self.arrived.notify_one();
+        Ok(())
+    }
+
+    /// The first job, waiting for one; `None` once the queue is empty and nothing more comes.
+    fn next(&self) -> Option<Queued> {
+        let mut waiting = self.lock();
+        loop {
+            if let Some(job) = waiting.jobs.pop_front() {
+                return Some(job);
+            }
+            if !waiting.submitting {
+                return None;
+            }
+            waiting = self
+                .arrived
+                .wait(waiting)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+    }
+
+    /// Nothing will take jobs any more: later ones are refused; those waiting, returned.
+    fn stop_taking(&self) -> VecDeque<Queued> {
+        let mut waiting = self.lock();
+        waiting.taking = false;
+        std::mem::take(&mut waiting.jobs)
+    }
+}
+
+/// The `Batcher`s' end of the queue: when the last is dropped, the placing thread hears that
+/// nothing more comes (it places what is queued, then ends, and the lanes with it once their
+/// sequences are done).
+struct Submitter(Arc<Queue>);
+
+impl Drop for Submitter {
+    fn drop(&mut self) {
+        self.0.lock().submitting = false;
+        self.0.arrived.notify_all();
     }
 }
 
@@ -353,17 +442,13 @@ impl Room {
 }
 
 /// The placing thread: takes jobs in order, waits for room for each and hands it, its cache
-/// allocated, to a lane. Ends when every `Batcher` is dropped, which ends the lanes once
-/// their sequences are done, or when no lane is left (then `submit` says `Stopped`).
-fn place(
-    engine: &Engine,
-    room: &Arc<Room>,
-    incoming: &Receiver<(Job, UnboundedSender<Event>)>,
-    lanes: &[Sender<Running>],
-) {
+/// allocated, to a lane. Ends when every `Batcher` is dropped and the queue is empty, which
+/// ends the lanes once their sequences are done, or when no lane is left (then `submit`
+/// says `Stopped`, and the jobs still queued fail).
+fn place(engine: &Engine, room: &Arc<Room>, incoming: &Queue, lanes: &[Sender<Running>]) {
     let stopped = || "generation failed: the batch stopped".to_string();
     while room.wait_for_a_place() {
-        let Ok((job, events)) = incoming.recv() else {
+        let Some((job, events)) = incoming.next() else {
             return;
         };
         let needs = cache_bytes(&engine.model, &job);
@@ -386,6 +471,9 @@ fn place(
         }
     }
     tracing::error!("every batch lane has ended; nothing more is served");
+    for (_, events) in incoming.stop_taking() {
+        let _ = events.send(Event::Failed(stopped()));
+    }
 }
 
 /// One lane's sequences: those stepping, and those placed here that have not joined yet
@@ -723,6 +811,39 @@ mod tests {
         assert_still_running(&mut long);
         drop(long);
         assert_ends(queued);
+    }
+
+    /// A caller that hangs up while its job is queued gives its place in the queue to the
+    /// next: with one running and a queue of one, a job queued and abandoned keeps no one
+    /// out, and the job after it runs. Once the batch has stopped, jobs are refused as such.
+    #[test]
+    fn a_caller_that_hangs_up_while_queued_leaves_the_queue() {
+        let engine = tiny_engine();
+        let limits = Limits {
+            max_batch: 1,
+            queue: 1,
+            ..ROOMY
+        };
+        let batcher = Batcher::start(engine.clone(), limits).unwrap();
+        let mut long = running(&batcher, long_job(&engine.model));
+        drop(batcher.submit(job_for(&PROMPTS[1])).unwrap());
+        let next = batcher.submit(job_for(&PROMPTS[2])).unwrap();
+        assert!(matches!(
+            batcher.submit(job_for(&PROMPTS[0])),
+            Err(Refused::Busy)
+        ));
+        assert_still_running(&mut long);
+        drop(long);
+        assert_ends(next);
+
+        let queue = Queue::new(2);
+        let (events, _heard) = unbounded_channel();
+        queue.push((job(1, 1), events)).unwrap();
+        let (_, events) = queue.stop_taking().pop_front().unwrap();
+        assert!(matches!(
+            queue.push((job(1, 1), events)),
+            Err(Refused::Stopped)
+        ));
     }
 
     /// With room for all, generations placed in several lanes at once, each stepping on its
