@@ -10,7 +10,8 @@
 //!
 //! Requests wait in a bounded queue; when it is full `submit` says so at once (the HTTP
 //! layer answers 429) rather than letting a burst grow memory. A request whose caller has
-//! hung up leaves the queue when the next one comes, so the gone do not keep the living out. One thread places them, in
+//! hung up leaves the full queue when the next one comes, so the gone do not keep the living
+//! out. One thread places them, in
 //! order, each in the lane that runs fewest sequences (a sequence stays in its lane to its
 //! end: lanes are balanced when placing, not rebalanced), when there is room (`Room`): at most
 //! `Limits::max_batch` sequences run in all lanes together, and their caches are bounded
@@ -79,8 +80,8 @@ pub struct Limits {
     pub max_batch: usize,
     /// Micro-batches (lanes) the running sequences are split into, in flight together.
     pub micro_batches: usize,
-    /// Jobs that may wait for a place (every job waits there, however briefly: with none,
-    /// nothing is served); beyond, `submit` refuses them as busy.
+    /// Jobs that may wait for a place; beyond, `submit` refuses them as busy. With none, a
+    /// job is taken only when the batch has room for it at once.
     pub queue: usize,
     /// Bytes of cache the running sequences may hold together, each counted at its full
     /// length; a job that alone needs more is refused.
@@ -163,6 +164,9 @@ struct Waiting {
     taking: bool,
     /// False once every `Batcher` is gone: nothing more comes.
     submitting: bool,
+    /// The placing thread waits for a job: the batch has room, and a job is taken at once
+    /// even by a queue of none.
+    idle: bool,
 }
 
 impl Queue {
@@ -172,6 +176,7 @@ impl Queue {
                 jobs: VecDeque::new(),
                 taking: true,
                 submitting: true,
+                idle: false,
             }),
             arrived: Condvar::new(),
             bound,
@@ -186,14 +191,18 @@ impl Queue {
     }
 
     /// Queues `job` behind the others, unless the queue is full of callers still listening
-    /// (those who hung up leave it first) or nothing takes jobs any more.
+    /// (when it is full, those who hung up leave it first) or nothing takes jobs any more.
     fn push(&self, job: Queued) -> Result<(), Refused> {
         let mut waiting = self.lock();
         if !waiting.taking {
             return Err(Refused::Stopped);
         }
-        waiting.jobs.retain(|(_, events)| !events.is_closed());
-        if waiting.jobs.len() >= self.bound {
+        let handed_over = usize::from(waiting.idle && waiting.jobs.is_empty());
+        let bound = self.bound.max(handed_over);
+        if waiting.jobs.len() >= bound {
+            waiting.jobs.retain(|(_, events)| !events.is_closed());
+        }
+        if waiting.jobs.len() >= bound {
             return Err(Refused::Busy);
         }
         waiting.jobs.push_back(job);
@@ -207,11 +216,13 @@ impl Queue {
         let mut waiting = self.lock();
         loop {
             if let Some(job) = waiting.jobs.pop_front() {
+                waiting.idle = false;
                 return Some(job);
             }
             if !waiting.submitting {
                 return None;
             }
+            waiting.idle = true;
             waiting = self
                 .arrived
                 .wait(waiting)
@@ -446,6 +457,7 @@ impl Room {
 /// ends the lanes once their sequences are done, or when no lane is left (then `submit`
 /// says `Stopped`, and the jobs still queued fail).
 fn place(engine: &Engine, room: &Arc<Room>, incoming: &Queue, lanes: &[Sender<Running>]) {
+    let _ending = Ending(incoming);
     let stopped = || "generation failed: the batch stopped".to_string();
     while room.wait_for_a_place() {
         let Some((job, events)) = incoming.next() else {
@@ -471,8 +483,18 @@ fn place(engine: &Engine, room: &Arc<Room>, incoming: &Queue, lanes: &[Sender<Ru
         }
     }
     tracing::error!("every batch lane has ended; nothing more is served");
-    for (_, events) in incoming.stop_taking() {
-        let _ = events.send(Event::Failed(stopped()));
+}
+
+/// The placing thread's end, however it comes (no lane left, the last `Batcher` gone, a
+/// panic): later jobs are refused as stopped, and those still queued fail.
+struct Ending<'a>(&'a Queue);
+
+impl Drop for Ending<'_> {
+    fn drop(&mut self) {
+        for (_, events) in self.0.stop_taking() {
+            let message = "generation failed: the batch stopped".to_string();
+            let _ = events.send(Event::Failed(message));
+        }
     }
 }
 
@@ -835,15 +857,55 @@ mod tests {
         assert_still_running(&mut long);
         drop(long);
         assert_ends(next);
+    }
 
+    /// However the placing thread ends, the jobs still queued fail and later ones are
+    /// refused as stopped.
+    #[test]
+    fn when_the_placing_thread_ends_the_queued_jobs_fail() {
         let queue = Queue::new(2);
-        let (events, _heard) = unbounded_channel();
+        let (events, mut heard) = unbounded_channel();
         queue.push((job(1, 1), events)).unwrap();
-        let (_, events) = queue.stop_taking().pop_front().unwrap();
+        drop(Ending(&queue));
+        assert!(matches!(heard.try_recv(), Ok(Event::Failed(_))));
+        let (events, _heard) = unbounded_channel();
         assert!(matches!(
             queue.push((job(1, 1), events)),
             Err(Refused::Stopped)
         ));
+    }
+
+    /// With a queue of none, a job is taken when the batch has room for it at once, and
+    /// refused as busy while it has none.
+    #[test]
+    fn a_queue_of_none_takes_a_job_only_when_the_batch_has_room() {
+        let engine = tiny_engine();
+        let limits = Limits {
+            max_batch: 1,
+            queue: 0,
+            ..ROOMY
+        };
+        let batcher = Batcher::start(engine.clone(), limits).unwrap();
+        // Until the placing thread waits for a job, there is nobody to hand one to.
+        let submitted = |job: &dyn Fn() -> Job| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            loop {
+                match batcher.submit(job()) {
+                    Err(Refused::Busy) if std::time::Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(5))
+                    }
+                    other => return other.unwrap(),
+                }
+            }
+        };
+        let mut long = submitted(&|| long_job(&engine.model));
+        assert!(matches!(long.blocking_recv(), Some(Event::Token(_))));
+        assert!(matches!(
+            batcher.submit(job_for(&PROMPTS[1])),
+            Err(Refused::Busy)
+        ));
+        drop(long);
+        assert_ends(submitted(&|| job_for(&PROMPTS[1])));
     }
 
     /// With room for all, generations placed in several lanes at once, each stepping on its

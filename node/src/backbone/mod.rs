@@ -77,10 +77,10 @@ pub struct Args {
     /// remote run locally in 4 micro-batches (about 0.8 of one's throughput on 2 cores).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
     micro_batches: Option<u16>,
-    /// Requests that may wait for a place in the batch (at least 1: every request passes
-    /// through the queue); beyond, `--listen` answers 429.
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
-    max_queued: u32,
+    /// Requests that may wait for a place in the batch; beyond, `--listen` answers 429 (with
+    /// 0, a request is taken only when the batch has room for it at once).
+    #[arg(long, default_value_t = 256)]
+    max_queued: usize,
     /// Memory the running generations' caches (attention keys and values, DeltaNet states)
     /// may take together, in MiB, each counted at its full length: a request joins the batch
     /// only when its cache fits beside theirs, and one that alone needs more gets a 400.
@@ -188,7 +188,7 @@ pub fn run(args: Args) -> Result<()> {
             batch: batcher::Limits {
                 max_batch: args.max_batch,
                 micro_batches: usize::from(micro_batches),
-                queue: args.max_queued as usize,
+                queue: args.max_queued,
                 cache_bytes: usize::try_from(args.cache_mib.saturating_mul(1 << 20))
                     .unwrap_or(usize::MAX),
             },
