@@ -1,10 +1,12 @@
 //! The backbone's OpenAI-compatible API over a real swarm (backbone, hub, TLS gateway and a
 //! worker holding every expert, each its own process): completions and chats, streamed and
 //! not, concurrent users sharing decode steps with each answer the bits of a local run, stop
-//! strings, a full queue, and bad requests answered in that API's error shape.
+//! strings, a full queue, callers who hang up, and bad requests answered in that API's error
+//! shape.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
+use std::time::{Duration, Instant};
 
 use kvasir_api::generation::GenerationReport;
 use kvasir_api::openai::{ChatChunk, ChatCompletion, Completion, ErrorResponse, ModelList};
@@ -278,11 +280,6 @@ fn bad_requests_get_openai_errors_and_a_full_queue_a_429() {
             r#"{"prompt": "x", "max_tokens": 100000}"#.into(),
             400,
         ),
-        (
-            "/v1/completions",
-            r#"{"prompt": "x", "max_tokens": 4000}"#.into(),
-            400,
-        ),
         ("/v1/completions", r#"{"prompt": ["a", "b"]}"#.into(), 400),
         (
             "/v1/completions",
@@ -308,6 +305,20 @@ fn bad_requests_get_openai_errors_and_a_full_queue_a_429() {
             .unwrap_or_else(|e| panic!("{body}: not an OpenAI error ({e}): {reply}"));
         assert!(!error.error.message.is_empty());
     }
+    // More than the model's context holds is that API's own error.
+    let (got, reply) = http(
+        &addr,
+        "POST",
+        "/v1/completions",
+        r#"{"prompt": "x", "max_tokens": 4000}"#,
+    );
+    assert_eq!(got, 400, "{reply}");
+    let error: ErrorResponse = serde_json::from_str(&reply).unwrap();
+    assert_eq!(
+        error.error.code.as_deref(),
+        Some("context_length_exceeded"),
+        "{reply}"
+    );
     // The old endpoint refuses, before it joins the batch, what the model's context cannot
     // hold (so it cannot fail the step it would share with others).
     let (got, reply) = http(
@@ -367,4 +378,63 @@ fn bad_requests_get_openai_errors_and_a_full_queue_a_429() {
     // The backbone still serves after its caller hung up mid-stream.
     let ask = serde_json::json!({"prompt": PROMPT, "max_tokens": 2});
     assert_eq!(post(&addr, "/v1/completions", &ask).0, 200);
+}
+
+/// The value of `name` in the backbone's `/metrics`.
+fn metric(addr: &str, name: &str) -> u64 {
+    let (status, text) = http(addr, "GET", "/metrics", "");
+    assert_eq!(status, 200, "{text}");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+/// Waits until `/metrics` says `name` is `want`; a minute without fails the test.
+fn until(addr: &str, name: &str, want: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = metric(addr, name);
+        if now == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{name} is {now}, not {want}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A caller who hangs up mid-generation, streamed or not, ends it: its sequence leaves the
+/// batch long before its 500 tokens (counted as hung up, never as completed), and the
+/// backbone serves the next caller.
+#[test]
+fn a_caller_who_hangs_up_mid_generation_ends_it() {
+    let mut swarm = Swarm::start("tiny");
+    swarm.add_worker("*:*");
+    let (_backbone, addr) = swarm.serve_backbone_with("*:*", &[]);
+    let running = "kvasir_backbone_running_sequences";
+    let completed = "kvasir_backbone_generations_completed_total";
+    let tokens = "kvasir_backbone_generated_tokens_total";
+    for (stream, hung_up) in [(true, 1), (false, 2)] {
+        let told = metric(&addr, tokens);
+        let ask = serde_json::json!({"prompt": PROMPT, "max_tokens": 500, "temperature": 0,
+            "stream": stream})
+        .to_string();
+        let mut caller = TcpStream::connect(&addr).unwrap();
+        write!(
+            caller,
+            "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{ask}",
+            ask.len()
+        )
+        .unwrap();
+        // It runs, and has its first tokens.
+        while metric(&addr, tokens) == told {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(caller);
+        until(&addr, "kvasir_backbone_generations_hung_up_total", hung_up);
+        until(&addr, running, 0);
+        assert_eq!(metric(&addr, completed), 0, "stream: {stream}");
+    }
+    let ask = serde_json::json!({"prompt": PROMPT, "max_tokens": 2});
+    assert_eq!(post(&addr, "/v1/completions", &ask).0, 200);
+    assert_eq!(metric(&addr, completed), 1);
 }

@@ -22,6 +22,7 @@
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, SendError, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
@@ -59,9 +60,92 @@ pub enum Refused {
     Busy,
     /// The batch has stopped (no lane is left): nothing will be served.
     Stopped,
-    /// The job cannot run on this model (too long for its context, a token outside its
-    /// vocabulary, nothing to generate).
-    Invalid(String),
+    /// The job cannot run on this model.
+    Invalid(Unfit),
+}
+
+/// Why a job cannot run on this model, whatever else runs.
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum Unfit {
+    #[error("a prompt and at least one token to generate are needed")]
+    Empty,
+    #[error("the prompt's {prompt} tokens are over {MAX_PROMPT_TOKENS}")]
+    PromptTooLong { prompt: usize },
+    #[error("the prompt's {prompt} tokens and {max_new} to generate exceed the model's context of {context}")]
+    OverContext {
+        prompt: usize,
+        max_new: usize,
+        context: usize,
+    },
+    #[error("the prompt's {prompt} tokens and {max_new} to generate need {} KiB of cache, over this backbone's {} KiB", kib(*.needs), kib(*.bound))]
+    OverCache {
+        prompt: usize,
+        max_new: usize,
+        needs: usize,
+        bound: usize,
+    },
+    #[error("token {0} is outside the vocabulary")]
+    OutsideVocabulary(u32),
+}
+
+impl Unfit {
+    /// The prompt and the tokens asked for are more than this backbone can hold for one
+    /// sequence: fewer would fit.
+    pub fn is_length(&self) -> bool {
+        matches!(
+            self,
+            Unfit::PromptTooLong { .. } | Unfit::OverContext { .. } | Unfit::OverCache { .. }
+        )
+    }
+}
+
+/// The batch at a glance, for `/metrics`: what it holds now, and what it has done since it
+/// started.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BatchStats {
+    /// Jobs waiting for a place.
+    pub queued: usize,
+    /// Sequences placed in a lane.
+    pub running: usize,
+    /// Cache bytes the placed sequences hold (each at its full length).
+    pub cache_bytes: usize,
+    /// Tokens told to callers.
+    pub tokens: u64,
+    /// Generations told their end.
+    pub completed: u64,
+    /// Generations whose caller stopped listening before their end, queued or running.
+    pub hung_up: u64,
+    /// Generations told they failed.
+    pub failed: u64,
+}
+
+/// The counts behind `BatchStats`, kept by whoever sees the event happen.
+#[derive(Default)]
+struct Tally {
+    tokens: AtomicU64,
+    completed: AtomicU64,
+    hung_up: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl Tally {
+    fn add(counter: &AtomicU64, n: usize) {
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// Tells `events`' caller that its generation failed, and counts it.
+    fn fail(&self, events: &UnboundedSender<Event>, message: String) {
+        Tally::add(&self.failed, 1);
+        let _ = events.send(Event::Failed(message));
+    }
+
+    /// Counts a generation whose caller left when `listening` is false; returns it.
+    fn listening(&self, listening: bool) -> bool {
+        if !listening {
+            Tally::add(&self.hung_up, 1);
+        }
+        listening
+    }
 }
 
 /// Most prompt tokens one job may bring.
@@ -93,6 +177,7 @@ pub struct Limits {
 #[derive(Clone)]
 pub struct Batcher {
     submitter: Arc<Submitter>,
+    room: Arc<Room>,
     engine: Arc<Engine>,
     cache_bytes: usize,
 }
@@ -101,12 +186,13 @@ impl Batcher {
     /// Starts the placing thread and the lanes, within `limits`.
     pub fn start(engine: Arc<Engine>, limits: Limits) -> anyhow::Result<Batcher> {
         let pipeline = Pipeline::new(limits.micro_batches, rayon::current_num_threads())?;
-        let queue = Arc::new(Queue::new(limits.queue));
+        let tally = Arc::new(Tally::default());
+        let queue = Arc::new(Queue::new(limits.queue, tally.clone()));
         let limits = Limits {
             max_batch: limits.max_batch.max(1),
             ..limits
         };
-        let room = Arc::new(Room::new(pipeline.micro_batches(), limits));
+        let room = Arc::new(Room::new(pipeline.micro_batches(), limits, tally));
         let (lanes, placed): (Vec<Sender<Running>>, Vec<Receiver<Running>>) =
             (0..pipeline.micro_batches()).map(|_| channel()).unzip();
         let (lane_engine, lane_room) = (engine.clone(), room.clone());
@@ -124,12 +210,13 @@ impl Batcher {
                     .run(&lane_engine)
                 })
             })?;
-        let (place_engine, incoming) = (engine.clone(), queue.clone());
+        let (place_engine, place_room, incoming) = (engine.clone(), room.clone(), queue.clone());
         std::thread::Builder::new()
             .name("batcher".into())
-            .spawn(move || place(&place_engine, &room, &incoming, &lanes))?;
+            .spawn(move || place(&place_engine, &place_room, &incoming, &lanes))?;
         Ok(Batcher {
             submitter: Arc::new(Submitter(queue)),
+            room,
             engine,
             cache_bytes: limits.cache_bytes,
         })
@@ -139,12 +226,26 @@ impl Batcher {
     /// A job is checked here, so that no sequence in the batch can fail the step it shares
     /// with the others.
     pub fn submit(&self, job: Job) -> Result<UnboundedReceiver<Event>, Refused> {
-        if let Err(why) = check(&job, &self.engine.model, self.cache_bytes) {
-            return Err(Refused::Invalid(why));
-        }
+        check(&job, &self.engine.model, self.cache_bytes).map_err(Refused::Invalid)?;
         let (events, receiver) = unbounded_channel();
         self.submitter.0.push((job, events))?;
         Ok(receiver)
+    }
+
+    pub fn stats(&self) -> BatchStats {
+        let queued = self.submitter.0.lock().jobs.len();
+        let held = self.room.lock();
+        let tally = &self.room.tally;
+        let count = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        BatchStats {
+            queued,
+            running: held.running(),
+            cache_bytes: held.cache,
+            tokens: count(&tally.tokens),
+            completed: count(&tally.completed),
+            hung_up: count(&tally.hung_up),
+            failed: count(&tally.failed),
+        }
     }
 }
 
@@ -156,6 +257,7 @@ struct Queue {
     state: Mutex<Waiting>,
     arrived: Condvar,
     bound: usize,
+    tally: Arc<Tally>,
 }
 
 struct Waiting {
@@ -170,7 +272,7 @@ struct Waiting {
 }
 
 impl Queue {
-    fn new(bound: usize) -> Queue {
+    fn new(bound: usize, tally: Arc<Tally>) -> Queue {
         Queue {
             state: Mutex::new(Waiting {
                 jobs: VecDeque::new(),
@@ -180,6 +282,7 @@ impl Queue {
             }),
             arrived: Condvar::new(),
             bound,
+            tally,
         }
     }
 
@@ -198,7 +301,10 @@ impl Queue {
         let handed_over = usize::from(waiting.idle && waiting.jobs.is_empty());
         let bound = self.bound.max(handed_over);
         if waiting.jobs.len() >= bound {
-            waiting.jobs.retain(|(_, events)| !events.is_closed());
+            let tally = &self.tally;
+            waiting
+                .jobs
+                .retain(|(_, events)| tally.listening(!events.is_closed()));
         }
         if waiting.jobs.len() >= bound {
             return Err(Refused::Busy);
@@ -250,33 +356,34 @@ impl Drop for Submitter {
 
 /// Whether `job` can run on `model` beside others, its cache within `cache_bound` bytes;
 /// if not, why.
-fn check(job: &Job, model: &Model, cache_bound: usize) -> Result<(), String> {
+fn check(job: &Job, model: &Model, cache_bound: usize) -> Result<(), Unfit> {
     let config = model.config();
     let (context, vocab) = (config.max_position_embeddings, config.vocab_size);
     let (prompt, max_new) = (job.prompt.len(), job.max_new);
     if prompt == 0 || max_new == 0 {
-        return Err("a prompt and at least one token to generate are needed".into());
+        return Err(Unfit::Empty);
     }
     if prompt > MAX_PROMPT_TOKENS {
-        return Err(format!(
-            "the prompt's {prompt} tokens are over {MAX_PROMPT_TOKENS}"
-        ));
+        return Err(Unfit::PromptTooLong { prompt });
     }
     if prompt.saturating_add(max_new) > context {
-        return Err(format!(
-            "the prompt's {prompt} tokens and {max_new} to generate exceed the model's context of {context}"
-        ));
+        return Err(Unfit::OverContext {
+            prompt,
+            max_new,
+            context,
+        });
     }
-    let cache = cache_bytes(model, job);
-    if cache > cache_bound {
-        return Err(format!(
-            "the prompt's {prompt} tokens and {max_new} to generate need {} KiB of cache, over this backbone's {} KiB",
-            kib(cache),
-            kib(cache_bound),
-        ));
+    let needs = cache_bytes(model, job);
+    if needs > cache_bound {
+        return Err(Unfit::OverCache {
+            prompt,
+            max_new,
+            needs,
+            bound: cache_bound,
+        });
     }
     if let Some(token) = job.prompt.iter().find(|t| **t as usize >= vocab) {
-        return Err(format!("token {token} is outside the vocabulary"));
+        return Err(Unfit::OutsideVocabulary(*token));
     }
     Ok(())
 }
@@ -324,6 +431,7 @@ struct Room {
     held: Mutex<Held>,
     freed: Condvar,
     limits: Limits,
+    tally: Arc<Tally>,
 }
 
 struct Held {
@@ -352,7 +460,7 @@ enum Placing {
 const WAITING_CHECK: Duration = Duration::from_millis(100);
 
 impl Room {
-    fn new(lanes: usize, limits: Limits) -> Room {
+    fn new(lanes: usize, limits: Limits, tally: Arc<Tally>) -> Room {
         Room {
             held: Mutex::new(Held {
                 per_lane: vec![Some(0); lanes],
@@ -360,6 +468,7 @@ impl Room {
             }),
             freed: Condvar::new(),
             limits,
+            tally,
         }
     }
 
@@ -463,9 +572,12 @@ fn place(engine: &Engine, room: &Arc<Room>, incoming: &Queue, lanes: &[Sender<Ru
         // A caller that stopped listening while it waited gets no cache.
         let share = match room.take(needs, || events.is_closed()) {
             Placing::Lane(share) => share,
-            Placing::Left => continue,
+            Placing::Left => {
+                room.tally.listening(false);
+                continue;
+            }
             Placing::NoLane => {
-                let _ = events.send(Event::Failed(stopped()));
+                room.tally.fail(&events, stopped());
                 break;
             }
         };
@@ -475,7 +587,7 @@ fn place(engine: &Engine, room: &Arc<Room>, incoming: &Queue, lanes: &[Sender<Ru
         };
         // The lane ended after it was chosen: this job fails, the next goes elsewhere.
         if let Err(SendError(running)) = lanes[lane].send(running) {
-            let _ = running.events.send(Event::Failed(stopped()));
+            room.tally.fail(&running.events, stopped());
         }
     }
     tracing::error!("every batch lane has ended; nothing more is served");
@@ -489,7 +601,7 @@ impl Drop for Ending<'_> {
     fn drop(&mut self) {
         for (_, events) in self.0.stop_taking() {
             let message = "generation failed: the batch stopped".to_string();
-            let _ = events.send(Event::Failed(message));
+            self.0.tally.fail(&events, message);
         }
     }
 }
@@ -518,8 +630,11 @@ impl Lane<'_> {
             self.waiting.extend(self.placed.try_iter());
             // A caller that stopped listening leaves before the step (and takes no budget);
             // its share goes back as it is dropped.
-            self.waiting.retain(|r| !r.events.is_closed());
-            self.batch.retain(|r| !r.events.is_closed());
+            let tally = &self.room.tally;
+            self.waiting
+                .retain(|r| tally.listening(!r.events.is_closed()));
+            self.batch
+                .retain(|r| tally.listening(!r.events.is_closed()));
             let mut prefill = 0;
             while let Some(next) = self.waiting.front() {
                 if prefill > 0 && prefill + next.prompt > PREFILL_BUDGET {
@@ -550,11 +665,12 @@ impl Lane<'_> {
         if let Some(message) = failure {
             tracing::error!("{message}; the {} generations in it end", self.batch.len());
             for running in self.batch.drain(..) {
-                let _ = running.events.send(Event::Failed(message.clone()));
+                self.room.tally.fail(&running.events, message.clone());
             }
             return;
         }
-        self.batch.retain_mut(tell);
+        let tally = &self.room.tally;
+        self.batch.retain_mut(|running| tell(running, tally));
     }
 }
 
@@ -568,7 +684,7 @@ impl Drop for Lane<'_> {
         let held = self.batch.drain(..).chain(self.waiting.drain(..));
         for running in held.chain(self.placed.try_iter()) {
             let message = "generation failed: its batch lane stopped".to_string();
-            let _ = running.events.send(Event::Failed(message));
+            self.room.tally.fail(&running.events, message);
         }
     }
 }
@@ -594,19 +710,20 @@ fn admit(
                 kib(share.cache_bytes)
             );
             tracing::error!("{message}");
-            let _ = events.send(Event::Failed(message));
+            share.room.tally.fail(&events, message);
             None
         }
     }
 }
 
 /// Sends the caller its new tokens, and the end if it came; whether it stays in the batch.
-fn tell(running: &mut Running) -> bool {
+fn tell(running: &mut Running, tally: &Tally) -> bool {
     let generated = running.sequence.generated();
     for token in &generated[running.told..] {
-        if running.events.send(Event::Token(*token)).is_err() {
+        if !tally.listening(running.events.send(Event::Token(*token)).is_ok()) {
             return false;
         }
+        Tally::add(&tally.tokens, 1);
     }
     running.told = generated.len();
     if !running.sequence.is_done() {
@@ -618,6 +735,8 @@ fn tell(running: &mut Running) -> bool {
         .iter()
         .flat_map(|v| v.to_le_bytes())
         .collect();
+    // Counted before it is told, so that a caller who heard its end finds it counted.
+    Tally::add(&tally.completed, 1);
     let _ = running.events.send(Event::Done {
         eos: running.sequence.ended(),
         logits_blake3: blake3::hash(&logits).to_hex().to_string(),
@@ -662,21 +781,44 @@ mod tests {
         let bound = model.cache_bytes(60);
         assert_eq!(check(&job(10, 50), &model, bound), Ok(()));
         let refused = check(&job(10, 51), &model, bound).unwrap_err();
+        assert_eq!(
+            refused,
+            Unfit::OverCache {
+                prompt: 10,
+                max_new: 51,
+                needs: model.cache_bytes(61),
+                bound
+            }
+        );
+        assert!(refused.is_length());
         assert!(
-            refused.contains("of cache, over this backbone's"),
+            refused
+                .to_string()
+                .contains("of cache, over this backbone's"),
             "{refused}"
         );
-        assert!(
-            check(&job(10, 600), &model, usize::MAX).is_err(),
-            "past the context"
-        );
-        assert!(check(&job(10, usize::MAX), &model, usize::MAX).is_err());
-        assert!(check(&job(0, 5), &model, usize::MAX).is_err());
+        let context = model.config().max_position_embeddings;
+        for max_new in [600, usize::MAX] {
+            let past = check(&job(10, max_new), &model, usize::MAX).unwrap_err();
+            assert_eq!(
+                past,
+                Unfit::OverContext {
+                    prompt: 10,
+                    max_new,
+                    context
+                }
+            );
+        }
+        let long = check(&job(MAX_PROMPT_TOKENS + 1, 1), &model, usize::MAX).unwrap_err();
+        assert!(long.is_length(), "{long}");
+        assert_eq!(check(&job(0, 5), &model, usize::MAX), Err(Unfit::Empty));
         let outside = Job {
             prompt: vec![u32::MAX],
             ..job(1, 1)
         };
-        assert!(check(&outside, &model, usize::MAX).is_err());
+        let refused = check(&outside, &model, usize::MAX).unwrap_err();
+        assert_eq!(refused, Unfit::OutsideVocabulary(u32::MAX));
+        assert!(!refused.is_length());
         // The cache is the keys and values of every layer at each position.
         let per_position = model.cache_bytes(2) - model.cache_bytes(1);
         assert_eq!(per_position, 3 * 2 * 2 * 32 * 4);
@@ -744,7 +886,8 @@ mod tests {
     }
 
     /// A caller that hangs up gives its room back, whether it was running or waiting for
-    /// room: with room for one, the jobs after it still run.
+    /// room: with room for one, the jobs after it still run. The stats count both as hung
+    /// up, and every token told.
     #[test]
     fn a_caller_that_hangs_up_gives_its_room_back() {
         let engine = tiny_engine();
@@ -757,8 +900,21 @@ mod tests {
         // This one waits for room behind the running one, then both callers leave.
         drop(batcher.submit(job_for(&PROMPTS[1])).unwrap());
         assert_still_running(&mut long);
+        let holding = batcher.stats();
+        assert_eq!(holding.running, 1, "{holding:?}");
+        assert_eq!(holding.cache_bytes, limits.cache_bytes);
         drop(long);
-        assert_ends(batcher.submit(job_for(&PROMPTS[2])).unwrap());
+        let heard = all_events(batcher.submit(job_for(&PROMPTS[2])).unwrap());
+        assert!(matches!(heard.last(), Some(Event::Done { .. })));
+        let after = settled(&batcher);
+        assert_eq!(
+            (after.running, after.cache_bytes, after.queued),
+            (0, 0, 0),
+            "{after:?}"
+        );
+        assert_eq!((after.hung_up, after.completed, after.failed), (2, 1, 0));
+        // The long one was told at least its first token before it was left.
+        assert!(after.tokens > MAX_NEW as u64, "{after:?}");
     }
 
     /// A lane that ends, however, gives back the room of every sequence placed in it and
@@ -767,7 +923,7 @@ mod tests {
     #[test]
     fn an_ended_lane_gives_back_the_room_of_all_it_was_given() {
         let engine = tiny_engine();
-        let room = Arc::new(Room::new(2, ROOMY));
+        let room = Arc::new(Room::new(2, ROOMY, Arc::default()));
         let needs = cache_bytes(&engine.model, &job(3, 4));
         let placed = |lane: usize| {
             let Placing::Lane(share) = room.take(needs, || false) else {
@@ -838,7 +994,7 @@ mod tests {
     /// refused as stopped.
     #[test]
     fn when_the_placing_thread_ends_the_queued_jobs_fail() {
-        let queue = Queue::new(2);
+        let queue = Queue::new(2, Arc::default());
         let (events, mut heard) = unbounded_channel();
         queue.push((job(1, 1), events)).unwrap();
         drop(Ending(&queue));
@@ -933,6 +1089,19 @@ mod tests {
             matches!(heard.last(), Some(Event::Done { .. })),
             "{heard:?}"
         );
+    }
+
+    /// The stats once no sequence is placed (a sequence gives its room back just after its
+    /// caller heard its end), or after ten seconds.
+    fn settled(batcher: &Batcher) -> BatchStats {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let stats = batcher.stats();
+            if stats.running == 0 || std::time::Instant::now() > deadline {
+                return stats;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// Every event of a generation to its end; a generation that has not ended within a

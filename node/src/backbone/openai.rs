@@ -307,18 +307,6 @@ impl Asked {
             .tokenizer
             .encode(prompt)
             .map_err(|e| ApiError::invalid(Some("prompt"), e.to_string()))?;
-        let context = served.engine.model.config().max_position_embeddings;
-        if tokens.is_empty() || tokens.len() + max_tokens > context {
-            return Err(ApiError::with(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                "context_length_exceeded",
-                format!(
-                    "the prompt's {} tokens and max_tokens {max_tokens} exceed the model's context of {context}",
-                    tokens.len()
-                ),
-            ));
-        }
         let created = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -368,7 +356,13 @@ impl Asked {
                     "stopped",
                     "this backbone no longer generates",
                 ),
-                Refused::Invalid(message) => ApiError::invalid(Some("prompt"), message),
+                Refused::Invalid(unfit) if unfit.is_length() => ApiError::with(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    "context_length_exceeded",
+                    unfit.to_string(),
+                ),
+                Refused::Invalid(unfit) => ApiError::invalid(Some("prompt"), unfit.to_string()),
             })
     }
 

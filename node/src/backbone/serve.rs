@@ -76,12 +76,48 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
-/// `GET /metrics`: dispatch counts and round trips, as Prometheus text.
-#[utoipa::path(get, path = "/metrics", description = "Prometheus text: remote requests, fallbacks, dispatch round trips.", responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain")))]
+/// `GET /metrics`: the batch, dispatch counts and round trips, as Prometheus text.
+#[utoipa::path(get, path = "/metrics", description = "Prometheus text: the batch (queued, running, cache, tokens, generations by end), remote requests, fallbacks, dispatch round trips.", responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain")))]
 async fn metrics(State(served): State<Arc<Served>>) -> String {
     let experts = &served.engine.experts;
     let counts = experts.stats();
+    let batch = served.batcher.stats();
     Exposition::default()
+        .gauge(
+            "kvasir_backbone_queued_generations",
+            "Generations waiting for a place in the batch.",
+            batch.queued as u64,
+        )
+        .gauge(
+            "kvasir_backbone_running_sequences",
+            "Sequences placed in the batch's micro-batches.",
+            batch.running as u64,
+        )
+        .gauge(
+            "kvasir_backbone_cache_bytes",
+            "Cache the running sequences hold, each counted at its full length.",
+            batch.cache_bytes as u64,
+        )
+        .counter(
+            "kvasir_backbone_generated_tokens_total",
+            "Tokens sent to callers.",
+            batch.tokens,
+        )
+        .counter(
+            "kvasir_backbone_generations_completed_total",
+            "Generations run to their end.",
+            batch.completed,
+        )
+        .counter(
+            "kvasir_backbone_generations_hung_up_total",
+            "Generations whose caller stopped listening before their end, queued or running.",
+            batch.hung_up,
+        )
+        .counter(
+            "kvasir_backbone_generations_failed_total",
+            "Generations that failed (a failed step, a stopped batch, no memory for a cache).",
+            batch.failed,
+        )
         .counter(
             "kvasir_backbone_remote_requests_total",
             "Requests sent to workers (one per worker per layer step).",
@@ -145,9 +181,11 @@ async fn generate_handler(
                 let message = "this backbone no longer generates".to_string();
                 http_error(StatusCode::SERVICE_UNAVAILABLE, "stopped", message)
             }
-            Refused::Invalid(message) => {
-                http_error(StatusCode::UNPROCESSABLE_ENTITY, "invalid", message)
-            }
+            Refused::Invalid(unfit) => http_error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid",
+                unfit.to_string(),
+            ),
         })?;
     let mut token_ids = Vec::new();
     let logits_blake3 = loop {
