@@ -4,7 +4,8 @@
 //! loop, and connections beyond a global cap or a per-address cap are closed at once, before
 //! any byte is read. Each accepted connection holds a `Slot` that frees its place when the
 //! connection's task ends. The per-address cap counts an IPv6 peer by its /64 (one subscriber
-//! is routinely given a whole /64) and an IPv4-mapped IPv6 address as its IPv4 address.
+//! is routinely given a whole /64) and an IPv4-mapped IPv6 address as its IPv4 address. The
+//! same counting (`Places`) caps other things a peer holds, such as requests in progress.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
@@ -42,6 +43,15 @@ impl Limits {
             max_connections_per_ip: usize::MAX,
         }
     }
+
+    /// Only a cap per address, for places other than connections (which the listener
+    /// already caps in all).
+    pub fn per_address(per_address: usize) -> Limits {
+        Limits {
+            max_connections: usize::MAX,
+            max_connections_per_ip: per_address,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -50,43 +60,28 @@ struct Counts {
     per_ip: HashMap<IpAddr, usize>,
 }
 
-/// Counts and rate-limited logging shared by the accept loop and every `Slot`.
-struct Shared {
+/// Places held at once, under a cap on all of them and a cap per peer address: the
+/// listener's connections, or the gateway's `/v1/` requests in progress. An address is kept
+/// only while it holds a place, so the map is no larger than the places held.
+pub struct Places {
     limits: Limits,
     counts: Mutex<Counts>,
-    quiet_until: Mutex<Option<Instant>>,
-    suppressed: Mutex<u64>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl Shared {
-    fn new(limits: Limits) -> Arc<Shared> {
-        Arc::new(Shared {
+impl Places {
+    pub fn new(limits: Limits) -> Arc<Places> {
+        Arc::new(Places {
             limits,
             counts: Mutex::default(),
-            quiet_until: Mutex::default(),
-            suppressed: Mutex::default(),
         })
     }
 
-    /// Logs `what` unless a line was logged less than a second ago (then counts it).
-    fn log(&self, role: &str, what: std::fmt::Arguments) {
-        let now = Instant::now();
-        let mut quiet = lock(&self.quiet_until);
-        if quiet.is_some_and(|until| now < until) {
-            *lock(&self.suppressed) += 1;
-            return;
-        }
-        *quiet = Some(now + LOG_INTERVAL);
-        let suppressed = std::mem::take(&mut *lock(&self.suppressed));
-        tracing::warn!("{role}: {what} ({suppressed} similar lines suppressed)");
-    }
-
-    /// Takes a place for a connection from `ip`, if the caps allow one.
-    fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<Slot> {
+    /// Takes a place for `ip`, if the caps allow one.
+    pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<Slot> {
         let ip = cap_key(ip);
         let mut counts = lock(&self.counts);
         let from_ip = counts.per_ip.get(&ip).copied().unwrap_or(0);
@@ -98,9 +93,31 @@ impl Shared {
         counts.total += 1;
         counts.per_ip.insert(ip, from_ip + 1);
         Some(Slot {
-            shared: self.clone(),
+            places: self.clone(),
             ip,
         })
+    }
+}
+
+/// At most one log line a second, the others counted.
+#[derive(Default)]
+struct QuietLog {
+    quiet_until: Mutex<Option<Instant>>,
+    suppressed: Mutex<u64>,
+}
+
+impl QuietLog {
+    /// Logs `what` unless a line was logged less than a second ago (then counts it).
+    fn log(&self, role: &str, what: std::fmt::Arguments) {
+        let now = Instant::now();
+        let mut quiet = lock(&self.quiet_until);
+        if quiet.is_some_and(|until| now < until) {
+            *lock(&self.suppressed) += 1;
+            return;
+        }
+        *quiet = Some(now + LOG_INTERVAL);
+        let suppressed = std::mem::take(&mut *lock(&self.suppressed));
+        tracing::warn!("{role}: {what} ({suppressed} similar lines suppressed)");
     }
 }
 
@@ -116,16 +133,16 @@ fn cap_key(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// A connection's place under the caps; dropping it frees the place.
+/// A place under the caps (`Places`); dropping it frees the place.
 pub struct Slot {
-    shared: Arc<Shared>,
+    places: Arc<Places>,
     /// The per-address cap's key for the peer (`cap_key`).
     ip: IpAddr,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut counts = lock(&self.shared.counts);
+        let mut counts = lock(&self.places.counts);
         counts.total = counts.total.saturating_sub(1);
         if let Some(n) = counts.per_ip.get_mut(&self.ip) {
             *n -= 1;
@@ -200,7 +217,8 @@ impl axum::serve::Listener for Acceptor {
 pub struct Acceptor {
     role: &'static str,
     listener: TcpListener,
-    shared: Arc<Shared>,
+    places: Arc<Places>,
+    log: QuietLog,
 }
 
 impl Acceptor {
@@ -208,7 +226,8 @@ impl Acceptor {
         Acceptor {
             role,
             listener,
-            shared: Shared::new(limits),
+            places: Places::new(limits),
+            log: QuietLog::default(),
         }
     }
 
@@ -217,12 +236,12 @@ impl Acceptor {
     pub async fn next(&self) -> (TcpStream, SocketAddr, Slot) {
         loop {
             match self.listener.accept().await {
-                Ok((stream, peer)) => match self.shared.admit(peer.ip()) {
+                Ok((stream, peer)) => match self.places.admit(peer.ip()) {
                     Some(slot) => return (stream, peer, slot),
                     None => {
                         drop(stream);
-                        let limits = self.shared.limits;
-                        self.shared.log(
+                        let limits = self.places.limits;
+                        self.log.log(
                             self.role,
                             format_args!(
                                 "refused a connection from {} (caps: {} in all, {} per address)",
@@ -234,7 +253,7 @@ impl Acceptor {
                     }
                 },
                 Err(error) => {
-                    self.shared
+                    self.log
                         .log(self.role, format_args!("accepting a connection: {error}"));
                     tokio::time::sleep(RETRY_PAUSE).await;
                 }
@@ -244,7 +263,7 @@ impl Acceptor {
 
     /// Connections held now.
     pub fn open(&self) -> usize {
-        lock(&self.shared.counts).total
+        lock(&self.places.counts).total
     }
 }
 
@@ -312,28 +331,28 @@ mod tests {
 
     #[test]
     fn one_64_shares_one_per_address_cap() {
-        let shared = Shared::new(Limits {
+        let places = Places::new(Limits {
             max_connections: 100,
             max_connections_per_ip: 2,
         });
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-        let first = shared.admit(ip("2001:db8::1")).expect("room");
-        let _second = shared.admit(ip("2001:db8::ffff:2")).expect("room");
+        let first = places.admit(ip("2001:db8::1")).expect("room");
+        let _second = places.admit(ip("2001:db8::ffff:2")).expect("room");
         assert!(
-            shared.admit(ip("2001:db8::3")).is_none(),
+            places.admit(ip("2001:db8::3")).is_none(),
             "a third from that /64"
         );
-        assert!(shared.admit(ip("2001:db8:0:1::3")).is_some(), "another /64");
+        assert!(places.admit(ip("2001:db8:0:1::3")).is_some(), "another /64");
         // Two connections from an IPv4 address, one of them through a mapped IPv6 socket.
-        let _v4 = shared.admit(ip("198.51.100.1")).expect("room");
-        let _mapped = shared.admit(ip("::ffff:198.51.100.1")).expect("room");
+        let _v4 = places.admit(ip("198.51.100.1")).expect("room");
+        let _mapped = places.admit(ip("::ffff:198.51.100.1")).expect("room");
         assert!(
-            shared.admit(ip("198.51.100.1")).is_none(),
+            places.admit(ip("198.51.100.1")).is_none(),
             "a third from that address"
         );
         drop(first);
         assert!(
-            shared.admit(ip("2001:db8::4")).is_some(),
+            places.admit(ip("2001:db8::4")).is_some(),
             "a freed place is taken"
         );
     }

@@ -224,28 +224,7 @@ pub fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
 
 /// As `http`, over TLS trusting the certificate in `cert` (a self-signed gateway's).
 pub fn https(addr: &str, cert: &Path, method: &str, path: &str, body: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio_rustls::rustls::pki_types::ServerName;
-    use tokio_rustls::TlsConnector;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let response = runtime.block_on(async {
-        let tcp = tokio::net::TcpStream::connect(addr).await.expect("connecting");
-        let tls = TlsConnector::from(kvasir_node::tls::client(Some(cert)).unwrap());
-        let name = ServerName::try_from("localhost").unwrap();
-        let mut stream = tls.connect(name, tcp).await.expect("a TLS handshake");
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        stream.write_all(head.as_bytes()).await.unwrap();
-        let mut response = Vec::new();
-        // A peer closing without TLS close_notify still delivered what it sent.
-        let _ = stream.read_to_end(&mut response).await;
-        String::from_utf8_lossy(&response).into_owned()
-    });
+    let response = HttpsCall::send(addr, cert, method, path, body).rest();
     let status = response
         .split(' ')
         .nth(1)
@@ -254,6 +233,69 @@ pub fn https(addr: &str, cert: &Path, method: &str, path: &str, body: &str) -> (
     match response.split_once("\r\n\r\n") {
         Some((_, body)) => (status, body.to_string()),
         None => panic!("not an HTTP response: {response:?}"),
+    }
+}
+
+/// A request sent over TLS (trusting the certificate in `cert`), its answer read as far as
+/// the test says: a client can stop reading mid-stream, or hang up by dropping it.
+pub struct HttpsCall {
+    runtime: tokio::runtime::Runtime,
+    stream: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+}
+
+impl HttpsCall {
+    pub fn send(addr: &str, cert: &Path, method: &str, path: &str, body: &str) -> HttpsCall {
+        use tokio::io::AsyncWriteExt;
+        use tokio_rustls::rustls::pki_types::ServerName;
+        use tokio_rustls::TlsConnector;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let stream = runtime.block_on(async {
+            let tcp = tokio::net::TcpStream::connect(addr).await.expect("connecting");
+            let tls = TlsConnector::from(kvasir_node::tls::client(Some(cert)).unwrap());
+            let name = ServerName::try_from("localhost").unwrap();
+            let mut stream = tls.connect(name, tcp).await.expect("a TLS handshake");
+            let head = format!(
+                "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            stream.write_all(head.as_bytes()).await.unwrap();
+            stream
+        });
+        HttpsCall { runtime, stream }
+    }
+
+    /// What arrived up to and including the first `needle`; panics if the answer ends first.
+    pub fn read_until(&mut self, needle: &str) -> String {
+        use tokio::io::AsyncReadExt;
+        let mut got = Vec::new();
+        let mut buffer = [0; 4096];
+        while !String::from_utf8_lossy(&got).contains(needle) {
+            let n = self
+                .runtime
+                .block_on(self.stream.read(&mut buffer))
+                .unwrap_or(0);
+            assert!(
+                n > 0,
+                "the answer ended before {needle:?}: {}",
+                String::from_utf8_lossy(&got)
+            );
+            got.extend_from_slice(&buffer[..n]);
+        }
+        String::from_utf8_lossy(&got).into_owned()
+    }
+
+    /// The rest of the answer, to the connection's end.
+    pub fn rest(mut self) -> String {
+        use tokio::io::AsyncReadExt;
+        let mut response = Vec::new();
+        // A peer closing without TLS close_notify still delivered what it sent.
+        let _ = self
+            .runtime
+            .block_on(self.stream.read_to_end(&mut response));
+        String::from_utf8_lossy(&response).into_owned()
     }
 }
 

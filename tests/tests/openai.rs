@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use kvasir_api::generation::GenerationReport;
 use kvasir_api::openai::{ChatChunk, ChatCompletion, Completion, ErrorResponse, ModelList};
-use kvasir_tests::swarm::{http, https, Swarm};
+use kvasir_tests::swarm::{http, https, HttpsCall, Swarm};
 
 const PROMPT: &str = "The capital of France is";
 
@@ -437,4 +437,46 @@ fn a_caller_who_hangs_up_mid_generation_ends_it() {
     let ask = serde_json::json!({"prompt": PROMPT, "max_tokens": 2});
     assert_eq!(post(&addr, "/v1/completions", &ask).0, 200);
     assert_eq!(metric(&addr, completed), 1);
+}
+
+/// Through the gateway one address has at most `--max-generations-per-ip` requests in
+/// progress: with 1, another request while a stream runs is a 429 in that API's shape; when
+/// the streaming client hangs up its place comes back, and the backbone ends its generation.
+#[test]
+fn the_gateway_caps_requests_in_progress_per_address() {
+    let mut swarm = Swarm::start("tiny");
+    swarm.add_worker("*:*");
+    let (_backbone, addr) = swarm.serve_backbone_with("*:*", &[]);
+    let backbone = format!("http://{addr}");
+    swarm.restart_gateway_with(&["--backbone", &backbone, "--max-generations-per-ip", "1"]);
+    let (gateway, cert) = (swarm.gateway_addr.clone(), swarm.cert());
+    let long = serde_json::json!({"prompt": PROMPT, "max_tokens": 500, "temperature": 0,
+        "stream": true})
+    .to_string();
+    let mut streaming = HttpsCall::send(&gateway, &cert, "POST", "/v1/completions", &long);
+    streaming.read_until("data:");
+    let (status, body) = https(&gateway, &cert, "GET", "/v1/models", "");
+    assert_eq!(status, 429, "{body}");
+    let error: ErrorResponse = serde_json::from_str(&body).unwrap();
+    assert_eq!(error.error.kind, "rate_limit_error");
+    assert_eq!(
+        error.error.code.as_deref(),
+        Some("too_many_requests_in_progress")
+    );
+    drop(streaming);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, body) = https(&gateway, &cert, "GET", "/v1/models", "");
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 429, "{body}");
+        assert!(Instant::now() < deadline, "the place never came back");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    until(&addr, "kvasir_backbone_generations_hung_up_total", 1);
+    assert_eq!(
+        metric(&addr, "kvasir_backbone_generations_completed_total"),
+        0
+    );
 }

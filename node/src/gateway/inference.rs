@@ -2,23 +2,28 @@
 //! when `--backbone` names one: the request (already read whole, within the REST limits)
 //! goes to the backbone over the LAN, and its answer comes back as it is produced, so a
 //! streamed completion's events reach the client as the backbone sends them. Errors the
-//! gateway itself gives are in that API's shape.
+//! gateway itself gives are in that API's shape. One client address may have at most
+//! `--max-generations-per-ip` requests in progress; a request holds its place until its
+//! answer, a stream included, has been sent or the client has gone.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{ConnectInfo, State};
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::http::{Method, Request, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use kvasir_api::openai::{ErrorDetail, ErrorResponse};
 use std::sync::Arc;
+
+use crate::listen::{Limits, Places};
 
 /// A backbone that takes no connection within this is unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -31,10 +36,13 @@ pub(super) struct Backbone {
     /// `http://host:port`, without a trailing slash.
     base: String,
     client: Client<HttpConnector, Full<Bytes>>,
+    /// Requests in progress, per client address.
+    in_progress: Arc<Places>,
+    per_address: usize,
 }
 
 impl Backbone {
-    pub(super) fn new(url: &str) -> Result<Backbone> {
+    pub(super) fn new(url: &str, per_address: usize) -> Result<Backbone> {
         let base = url.trim_end_matches('/').to_string();
         let uri: Uri = base.parse().with_context(|| format!("--backbone {url}"))?;
         if uri.scheme_str() != Some("http") || uri.authority().is_none() {
@@ -48,17 +56,23 @@ impl Backbone {
         Ok(Backbone {
             base,
             client: Client::builder(TokioExecutor::new()).build(connector),
+            in_progress: Places::new(Limits::per_address(per_address)),
+            per_address,
         })
     }
 }
 
 fn error(status: StatusCode, kind: &str, message: &str) -> Response {
+    error_with_code(status, kind, None, message)
+}
+
+fn error_with_code(status: StatusCode, kind: &str, code: Option<&str>, message: &str) -> Response {
     let body = ErrorResponse {
         error: ErrorDetail {
             message: message.into(),
             kind: kind.into(),
             param: None,
-            code: None,
+            code: code.map(str::to_string),
         },
     };
     (status, Json(body)).into_response()
@@ -67,6 +81,7 @@ fn error(status: StatusCode, kind: &str, message: &str) -> Response {
 /// `/v1/...`: passed to the backbone, its answer streamed back.
 pub(super) async fn relay(
     State(backbone): State<Arc<Option<Backbone>>>,
+    ConnectInfo(client): ConnectInfo<SocketAddr>,
     method: Method,
     uri: Uri,
     body: Bytes,
@@ -82,6 +97,19 @@ pub(super) async fn relay(
             "GET or POST",
         );
     }
+    let Some(place) = backbone.in_progress.admit(client.ip()) else {
+        let message = format!(
+            "this address has {} requests in progress, the most this gateway serves it at once; retry when one ends",
+            backbone.per_address
+        );
+        let code = Some("too_many_requests_in_progress");
+        return error_with_code(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            code,
+            &message,
+        );
+    };
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
     let request = match Request::builder()
         .method(method)
@@ -95,6 +123,12 @@ pub(super) async fn relay(
     match tokio::time::timeout(HEAD_TIMEOUT, backbone.client.request(request)).await {
         Ok(Ok(answer)) => {
             let (parts, body) = answer.into_parts();
+            // The body owns the client's place, so that it is freed when the answer has
+            // been sent or the client has gone, not when its head was.
+            let body = body.map_frame(move |frame| {
+                let _held = &place;
+                frame
+            });
             let mut response = Response::new(Body::new(body));
             *response.status_mut() = parts.status;
             for header in [CONTENT_TYPE, CACHE_CONTROL] {

@@ -17,7 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use axum::Router;
+use axum::extract::ConnectInfo;
+use axum::{Extension, Router};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use kvasir_api::Client;
@@ -69,6 +70,11 @@ pub struct Args {
     /// OpenAI-compatible API is served to the public under `/v1/`, streams included.
     #[arg(long)]
     backbone: Option<String>,
+    /// `/v1/` requests one address (for IPv6, one /64) may have in progress at once; more are
+    /// answered 429 in that API's error shape, so that no one client holds the backbone's
+    /// whole batch and queue. A streamed answer holds its place until it ends.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
+    max_generations_per_ip: u64,
     /// The hub's registry (`http://HOST:PORT`), polled for receipts to credit.
     #[arg(long, requires_all = ["ledger", "key"])]
     registry: Option<String>,
@@ -149,7 +155,7 @@ pub fn run(args: Args) -> Result<()> {
     let backbone = args
         .backbone
         .as_deref()
-        .map(inference::Backbone::new)
+        .map(|url| inference::Backbone::new(url, args.max_generations_per_ip as usize))
         .transpose()?;
     runtime.block_on(async {
         // The relay's client spawns its connection tasks on this runtime.
@@ -172,7 +178,7 @@ async fn serve(
         let (stream, peer, slot) = listener.next().await;
         let (tls, api, stats) = (tls.clone(), api.clone(), stats.clone());
         tokio::spawn(async move {
-            if let Err(e) = connection(tls, stream, hub, api, stats).await {
+            if let Err(e) = connection(tls, stream, peer, hub, api, stats).await {
                 tracing::debug!(%peer, "connection ended: {e:#}");
             }
             drop(slot);
@@ -183,6 +189,7 @@ async fn serve(
 async fn connection(
     acceptor: TlsAcceptor,
     stream: TcpStream,
+    peer: SocketAddr,
     hub: SocketAddr,
     api: Router,
     stats: Arc<Stats>,
@@ -228,7 +235,10 @@ async fn connection(
     hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEAD_TIMEOUT)
-        .serve_connection(io, TowerToHyperService::new(api))
+        .serve_connection(
+            io,
+            TowerToHyperService::new(api.layer(Extension(ConnectInfo(peer)))),
+        )
         .await?;
     Ok(())
 }
