@@ -22,7 +22,7 @@
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, SendError, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
@@ -103,7 +103,8 @@ impl Unfit {
 /// started.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct BatchStats {
-    /// Jobs waiting for a place.
+    /// Jobs waiting in the queue (besides the one the placing thread may hold while it waits
+    /// for cache room; those whose callers hung up until a full queue sweeps them out).
     pub queued: usize,
     /// Sequences placed in a lane.
     pub running: usize,
@@ -133,18 +134,57 @@ impl Tally {
         counter.fetch_add(n as u64, Ordering::Relaxed);
     }
 
-    /// Tells `events`' caller that its generation failed, and counts it.
-    fn fail(&self, events: &UnboundedSender<Event>, message: String) {
+    /// Tells `caller` that its generation failed, and counts it: for a job that never ran
+    /// (a running sequence is counted as it leaves, `Running`'s drop).
+    fn fail(&self, caller: &Caller, message: String) {
         Tally::add(&self.failed, 1);
-        let _ = events.send(Event::Failed(message));
+        caller.tell(Event::Failed(message));
+    }
+}
+
+/// A generation's events, in order, for its caller. Dropping it cancels the generation (the
+/// caller hung up); `finish` ends it as done, when the caller has what it wanted before the
+/// batch's end (a stop string).
+pub struct Generation {
+    events: UnboundedReceiver<Event>,
+    finished: Arc<AtomicBool>,
+}
+
+impl Generation {
+    pub async fn recv(&mut self) -> Option<Event> {
+        self.events.recv().await
     }
 
-    /// Counts a generation whose caller left when `listening` is false; returns it.
-    fn listening(&self, listening: bool) -> bool {
-        if !listening {
-            Tally::add(&self.hung_up, 1);
-        }
-        listening
+    pub fn finish(self) {
+        self.finished.store(true, Ordering::Release);
+    }
+}
+
+/// Where a job's caller hears about it, and whether it said it had heard enough.
+struct Caller {
+    events: UnboundedSender<Event>,
+    finished: Arc<AtomicBool>,
+}
+
+impl Caller {
+    /// A caller, and the generation it listens to.
+    fn new() -> (Caller, Generation) {
+        let (events, receiver) = unbounded_channel();
+        let finished = Arc::new(AtomicBool::new(false));
+        let generation = Generation {
+            events: receiver,
+            finished: finished.clone(),
+        };
+        (Caller { events, finished }, generation)
+    }
+
+    /// Whether it still listens.
+    fn tell(&self, event: Event) -> bool {
+        self.events.send(event).is_ok()
+    }
+
+    fn gone(&self) -> bool {
+        self.events.is_closed()
     }
 }
 
@@ -222,16 +262,17 @@ impl Batcher {
         })
     }
 
-    /// Queues `job`; its events arrive on the receiver. Dropping the receiver cancels it.
+    /// Queues `job`; its events arrive on the `Generation`.
     /// A job is checked here, so that no sequence in the batch can fail the step it shares
     /// with the others.
-    pub fn submit(&self, job: Job) -> Result<UnboundedReceiver<Event>, Refused> {
+    pub fn submit(&self, job: Job) -> Result<Generation, Refused> {
         check(&job, &self.engine.model, self.cache_bytes).map_err(Refused::Invalid)?;
-        let (events, receiver) = unbounded_channel();
-        self.submitter.0.push((job, events))?;
-        Ok(receiver)
+        let (caller, generation) = Caller::new();
+        self.submitter.0.push((job, caller))?;
+        Ok(generation)
     }
 
+    /// The batch now, and its counts since it started.
     pub fn stats(&self) -> BatchStats {
         let queued = self.submitter.0.lock().jobs.len();
         let held = self.room.lock();
@@ -250,7 +291,7 @@ impl Batcher {
 }
 
 /// A job and where its caller hears about it.
-type Queued = (Job, UnboundedSender<Event>);
+type Queued = (Job, Caller);
 
 /// The jobs waiting for a place, in order, at most `bound` of them.
 struct Queue {
@@ -301,10 +342,9 @@ impl Queue {
         let handed_over = usize::from(waiting.idle && waiting.jobs.is_empty());
         let bound = self.bound.max(handed_over);
         if waiting.jobs.len() >= bound {
-            let tally = &self.tally;
-            waiting
-                .jobs
-                .retain(|(_, events)| tally.listening(!events.is_closed()));
+            let before = waiting.jobs.len();
+            waiting.jobs.retain(|(_, caller)| !caller.gone());
+            Tally::add(&self.tally.hung_up, before - waiting.jobs.len());
         }
         if waiting.jobs.len() >= bound {
             return Err(Refused::Busy);
@@ -401,12 +441,60 @@ fn cache_bytes(model: &Model, job: &Job) -> usize {
 /// prompt tokens its first step prefills and the cache it holds.
 struct Running {
     sequence: Sequence,
-    events: UnboundedSender<Event>,
+    caller: Caller,
     told: usize,
+    /// Its caller was told its end or its failure.
+    ended: bool,
     prompt: usize,
     /// Held for its drop: the sequence's room goes back when it leaves. Last, so that it
     /// is dropped after the sequence: its cache is freed before its room is given back.
-    _share: Share,
+    share: Share,
+}
+
+impl Running {
+    fn tally(&self) -> &Tally {
+        &self.share.room.tally
+    }
+
+    /// Tells the caller how its generation ended, counted first, so that a caller who heard
+    /// its end finds it counted.
+    fn end(&mut self, end: Event) {
+        let counter = match end {
+            Event::Failed(_) => &self.tally().failed,
+            _ => &self.tally().completed,
+        };
+        Tally::add(counter, 1);
+        self.ended = true;
+        self.caller.tell(end);
+    }
+}
+
+impl Drop for Running {
+    /// However a sequence leaves, it is counted once: as it is told its end (`end`), or
+    /// here: as hung up when no one listens any more (as done if its caller said it had
+    /// heard enough), as failed, and told so, when it is dropped untold while its caller
+    /// listens (its lane ended, or the channel to its lane was lost).
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        if !self.caller.gone() {
+            self.end(Event::Failed(
+                "generation failed: its batch lane stopped".to_string(),
+            ));
+            return;
+        }
+        let tally = self.tally();
+        let finished = self.caller.finished.load(Ordering::Acquire);
+        Tally::add(
+            if finished {
+                &tally.completed
+            } else {
+                &tally.hung_up
+            },
+            1,
+        );
+    }
 }
 
 /// A sequence's share of the room: its place in a lane and its cache. Given back when it is
@@ -565,29 +653,30 @@ fn place(engine: &Engine, room: &Arc<Room>, incoming: &Queue, lanes: &[Sender<Ru
     let _ending = Ending(incoming);
     let stopped = || "generation failed: the batch stopped".to_string();
     while room.wait_for_a_place() {
-        let Some((job, events)) = incoming.next() else {
+        let Some((job, caller)) = incoming.next() else {
             return;
         };
         let needs = cache_bytes(&engine.model, &job);
         // A caller that stopped listening while it waited gets no cache.
-        let share = match room.take(needs, || events.is_closed()) {
+        let share = match room.take(needs, || caller.gone()) {
             Placing::Lane(share) => share,
             Placing::Left => {
-                room.tally.listening(false);
+                Tally::add(&room.tally.hung_up, 1);
                 continue;
             }
             Placing::NoLane => {
-                room.tally.fail(&events, stopped());
+                room.tally.fail(&caller, stopped());
                 break;
             }
         };
         let lane = share.lane;
-        let Some(running) = admit(engine, (job, events), share) else {
+        let Some(running) = admit(engine, (job, caller), share) else {
             continue;
         };
-        // The lane ended after it was chosen: this job fails, the next goes elsewhere.
+        // The lane ended after it was chosen: this job fails (told as it is dropped), the
+        // next goes elsewhere.
         if let Err(SendError(running)) = lanes[lane].send(running) {
-            room.tally.fail(&running.events, stopped());
+            drop(running);
         }
     }
     tracing::error!("every batch lane has ended; nothing more is served");
@@ -599,9 +688,9 @@ struct Ending<'a>(&'a Queue);
 
 impl Drop for Ending<'_> {
     fn drop(&mut self) {
-        for (_, events) in self.0.stop_taking() {
+        for (_, caller) in self.0.stop_taking() {
             let message = "generation failed: the batch stopped".to_string();
-            self.0.tally.fail(&events, message);
+            self.0.tally.fail(&caller, message);
         }
     }
 }
@@ -630,11 +719,8 @@ impl Lane<'_> {
             self.waiting.extend(self.placed.try_iter());
             // A caller that stopped listening leaves before the step (and takes no budget);
             // its share goes back as it is dropped.
-            let tally = &self.room.tally;
-            self.waiting
-                .retain(|r| tally.listening(!r.events.is_closed()));
-            self.batch
-                .retain(|r| tally.listening(!r.events.is_closed()));
+            self.waiting.retain(|r| !r.caller.gone());
+            self.batch.retain(|r| !r.caller.gone());
             let mut prefill = 0;
             while let Some(next) = self.waiting.front() {
                 if prefill > 0 && prefill + next.prompt > PREFILL_BUDGET {
@@ -664,45 +750,39 @@ impl Lane<'_> {
         };
         if let Some(message) = failure {
             tracing::error!("{message}; the {} generations in it end", self.batch.len());
-            for running in self.batch.drain(..) {
-                self.room.tally.fail(&running.events, message.clone());
+            for mut running in self.batch.drain(..) {
+                running.end(Event::Failed(message.clone()));
             }
             return;
         }
-        let tally = &self.room.tally;
-        self.batch.retain_mut(|running| tell(running, tally));
+        self.batch.retain_mut(tell);
     }
 }
 
 impl Drop for Lane<'_> {
     /// Closed first, so that nothing more is placed here; then every sequence it holds, and
-    /// any still in its channel, fails (their shares go back as they are dropped). A job sent
-    /// by a placing thread that chose this lane just before it closed is dropped with the
-    /// channel: its share goes back too, and its caller's events end.
+    /// any still in its channel, is dropped: told that it failed, its share given back. A
+    /// job sent by a placing thread that chose this lane just before it closed is dropped
+    /// with the channel, and told the same.
     fn drop(&mut self) {
         self.room.close(self.lane);
-        let held = self.batch.drain(..).chain(self.waiting.drain(..));
-        for running in held.chain(self.placed.try_iter()) {
-            let message = "generation failed: its batch lane stopped".to_string();
-            self.room.tally.fail(&running.events, message);
-        }
+        self.batch.clear();
+        self.waiting.clear();
+        self.placed.try_iter().for_each(drop);
     }
 }
 
 /// `job`'s place in a lane, its cache allocated; if the memory is not there, the caller
 /// is told and the job is dropped.
-fn admit(
-    engine: &Engine,
-    (job, events): (Job, UnboundedSender<Event>),
-    share: Share,
-) -> Option<Running> {
+fn admit(engine: &Engine, (job, caller): Queued, share: Share) -> Option<Running> {
     match Sequence::with_reserved_cache(&engine.model, &job.prompt, job.max_new, job.sampling) {
         Ok(sequence) => Some(Running {
             sequence,
-            events,
+            caller,
             told: 0,
+            ended: false,
             prompt: job.prompt.len(),
-            _share: share,
+            share,
         }),
         Err(e) => {
             let message = format!(
@@ -710,20 +790,20 @@ fn admit(
                 kib(share.cache_bytes)
             );
             tracing::error!("{message}");
-            share.room.tally.fail(&events, message);
+            share.room.tally.fail(&caller, message);
             None
         }
     }
 }
 
 /// Sends the caller its new tokens, and the end if it came; whether it stays in the batch.
-fn tell(running: &mut Running, tally: &Tally) -> bool {
+fn tell(running: &mut Running) -> bool {
     let generated = running.sequence.generated();
     for token in &generated[running.told..] {
-        if !tally.listening(running.events.send(Event::Token(*token)).is_ok()) {
+        if !running.caller.tell(Event::Token(*token)) {
             return false;
         }
-        Tally::add(&tally.tokens, 1);
+        Tally::add(&running.tally().tokens, 1);
     }
     running.told = generated.len();
     if !running.sequence.is_done() {
@@ -735,9 +815,7 @@ fn tell(running: &mut Running, tally: &Tally) -> bool {
         .iter()
         .flat_map(|v| v.to_le_bytes())
         .collect();
-    // Counted before it is told, so that a caller who heard its end finds it counted.
-    Tally::add(&tally.completed, 1);
-    let _ = running.events.send(Event::Done {
+    running.end(Event::Done {
         eos: running.sequence.ended(),
         logits_blake3: blake3::hash(&logits).to_hex().to_string(),
     });
@@ -867,8 +945,8 @@ mod tests {
             let mut receivers = PROMPTS.map(|prompt| batcher.submit(job_for(&prompt)).unwrap());
             let mut heard: [Vec<Event>; 3] = Default::default();
             for next in 1..3 {
-                let first = receivers[next].blocking_recv().unwrap();
-                while let Ok(event) = receivers[next - 1].try_recv() {
+                let first = receivers[next].events.blocking_recv().unwrap();
+                while let Ok(event) = receivers[next - 1].events.try_recv() {
                     heard[next - 1].push(event);
                 }
                 assert!(
@@ -897,7 +975,8 @@ mod tests {
         };
         let batcher = Batcher::start(engine.clone(), limits).unwrap();
         let mut long = running(&batcher, long_job(&engine.model));
-        // This one waits for room behind the running one, then both callers leave.
+        // This one's caller leaves while it waits for room behind the running one; then the
+        // running one's caller leaves too.
         drop(batcher.submit(job_for(&PROMPTS[1])).unwrap());
         assert_still_running(&mut long);
         let holding = batcher.stats();
@@ -917,9 +996,23 @@ mod tests {
         assert!(after.tokens > MAX_NEW as u64, "{after:?}");
     }
 
+    /// A caller that has heard enough before the end (a stop string) ends its generation as
+    /// done: it leaves the batch, counted completed, not hung up.
+    #[test]
+    fn a_caller_that_heard_enough_ends_its_generation_as_done() {
+        let engine = tiny_engine();
+        let batcher = Batcher::start(engine.clone(), ROOMY).unwrap();
+        let mut long = running(&batcher, long_job(&engine.model));
+        assert_still_running(&mut long);
+        long.finish();
+        let after = settled(&batcher);
+        assert_eq!(after.running, 0, "{after:?}");
+        assert_eq!((after.completed, after.hung_up, after.failed), (1, 0, 0));
+    }
+
     /// A lane that ends, however, gives back the room of every sequence placed in it and
-    /// tells their callers, those still in its channel too; one lost with the channel gives
-    /// its room back as well.
+    /// tells their callers, those still in its channel too; one lost with the channel is
+    /// told and gives its room back as well. Each is counted once, as failed.
     #[test]
     fn an_ended_lane_gives_back_the_room_of_all_it_was_given() {
         let engine = tiny_engine();
@@ -930,8 +1023,8 @@ mod tests {
                 panic!("room for a job");
             };
             assert_eq!(share.lane, lane, "the least loaded lane");
-            let (events, heard) = unbounded_channel();
-            let running = admit(&engine, (job(3, 4), events), share).unwrap();
+            let (caller, heard) = Caller::new();
+            let running = admit(&engine, (job(3, 4), caller), share).unwrap();
             (running, heard)
         };
         // The least loaded lane, the first of equals: 0, 1, 0.
@@ -950,17 +1043,21 @@ mod tests {
             waiting: VecDeque::new(),
         });
         for heard in [&mut first_heard, &mut third_heard] {
-            assert!(matches!(heard.try_recv(), Ok(Event::Failed(_))));
+            assert!(matches!(heard.events.try_recv(), Ok(Event::Failed(_))));
         }
         assert_eq!(room.lock().per_lane, vec![None, Some(1)]);
         assert_eq!(room.lock().cache, needs);
-        // Lost with a channel, not told: the room comes back all the same.
+        // Lost with a channel: told all the same, and the room comes back.
         let (to_lane, in_channel) = channel();
         to_lane.send(second).unwrap();
         drop(in_channel);
-        assert!(second_heard.try_recv().is_err());
+        assert!(matches!(
+            second_heard.events.try_recv(),
+            Ok(Event::Failed(_))
+        ));
         assert_eq!(room.lock().per_lane, vec![None, Some(0)]);
         assert_eq!(room.lock().cache, 0);
+        assert_eq!(room.tally.failed.load(Ordering::Relaxed), 3);
     }
 
     /// A full batch takes nothing from the queue: with one running and a queue of one, a
@@ -995,13 +1092,13 @@ mod tests {
     #[test]
     fn when_the_placing_thread_ends_the_queued_jobs_fail() {
         let queue = Queue::new(2, Arc::default());
-        let (events, mut heard) = unbounded_channel();
-        queue.push((job(1, 1), events)).unwrap();
+        let (caller, mut heard) = Caller::new();
+        queue.push((job(1, 1), caller)).unwrap();
         drop(Ending(&queue));
-        assert!(matches!(heard.try_recv(), Ok(Event::Failed(_))));
-        let (events, _heard) = unbounded_channel();
+        assert!(matches!(heard.events.try_recv(), Ok(Event::Failed(_))));
+        let (caller, _heard) = Caller::new();
         assert!(matches!(
-            queue.push((job(1, 1), events)),
+            queue.push((job(1, 1), caller)),
             Err(Refused::Stopped)
         ));
     }
@@ -1030,7 +1127,7 @@ mod tests {
             }
         };
         let mut long = submitted(&|| long_job(&engine.model));
-        assert!(matches!(long.blocking_recv(), Some(Event::Token(_))));
+        assert!(matches!(long.events.blocking_recv(), Some(Event::Token(_))));
         assert!(matches!(
             batcher.submit(job_for(&PROMPTS[1])),
             Err(Refused::Busy)
@@ -1070,20 +1167,23 @@ mod tests {
     }
 
     /// A generation that was placed, and has its first token.
-    fn running(batcher: &Batcher, job: Job) -> UnboundedReceiver<Event> {
+    fn running(batcher: &Batcher, job: Job) -> Generation {
         let mut events = batcher.submit(job).unwrap();
-        assert!(matches!(events.blocking_recv(), Some(Event::Token(_))));
+        assert!(matches!(
+            events.events.blocking_recv(),
+            Some(Event::Token(_))
+        ));
         events
     }
 
     /// `events`' generation has not ended (or the test would prove nothing).
-    fn assert_still_running(events: &mut UnboundedReceiver<Event>) {
-        while let Ok(event) = events.try_recv() {
+    fn assert_still_running(events: &mut Generation) {
+        while let Ok(event) = events.events.try_recv() {
             assert!(matches!(event, Event::Token(_)), "it ended: {event:?}");
         }
     }
 
-    fn assert_ends(events: UnboundedReceiver<Event>) {
+    fn assert_ends(events: Generation) {
         let heard = all_events(events);
         assert!(
             matches!(heard.last(), Some(Event::Done { .. })),
@@ -1106,11 +1206,11 @@ mod tests {
 
     /// Every event of a generation to its end; a generation that has not ended within a
     /// minute fails the test rather than hanging it.
-    fn all_events(mut events: UnboundedReceiver<Event>) -> Vec<Event> {
+    fn all_events(mut events: Generation) -> Vec<Event> {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut heard = Vec::new();
-            while let Some(event) = events.blocking_recv() {
+            while let Some(event) = events.events.blocking_recv() {
                 heard.push(event);
             }
             let _ = tx.send(heard);

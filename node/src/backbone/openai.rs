@@ -27,9 +27,8 @@ use kvasir_api::openai::{
 };
 use kvasir_inference::generate::Sampling;
 use kvasir_inference::tokenizer::Tokenizer;
-use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::batcher::{Event, Job, Refused};
+use super::batcher::{Event, Generation, Job, Refused};
 use super::chat::Turn;
 use super::serve::Served;
 
@@ -335,7 +334,7 @@ impl Asked {
         }
     }
 
-    fn submit(&self, served: &Served) -> Result<UnboundedReceiver<Event>, ApiError> {
+    fn submit(&self, served: &Served) -> Result<Generation, ApiError> {
         served
             .batcher
             .submit(Job {
@@ -380,6 +379,8 @@ impl Asked {
                     let (piece, stopped) = text.push(tokenizer, token);
                     out.push_str(&piece);
                     if stopped {
+                        // Done before the batch's end: not a caller who hung up.
+                        events.finish();
                         return Ok(Finished {
                             text: out,
                             finish_reason: "stop",
@@ -450,7 +451,7 @@ struct Streaming {
     served: Arc<Served>,
     kind: Kind,
     /// Dropped with the last chunk: the generation stops there even if `[DONE]` is never read.
-    events: Option<UnboundedReceiver<Event>>,
+    events: Option<Generation>,
     text: Detokenizer,
     tokens: usize,
     /// The chat's opening chunk (the role) was sent.
@@ -529,7 +530,10 @@ impl Streaming {
     /// The chunk with the finish reason (and any text left), with the usage if asked.
     fn last(&mut self, text: String, reason: &str) -> SseEvent {
         self.ended = true;
-        self.events = None;
+        // Done, at a stop string perhaps before the batch's end: not a caller who hung up.
+        if let Some(events) = self.events.take() {
+            events.finish();
+        }
         let usage = self
             .asked
             .include_usage

@@ -100,12 +100,12 @@ async fn metrics(State(served): State<Arc<Served>>) -> String {
         )
         .counter(
             "kvasir_backbone_generated_tokens_total",
-            "Tokens sent to callers.",
+            "Tokens told to callers.",
             batch.tokens,
         )
         .counter(
             "kvasir_backbone_generations_completed_total",
-            "Generations run to their end.",
+            "Generations that ended: at an end token, at max tokens or at a stop string.",
             batch.completed,
         )
         .counter(

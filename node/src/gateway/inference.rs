@@ -7,6 +7,8 @@
 //! answer, a stream included, has been sent or the client has gone.
 
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -16,14 +18,15 @@ use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::http::{Method, Request, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
+use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use kvasir_api::openai::{ErrorDetail, ErrorResponse};
 use std::sync::Arc;
 
-use crate::listen::{Limits, Places};
+use crate::listen::{Limits, Places, Slot};
 
 /// A backbone that takes no connection within this is unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -123,13 +126,10 @@ pub(super) async fn relay(
     match tokio::time::timeout(HEAD_TIMEOUT, backbone.client.request(request)).await {
         Ok(Ok(answer)) => {
             let (parts, body) = answer.into_parts();
-            // The body owns the client's place, so that it is freed when the answer has
-            // been sent or the client has gone, not when its head was.
-            let body = body.map_frame(move |frame| {
-                let _held = &place;
-                frame
-            });
-            let mut response = Response::new(Body::new(body));
+            let mut response = Response::new(Body::new(Holding {
+                body,
+                _place: place,
+            }));
             *response.status_mut() = parts.status;
             for header in [CONTENT_TYPE, CACHE_CONTROL] {
                 if let Some(value) = parts.headers.get(&header) {
@@ -148,5 +148,33 @@ pub(super) async fn relay(
             let message = "the model behind this gateway did not answer in time";
             error(StatusCode::GATEWAY_TIMEOUT, "server_error", message)
         }
+    }
+}
+
+/// An answer's body holding its client's place, so that the place is freed when the answer
+/// has been sent or the client has gone, not when its head was. Its length is the
+/// backbone's, so a whole answer keeps its `content-length`.
+struct Holding<B> {
+    body: B,
+    _place: Slot,
+}
+
+impl<B: HttpBody + Unpin> HttpBody for Holding<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
     }
 }

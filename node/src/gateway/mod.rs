@@ -237,6 +237,7 @@ async fn connection(
         .header_read_timeout(HEAD_TIMEOUT)
         .serve_connection(
             io,
+            // Each request carries its client's address (the `/v1/` relay caps by it).
             TowerToHyperService::new(api.layer(Extension(ConnectInfo(peer)))),
         )
         .await?;
