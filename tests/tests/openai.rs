@@ -463,6 +463,11 @@ fn the_gateway_caps_requests_in_progress_per_address() {
         error.error.code.as_deref(),
         Some("too_many_requests_in_progress")
     );
+    let (_, metrics) = https(&gateway, &cert, "GET", "/metrics", "");
+    for outcome in ["relayed\"} 1", "refused\"} 1"] {
+        let line = format!("kvasir_gateway_inference_requests_total{{outcome=\"{outcome}");
+        assert!(metrics.contains(&line), "{line} in {metrics}");
+    }
     drop(streaming);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {

@@ -26,6 +26,7 @@ use hyper_util::rt::TokioExecutor;
 use kvasir_api::openai::{ErrorDetail, ErrorResponse};
 use std::sync::Arc;
 
+use super::stats::Stats;
 use crate::listen::{Limits, Places, Slot};
 
 /// A backbone that takes no connection within this is unreachable.
@@ -42,10 +43,11 @@ pub(super) struct Backbone {
     /// Requests in progress, per client address.
     in_progress: Arc<Places>,
     per_address: usize,
+    stats: Arc<Stats>,
 }
 
 impl Backbone {
-    pub(super) fn new(url: &str, per_address: usize) -> Result<Backbone> {
+    pub(super) fn new(url: &str, per_address: usize, stats: Arc<Stats>) -> Result<Backbone> {
         let base = url.trim_end_matches('/').to_string();
         let uri: Uri = base.parse().with_context(|| format!("--backbone {url}"))?;
         if uri.scheme_str() != Some("http") || uri.authority().is_none() {
@@ -61,6 +63,7 @@ impl Backbone {
             client: Client::builder(TokioExecutor::new()).build(connector),
             in_progress: Places::new(Limits::per_address(per_address)),
             per_address,
+            stats,
         })
     }
 }
@@ -100,7 +103,9 @@ pub(super) async fn relay(
             "GET or POST",
         );
     }
-    let Some(place) = backbone.in_progress.admit(client.ip()) else {
+    let place = backbone.in_progress.admit(client.ip());
+    backbone.stats.inference_request(place.is_some());
+    let Some(place) = place else {
         let message = format!(
             "this address has {} requests in progress, the most this gateway serves it at once; retry when one ends",
             backbone.per_address

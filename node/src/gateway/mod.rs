@@ -155,7 +155,10 @@ pub fn run(args: Args) -> Result<()> {
     let backbone = args
         .backbone
         .as_deref()
-        .map(|url| inference::Backbone::new(url, args.max_generations_per_ip as usize))
+        .map(|url| {
+            let per_address = usize::try_from(args.max_generations_per_ip).unwrap_or(usize::MAX);
+            inference::Backbone::new(url, per_address, stats.clone())
+        })
         .transpose()?;
     runtime.block_on(async {
         // The relay's client spawns its connection tasks on this runtime.

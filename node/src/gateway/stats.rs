@@ -19,6 +19,9 @@ pub struct Stats {
     open_swarm_connections: AtomicU64,
     api_connections: AtomicU64,
     failed_handshakes: AtomicU64,
+    /// `/v1/` requests relayed to the backbone, and refused for the per-address cap.
+    relayed_requests: AtomicU64,
+    refused_requests: AtomicU64,
     /// Worker to hub, and hub to worker.
     spliced_up: AtomicU64,
     spliced_down: AtomicU64,
@@ -65,6 +68,16 @@ impl Stats {
 
     pub(super) fn failed_handshake(&self) {
         self.failed_handshakes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A `/v1/` request: relayed, or refused for its address's cap.
+    pub(super) fn inference_request(&self, relayed: bool) {
+        let counter = if relayed {
+            &self.relayed_requests
+        } else {
+            &self.refused_requests
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Credits the ledger just admitted.
@@ -115,6 +128,15 @@ impl Stats {
                 "kvasir_gateway_failed_handshakes_total",
                 "Connections dropped before a request head (TLS failed or too slow).",
                 get(&self.failed_handshakes),
+            )
+            .labelled_counter(
+                "kvasir_gateway_inference_requests_total",
+                "OpenAI API (/v1/) requests: relayed to the backbone, or refused because their address had --max-generations-per-ip in progress.",
+                "outcome",
+                [
+                    ("relayed", get(&self.relayed_requests)),
+                    ("refused", get(&self.refused_requests)),
+                ],
             )
             .labelled_counter(
                 "kvasir_gateway_spliced_bytes_total",
