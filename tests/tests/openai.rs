@@ -153,12 +153,17 @@ fn openai_completions_and_chats_over_the_swarm_equal_local_runs() {
         let stop = words[1].trim();
         if !stop.is_empty() {
             let before = &long_text[..long_text.find(stop).unwrap()];
-            let ask = serde_json::json!({"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "stop": [stop]});
+            // Long enough that the stop comes well before the batch's end.
+            let ask = serde_json::json!({"prompt": PROMPT, "max_tokens": 400, "temperature": 0, "stop": [stop]});
             let (status, body) = post(&addr, "/v1/completions", &ask);
             assert_eq!(status, 200, "{body}");
             let stopped: Completion = serde_json::from_str(&body).unwrap();
             assert_eq!(stopped.choices[0].text, before, "stop {stop:?}");
             assert_eq!(stopped.choices[0].finish_reason.as_deref(), Some("stop"));
+            // It ends as completed, not as a caller who hung up.
+            until(&addr, "kvasir_backbone_running_sequences", 0);
+            let hung_up = metric(&addr, "kvasir_backbone_generations_hung_up_total");
+            assert_eq!(hung_up, 0);
         }
     }
 
@@ -464,8 +469,8 @@ fn the_gateway_caps_requests_in_progress_per_address() {
         Some("too_many_requests_in_progress")
     );
     let (_, metrics) = https(&gateway, &cert, "GET", "/metrics", "");
-    for outcome in ["relayed\"} 1", "refused\"} 1"] {
-        let line = format!("kvasir_gateway_inference_requests_total{{outcome=\"{outcome}");
+    for outcome in ["relayed", "refused"] {
+        let line = format!("kvasir_gateway_inference_requests_total{{outcome=\"{outcome}\"}} 1\n");
         assert!(metrics.contains(&line), "{line} in {metrics}");
     }
     drop(streaming);

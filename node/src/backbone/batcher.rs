@@ -112,15 +112,16 @@ pub struct BatchStats {
     pub cache_bytes: usize,
     /// Tokens told to callers.
     pub tokens: u64,
-    /// Generations told their end.
+    /// Generations that ended: told their end, or their caller said it had heard enough.
     pub completed: u64,
     /// Generations whose caller stopped listening before their end, queued or running.
     pub hung_up: u64,
-    /// Generations told they failed.
+    /// Generations that failed while their caller listened.
     pub failed: u64,
 }
 
-/// The counts behind `BatchStats`, kept by whoever sees the event happen.
+/// The counts behind `BatchStats`: tokens as they are told, generations by their `Caller`,
+/// each once.
 #[derive(Default)]
 struct Tally {
     tokens: AtomicU64,
@@ -132,13 +133,6 @@ struct Tally {
 impl Tally {
     fn add(counter: &AtomicU64, n: usize) {
         counter.fetch_add(n as u64, Ordering::Relaxed);
-    }
-
-    /// Tells `caller` that its generation failed, and counts it: for a job that never ran
-    /// (a running sequence is counted as it leaves, `Running`'s drop).
-    fn fail(&self, caller: &Caller, message: String) {
-        Tally::add(&self.failed, 1);
-        caller.tell(Event::Failed(message));
     }
 }
 
@@ -160,22 +154,32 @@ impl Generation {
     }
 }
 
-/// Where a job's caller hears about it, and whether it said it had heard enough.
+/// Where a job's caller hears about it, and whether it said it had heard enough. Its
+/// generation is counted once, by it, however the job leaves: as it is told its end
+/// (`end`), or as it is dropped without one, queued or running (`Drop`).
 struct Caller {
     events: UnboundedSender<Event>,
     finished: Arc<AtomicBool>,
+    tally: Arc<Tally>,
+    counted: bool,
 }
 
 impl Caller {
-    /// A caller, and the generation it listens to.
-    fn new() -> (Caller, Generation) {
+    /// A caller counted in `tally`, and the generation it listens to.
+    fn new(tally: Arc<Tally>) -> (Caller, Generation) {
         let (events, receiver) = unbounded_channel();
         let finished = Arc::new(AtomicBool::new(false));
         let generation = Generation {
             events: receiver,
             finished: finished.clone(),
         };
-        (Caller { events, finished }, generation)
+        let caller = Caller {
+            events,
+            finished,
+            tally,
+            counted: false,
+        };
+        (caller, generation)
     }
 
     /// Whether it still listens.
@@ -185,6 +189,54 @@ impl Caller {
 
     fn gone(&self) -> bool {
         self.events.is_closed()
+    }
+
+    /// Tells it how its generation ended (`Done` or `Failed`), counted first, so that a
+    /// caller who heard its end finds it counted; one no longer listening is counted as
+    /// having left.
+    fn end(&mut self, end: Event) {
+        if self.gone() {
+            return self.count_left();
+        }
+        let counter = match end {
+            Event::Failed(_) => &self.tally.failed,
+            _ => &self.tally.completed,
+        };
+        Tally::add(counter, 1);
+        self.counted = true;
+        self.tell(end);
+    }
+
+    /// It left before the end: done if it said it had heard enough, else hung up.
+    fn count_left(&mut self) {
+        let tally = &self.tally;
+        let finished = self.finished.load(Ordering::Acquire);
+        Tally::add(
+            if finished {
+                &tally.completed
+            } else {
+                &tally.hung_up
+            },
+            1,
+        );
+        self.counted = true;
+    }
+}
+
+impl Drop for Caller {
+    /// Dropped untold: left, if it no longer listens; else its job was dropped by the batch
+    /// (a lane that ended, a channel lost with it, the batch stopping), and it is told that
+    /// its generation failed.
+    fn drop(&mut self) {
+        if self.counted {
+            return;
+        }
+        if self.gone() {
+            return self.count_left();
+        }
+        self.end(Event::Failed(
+            "generation failed: the batch stopped before its end".to_string(),
+        ));
     }
 }
 
@@ -227,7 +279,7 @@ impl Batcher {
     pub fn start(engine: Arc<Engine>, limits: Limits) -> anyhow::Result<Batcher> {
         let pipeline = Pipeline::new(limits.micro_batches, rayon::current_num_threads())?;
         let tally = Arc::new(Tally::default());
-        let queue = Arc::new(Queue::new(limits.queue, tally.clone()));
+        let queue = Arc::new(Queue::new(limits.queue));
         let limits = Limits {
             max_batch: limits.max_batch.max(1),
             ..limits
@@ -267,7 +319,7 @@ impl Batcher {
     /// with the others.
     pub fn submit(&self, job: Job) -> Result<Generation, Refused> {
         check(&job, &self.engine.model, self.cache_bytes).map_err(Refused::Invalid)?;
-        let (caller, generation) = Caller::new();
+        let (caller, generation) = Caller::new(self.room.tally.clone());
         self.submitter.0.push((job, caller))?;
         Ok(generation)
     }
@@ -298,7 +350,6 @@ struct Queue {
     state: Mutex<Waiting>,
     arrived: Condvar,
     bound: usize,
-    tally: Arc<Tally>,
 }
 
 struct Waiting {
@@ -313,7 +364,7 @@ struct Waiting {
 }
 
 impl Queue {
-    fn new(bound: usize, tally: Arc<Tally>) -> Queue {
+    fn new(bound: usize) -> Queue {
         Queue {
             state: Mutex::new(Waiting {
                 jobs: VecDeque::new(),
@@ -323,7 +374,6 @@ impl Queue {
             }),
             arrived: Condvar::new(),
             bound,
-            tally,
         }
     }
 
@@ -342,9 +392,8 @@ impl Queue {
         let handed_over = usize::from(waiting.idle && waiting.jobs.is_empty());
         let bound = self.bound.max(handed_over);
         if waiting.jobs.len() >= bound {
-            let before = waiting.jobs.len();
+            // Each counted as it is dropped.
             waiting.jobs.retain(|(_, caller)| !caller.gone());
-            Tally::add(&self.tally.hung_up, before - waiting.jobs.len());
         }
         if waiting.jobs.len() >= bound {
             return Err(Refused::Busy);
@@ -443,58 +492,11 @@ struct Running {
     sequence: Sequence,
     caller: Caller,
     told: usize,
-    /// Its caller was told its end or its failure.
-    ended: bool,
     prompt: usize,
     /// Held for its drop: the sequence's room goes back when it leaves. Last, so that it
-    /// is dropped after the sequence: its cache is freed before its room is given back.
-    share: Share,
-}
-
-impl Running {
-    fn tally(&self) -> &Tally {
-        &self.share.room.tally
-    }
-
-    /// Tells the caller how its generation ended, counted first, so that a caller who heard
-    /// its end finds it counted.
-    fn end(&mut self, end: Event) {
-        let counter = match end {
-            Event::Failed(_) => &self.tally().failed,
-            _ => &self.tally().completed,
-        };
-        Tally::add(counter, 1);
-        self.ended = true;
-        self.caller.tell(end);
-    }
-}
-
-impl Drop for Running {
-    /// However a sequence leaves, it is counted once: as it is told its end (`end`), or
-    /// here: as hung up when no one listens any more (as done if its caller said it had
-    /// heard enough), as failed, and told so, when it is dropped untold while its caller
-    /// listens (its lane ended, or the channel to its lane was lost).
-    fn drop(&mut self) {
-        if self.ended {
-            return;
-        }
-        if !self.caller.gone() {
-            self.end(Event::Failed(
-                "generation failed: its batch lane stopped".to_string(),
-            ));
-            return;
-        }
-        let tally = self.tally();
-        let finished = self.caller.finished.load(Ordering::Acquire);
-        Tally::add(
-            if finished {
-                &tally.completed
-            } else {
-                &tally.hung_up
-            },
-            1,
-        );
-    }
+    /// is dropped after the sequence and its caller: its cache is freed and its end counted
+    /// before its room is given back.
+    _share: Share,
 }
 
 /// A sequence's share of the room: its place in a lane and its cache. Given back when it is
@@ -653,19 +655,17 @@ fn place(engine: &Engine, room: &Arc<Room>, incoming: &Queue, lanes: &[Sender<Ru
     let _ending = Ending(incoming);
     let stopped = || "generation failed: the batch stopped".to_string();
     while room.wait_for_a_place() {
-        let Some((job, caller)) = incoming.next() else {
+        let Some((job, mut caller)) = incoming.next() else {
             return;
         };
         let needs = cache_bytes(&engine.model, &job);
         // A caller that stopped listening while it waited gets no cache.
         let share = match room.take(needs, || caller.gone()) {
             Placing::Lane(share) => share,
-            Placing::Left => {
-                Tally::add(&room.tally.hung_up, 1);
-                continue;
-            }
+            // Counted as it is dropped.
+            Placing::Left => continue,
             Placing::NoLane => {
-                room.tally.fail(&caller, stopped());
+                caller.end(Event::Failed(stopped()));
                 break;
             }
         };
@@ -688,9 +688,10 @@ struct Ending<'a>(&'a Queue);
 
 impl Drop for Ending<'_> {
     fn drop(&mut self) {
-        for (_, caller) in self.0.stop_taking() {
-            let message = "generation failed: the batch stopped".to_string();
-            self.0.tally.fail(&caller, message);
+        for (_, mut caller) in self.0.stop_taking() {
+            caller.end(Event::Failed(
+                "generation failed: the batch stopped".to_string(),
+            ));
         }
     }
 }
@@ -751,7 +752,7 @@ impl Lane<'_> {
         if let Some(message) = failure {
             tracing::error!("{message}; the {} generations in it end", self.batch.len());
             for mut running in self.batch.drain(..) {
-                running.end(Event::Failed(message.clone()));
+                running.caller.end(Event::Failed(message.clone()));
             }
             return;
         }
@@ -774,15 +775,14 @@ impl Drop for Lane<'_> {
 
 /// `job`'s place in a lane, its cache allocated; if the memory is not there, the caller
 /// is told and the job is dropped.
-fn admit(engine: &Engine, (job, caller): Queued, share: Share) -> Option<Running> {
+fn admit(engine: &Engine, (job, mut caller): Queued, share: Share) -> Option<Running> {
     match Sequence::with_reserved_cache(&engine.model, &job.prompt, job.max_new, job.sampling) {
         Ok(sequence) => Some(Running {
             sequence,
             caller,
             told: 0,
-            ended: false,
             prompt: job.prompt.len(),
-            share,
+            _share: share,
         }),
         Err(e) => {
             let message = format!(
@@ -790,7 +790,7 @@ fn admit(engine: &Engine, (job, caller): Queued, share: Share) -> Option<Running
                 kib(share.cache_bytes)
             );
             tracing::error!("{message}");
-            share.room.tally.fail(&caller, message);
+            caller.end(Event::Failed(message));
             None
         }
     }
@@ -803,7 +803,7 @@ fn tell(running: &mut Running) -> bool {
         if !running.caller.tell(Event::Token(*token)) {
             return false;
         }
-        Tally::add(&running.tally().tokens, 1);
+        Tally::add(&running.caller.tally.tokens, 1);
     }
     running.told = generated.len();
     if !running.sequence.is_done() {
@@ -815,7 +815,7 @@ fn tell(running: &mut Running) -> bool {
         .iter()
         .flat_map(|v| v.to_le_bytes())
         .collect();
-    running.end(Event::Done {
+    running.caller.end(Event::Done {
         eos: running.sequence.ended(),
         logits_blake3: blake3::hash(&logits).to_hex().to_string(),
     });
@@ -1023,7 +1023,7 @@ mod tests {
                 panic!("room for a job");
             };
             assert_eq!(share.lane, lane, "the least loaded lane");
-            let (caller, heard) = Caller::new();
+            let (caller, heard) = Caller::new(room.tally.clone());
             let running = admit(&engine, (job(3, 4), caller), share).unwrap();
             (running, heard)
         };
@@ -1091,12 +1091,12 @@ mod tests {
     /// refused as stopped.
     #[test]
     fn when_the_placing_thread_ends_the_queued_jobs_fail() {
-        let queue = Queue::new(2, Arc::default());
-        let (caller, mut heard) = Caller::new();
+        let queue = Queue::new(2);
+        let (caller, mut heard) = Caller::new(Arc::default());
         queue.push((job(1, 1), caller)).unwrap();
         drop(Ending(&queue));
         assert!(matches!(heard.events.try_recv(), Ok(Event::Failed(_))));
-        let (caller, _heard) = Caller::new();
+        let (caller, _heard) = Caller::new(Arc::default());
         assert!(matches!(
             queue.push((job(1, 1), caller)),
             Err(Refused::Stopped)
@@ -1192,14 +1192,15 @@ mod tests {
     }
 
     /// The stats once no sequence is placed (a sequence gives its room back just after its
-    /// caller heard its end), or after ten seconds.
+    /// caller heard its end); a minute without fails the test.
     fn settled(batcher: &Batcher) -> BatchStats {
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
             let stats = batcher.stats();
-            if stats.running == 0 || std::time::Instant::now() > deadline {
+            if stats.running == 0 {
                 return stats;
             }
+            assert!(std::time::Instant::now() < deadline, "{stats:?}");
             std::thread::sleep(Duration::from_millis(5));
         }
     }
