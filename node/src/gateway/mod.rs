@@ -8,6 +8,7 @@ pub(crate) mod crediting;
 mod inference;
 mod proxy;
 mod splice;
+mod stall;
 pub(crate) mod stats;
 
 use std::net::SocketAddr;
@@ -33,6 +34,7 @@ use crate::tls;
 use crediting::Crediting;
 use proxy::{api, Upstream};
 use splice::{is_swarm_upgrade, read_head, Rewind};
+use stall::{WriteStall, WRITE_STALL};
 use stats::{Counted, Stats};
 
 /// The path workers upgrade on.
@@ -233,7 +235,7 @@ async fn connection(
     let io = TokioIo::new(Rewind {
         prefix: head,
         at: 0,
-        inner: tls,
+        inner: WriteStall::new(tls, WRITE_STALL),
     });
     hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
