@@ -103,8 +103,9 @@ impl Unfit {
 /// started.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct BatchStats {
-    /// Jobs waiting in the queue (besides the one the placing thread may hold while it waits
-    /// for cache room; those whose callers hung up until a full queue sweeps them out).
+    /// Jobs waiting for a place: in the queue (those whose callers hung up too, until a
+    /// full queue sweeps them out), and the one the placing thread holds while it waits for
+    /// room.
     pub queued: usize,
     /// Sequences placed in a lane.
     pub running: usize,
@@ -326,7 +327,7 @@ impl Batcher {
 
     /// The batch now, and its counts since it started.
     pub fn stats(&self) -> BatchStats {
-        let queued = self.submitter.0.lock().jobs.len();
+        let queued = self.submitter.0.lock().waiting();
         let held = self.room.lock();
         let tally = &self.room.tally;
         let count = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
@@ -361,6 +362,16 @@ struct Waiting {
     /// The placing thread waits for a job: the batch has room, and a job is taken at once
     /// even by a queue of none.
     idle: bool,
+    /// The placing thread holds a job it took from here and has not placed yet (it waits
+    /// for room).
+    holding: bool,
+}
+
+impl Waiting {
+    /// Jobs not placed yet, the one the placing thread holds included.
+    fn waiting(&self) -> usize {
+        self.jobs.len() + usize::from(self.holding)
+    }
 }
 
 impl Queue {
@@ -371,6 +382,7 @@ impl Queue {
                 taking: true,
                 submitting: true,
                 idle: false,
+                holding: false,
             }),
             arrived: Condvar::new(),
             bound,
@@ -410,6 +422,7 @@ impl Queue {
         loop {
             if let Some(job) = waiting.jobs.pop_front() {
                 waiting.idle = false;
+                waiting.holding = true;
                 return Some(job);
             }
             if !waiting.submitting {
@@ -421,6 +434,11 @@ impl Queue {
                 .wait(waiting)
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
         }
+    }
+
+    /// The job `next` gave has left the placing thread's hands.
+    fn placed(&self) {
+        self.lock().holding = false;
     }
 
     /// Nothing will take jobs any more: later ones are refused; those waiting, returned.
@@ -660,7 +678,9 @@ fn place(engine: &Engine, room: &Arc<Room>, incoming: &Queue, lanes: &[Sender<Ru
         };
         let needs = cache_bytes(&engine.model, &job);
         // A caller that stopped listening while it waited gets no cache.
-        let share = match room.take(needs, || caller.gone()) {
+        let placing = room.take(needs, || caller.gone());
+        incoming.placed();
+        let share = match placing {
             Placing::Lane(share) => share,
             // Counted as it is dropped.
             Placing::Left => continue,
@@ -977,10 +997,12 @@ mod tests {
         let mut long = running(&batcher, long_job(&engine.model));
         // This one's caller leaves while it waits for room behind the running one; then the
         // running one's caller leaves too.
-        drop(batcher.submit(job_for(&PROMPTS[1])).unwrap());
-        assert_still_running(&mut long);
+        let waiting = batcher.submit(job_for(&PROMPTS[1])).unwrap();
+        // Queued, in the queue or held by the placing thread until there is room.
         let holding = batcher.stats();
-        assert_eq!(holding.running, 1, "{holding:?}");
+        assert_eq!((holding.running, holding.queued), (1, 1), "{holding:?}");
+        drop(waiting);
+        assert_still_running(&mut long);
         assert_eq!(holding.cache_bytes, limits.cache_bytes);
         drop(long);
         let heard = all_events(batcher.submit(job_for(&PROMPTS[2])).unwrap());
