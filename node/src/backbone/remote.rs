@@ -42,7 +42,8 @@ pub struct RemoteExperts {
     hidden: usize,
     timeout: Duration,
     link: Arc<Mutex<LinkState>>,
-    shunned: Mutex<HashSet<u64>>,
+    /// Sessions passed over until the time given: each failed an answer (`shun`).
+    shunned: Mutex<HashMap<u64, Instant>>,
     /// Worker keys caught answering wrongly: none of their sessions is dispatched to again.
     caught: Mutex<HashSet<Address>>,
     /// With a bond check, the sessions whose worker the ledger says may serve (see
@@ -63,6 +64,11 @@ pub struct RemoteExperts {
 /// How often the sessions in the directory are checked against the ledger: new ones within
 /// this, and every one again every `RECHECK_EVERY` rounds (a key jailed or unbonded since).
 const STANDING_INTERVAL: Duration = Duration::from_millis(200);
+/// How long a session that failed an answer (a failure, a stall, an answer not usable) is
+/// passed over: one that always fails would otherwise keep its experts from the other
+/// sessions that hold them (the lowest session is chosen), at the cost of a fallback each
+/// step; one that failed once, honestly, is used again soon.
+const SHUN: Duration = Duration::from_secs(30);
 const RECHECK_EVERY: u32 = 50;
 
 /// Keeps `standing` to the directory's sessions as `bonds` judges their workers, until the
@@ -244,6 +250,8 @@ impl RemoteExperts {
             return None;
         }
         let shunned = lock(&self.shunned);
+        let now = Instant::now();
+        let passed_over = |session: &u64| shunned.get(session).is_some_and(|until| now < *until);
         let caught = lock(&self.caught);
         let standing = self.standing.as_ref().map(|s| lock(s));
         let may_serve = |session: &u64| {
@@ -260,7 +268,7 @@ impl RemoteExperts {
         };
         directory
             .iter()
-            .filter(|e| e.model_id == self.model_id && !shunned.contains(&e.session))
+            .filter(|e| e.model_id == self.model_id && !passed_over(&e.session))
             .filter(|e| !caught.contains(&e.worker) && may_serve(&e.session))
             .filter(|e| e.experts.contains(&(layer, expert)) && is_placed(&e.worker))
             .map(|e| (e.session, e.worker))
@@ -282,7 +290,7 @@ impl RemoteExperts {
             hidden,
             timeout,
             link: Arc::new(Mutex::new(LinkState::new())),
-            shunned: Mutex::new(HashSet::new()),
+            shunned: Mutex::new(HashMap::new()),
             caught: Mutex::new(HashSet::new()),
             standing: None,
             placed: None,
@@ -451,15 +459,12 @@ impl RemoteExperts {
             }
             Ok(Err(message)) => {
                 tracing::warn!("worker failed request {}: {message}", dispatch.id);
+                self.shun(dispatch.session);
                 return None;
             }
             Err(std_mpsc::RecvTimeoutError::Timeout) => {
-                lock(&self.shunned).insert(dispatch.session);
-                tracing::warn!(
-                    "session {} stalled on request {}; not using it again",
-                    dispatch.session,
-                    dispatch.id
-                );
+                tracing::warn!("session {} stalled on request {}", dispatch.session, dispatch.id);
+                self.shun(dispatch.session);
                 return None;
             }
             Err(std_mpsc::RecvTimeoutError::Disconnected) => return None,
@@ -470,9 +475,20 @@ impl RemoteExperts {
             Err(e) => {
                 let (session, id) = (dispatch.session, dispatch.id);
                 tracing::warn!("session {session}'s answer to request {id} is not used: {e}");
+                self.shun(session);
                 None
             }
         }
+    }
+
+    /// Passes `session` over for `SHUN`. Sessions whose time is up are forgotten here, so
+    /// the map holds only those shunned within the last `SHUN`.
+    fn shun(&self, session: u64) {
+        let now = Instant::now();
+        let mut shunned = lock(&self.shunned);
+        shunned.retain(|_, until| now < *until);
+        shunned.insert(session, now + SHUN);
+        tracing::warn!("session {session} is passed over for {SHUN:?}");
     }
 
     pub fn stats(&self) -> DispatchCounts {
@@ -526,8 +542,8 @@ impl RemoteExperts {
         if matched {
             return Ok(partials);
         }
+        // Every session of its key, for good.
         lock(&self.caught).insert(signed.worker);
-        lock(&self.shunned).insert(signed.session());
         Ok(own)
     }
 }
@@ -633,6 +649,8 @@ mod tests {
     #[derive(Clone, Copy, Debug, PartialEq)]
     enum Signing {
         Honest,
+        /// No answer: a failure instead.
+        Fails,
         Unsigned,
         OtherKey,
         OtherRequestId,
@@ -665,7 +683,7 @@ mod tests {
         };
         match signing {
             Signing::Honest => out_of(honest, &mut out),
-            Signing::Unsigned => {}
+            Signing::Unsigned | Signing::Fails => {}
             Signing::OtherKey => honest.sign_frame(&mut out, id, hash, &Keypair::generate()),
             Signing::OtherRequestId => honest.sign_frame(&mut out, id + 1, hash, key),
             Signing::OtherSession => out_of(
@@ -737,9 +755,12 @@ mod tests {
                 let Ok(crate::wire::Relayed::Request { id, .. }) = Message::inspect(&frame) else {
                     panic!("the backbone sent something other than a request");
                 };
-                let answer = answer(&local, &key, &frame, signing);
+                let answer = match signing {
+                    Signing::Fails => Err("cannot".to_string()),
+                    _ => Ok(answer(&local, &key, &frame, signing)),
+                };
                 if let Some(waiting) = lock(&link).pending.remove(&id) {
-                    let _ = waiting.send(Ok(answer));
+                    let _ = waiting.send(answer);
                 }
                 seen.push(frame);
             }
@@ -871,10 +892,7 @@ mod tests {
             let (remote, worker) = swarm(&key, signing);
             let requests = step(remote.hidden);
             let local = remote.local.evaluate(0, &requests).unwrap();
-            let (dispatches, _) = remote.send(0, &requests);
-            let deadline = Instant::now() + remote.timeout;
-            let collected = remote.collect(&dispatches[0], &requests, deadline);
-            assert!(collected.is_none(), "{signing:?}: used");
+            // Its partials are wrong too: used, they would change the output.
             let output = remote.evaluate(0, &requests).unwrap();
             stop(&remote, worker);
             assert_eq!(bits(&output), bits(&local), "{signing:?}");
@@ -888,7 +906,31 @@ mod tests {
                 (1, 0, 1),
                 "{signing:?}"
             );
+            assert!(
+                lock(&remote.shunned).contains_key(&SESSION),
+                "{signing:?}: passed over"
+            );
         }
+    }
+
+    /// A session that fails an answer is passed over for a while (the lowest session holding
+    /// an expert is chosen, so one that always fails would keep the others from its
+    /// experts): the next step is computed here without asking it, and once its time is up
+    /// it is asked again.
+    #[test]
+    fn a_session_that_fails_is_passed_over_for_a_while() {
+        let (remote, worker) = swarm(&Keypair::from_seed(&[8; 32]), Signing::Fails);
+        let requests = step(remote.hidden);
+        let local = remote.local.evaluate(0, &requests).unwrap();
+        for _ in 0..2 {
+            assert_eq!(bits(&remote.evaluate(0, &requests).unwrap()), bits(&local));
+        }
+        let stats = remote.stats();
+        assert_eq!((stats.remote_requests, stats.fallbacks), (1, 1));
+        lock(&remote.shunned).insert(SESSION, Instant::now());
+        assert_eq!(bits(&remote.evaluate(0, &requests).unwrap()), bits(&local));
+        assert_eq!(remote.stats().remote_requests, 2, "asked again");
+        stop(&remote, worker);
     }
 
     #[test]
