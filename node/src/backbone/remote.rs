@@ -463,7 +463,11 @@ impl RemoteExperts {
                 return None;
             }
             Err(std_mpsc::RecvTimeoutError::Timeout) => {
-                tracing::warn!("session {} stalled on request {}", dispatch.session, dispatch.id);
+                tracing::warn!(
+                    "session {} stalled on request {}",
+                    dispatch.session,
+                    dispatch.id
+                );
                 self.shun(dispatch.session);
                 return None;
             }

@@ -420,6 +420,7 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
             }
             .await;
             let mut links = hub.links();
+            links.orphan(connection, std::time::Instant::now());
             if links
                 .backbone
                 .as_ref()

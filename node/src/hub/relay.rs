@@ -49,6 +49,8 @@ const LATE_GRACE: Duration = Duration::from_secs(60);
 struct Waiting {
     asked: Asked,
     failed: bool,
+    /// The backbone connection that asked.
+    connection: u64,
 }
 
 #[derive(Default)]
@@ -178,6 +180,19 @@ impl Links {
         worker
     }
 
+    /// Backbone connection `connection` has ended: what it asked is past its deadline at
+    /// `now`. Nobody waits for those answers any more, and nobody would audit them: an
+    /// answer that comes is late (not paid, not relayed; the worker is not blamed), and no
+    /// failure goes to a backbone that did not ask.
+    pub fn orphan(&mut self, connection: u64, now: Instant) {
+        for waiting in self.outstanding.values_mut() {
+            if waiting.connection == connection {
+                waiting.asked.deadline = waiting.asked.deadline.min(now);
+                waiting.failed = true;
+            }
+        }
+    }
+
     /// The whole directory, now (a backbone that just attached must not wait for it).
     pub fn send_directory(&mut self) {
         let sessions = self.workers.values().map(|w| w.entry.clone()).collect();
@@ -293,6 +308,7 @@ impl Hub {
         let request_hash = request_hash(&frame);
         let mut links = self.links();
         let order = links.order;
+        let connection = links.backbone.as_ref().map_or(0, |(c, _)| *c);
         let Some(worker) = links.workers.get_mut(&session) else {
             links.fail(id, format!("session {session} is not connected"));
             return Ok(());
@@ -322,6 +338,7 @@ impl Hub {
         let waiting = Waiting {
             asked,
             failed: false,
+            connection,
         };
         links.outstanding.insert((session, id), waiting);
         Ok(())
@@ -582,6 +599,44 @@ mod tests {
         hub.relay_request(request(1, 8)).unwrap();
         hub.tick(Instant::now() + LATE_GRACE + Duration::from_secs(1));
         assert_eq!(hub.unanswered(), 0);
+    }
+
+    /// When the backbone that asked is gone, an answer to what it asked is neither paid nor
+    /// relayed (no backbone would audit it): a worker could otherwise send junk, correctly
+    /// signed and sized, to requests nobody waits for. The worker is not blamed.
+    #[test]
+    fn answers_to_a_backbone_gone_earn_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let hub = hub(dir.path(), Duration::from_secs(60));
+        let key = Keypair::generate();
+        let (_worker, mut backbone) = attach_as(&hub, 1, &key);
+        for id in [7, 8] {
+            hub.relay_request(request(1, id)).unwrap();
+        }
+        hub.links().orphan(1, Instant::now());
+        // A new connection of the backbone hears nothing of what the old one asked.
+        let (again, mut heard) = mpsc::unbounded_channel();
+        hub.links().backbone = Some((2, again));
+        hub.tick(Instant::now() + Duration::from_secs(1));
+        assert_eq!(failures(&mut heard), Vec::<u64>::new(), "no failures");
+        std::thread::sleep(Duration::from_millis(2));
+        for id in [7, 8] {
+            let answer = signed_answer(&hub, 1, &key, &request(1, id));
+            hub.relay_answer(1, answer).unwrap();
+        }
+        assert!(heard.try_recv().is_err());
+        assert!(backbone.try_recv().is_err());
+        assert!(
+            hub.registry.sessions().unwrap().is_empty(),
+            "nothing metered"
+        );
+        assert!(hub.links().workers.contains_key(&1), "the worker stays");
+        // Asked by the connection still attached: paid as ever.
+        hub.relay_request(request(1, 9)).unwrap();
+        let answer = signed_answer(&hub, 1, &key, &request(1, 9));
+        hub.relay_answer(1, answer).unwrap();
+        assert!(heard.try_recv().is_ok());
+        assert_eq!(hub.registry.sessions().unwrap().len(), 1);
     }
 
     #[test]
