@@ -95,9 +95,12 @@ pub struct Args {
     /// finds room).
     #[arg(long, default_value_t = 8192)]
     max_connections: usize,
-    /// A request unanswered this long is failed to the backbone, and an answer after it earns
-    /// nothing: keep it at most the backbone's `--dispatch-timeout-ms`.
-    #[arg(long, default_value_t = 5000)]
+    /// A request unanswered this long after it reached the hub is failed to the backbone, and
+    /// an answer after it earns nothing. Keep it below the backbone's `--dispatch-timeout-ms`
+    /// (5000) by more than the backbone takes to get a request here (the backbone's clock
+    /// starts before it encodes and sends): an answer in between would be paid although the
+    /// backbone, having computed it itself, neither uses nor audits it.
+    #[arg(long, default_value_t = 4000)]
     answer_deadline_ms: u64,
     /// Every link (workers and the backbone) is pinged this often.
     #[arg(long, default_value_t = DEFAULT_PING_INTERVAL_MS, value_parser = clap::value_parser!(u64).range(1..))]
