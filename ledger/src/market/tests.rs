@@ -294,6 +294,35 @@ fn escrow_pays_the_placed_worker_at_its_price_pauses_when_overdrawn_and_resumes_
     assert_eq!(state.account(&worker).balance, kvr("92"));
 }
 
+/// A credit whose count, at the worker's placement price, earns more than an amount holds
+/// is refused when checked, before a block (at the pool's far lower rate it would fit): one
+/// that failed only in a block would leave its gateway's later credits waiting on the gap.
+#[test]
+fn a_credit_that_would_overflow_at_its_placement_price_is_refused_when_checked() {
+    let keys = TestKeys::new();
+    let state = bonded(&keys, &[0]);
+    let state = block_of(&state, &keys, vec![offer(&state, 0, "0:0-3", "50")]);
+    let state = block_of(
+        &state,
+        &keys,
+        vec![order(&state, &keys, new_order("0:0-3", 1, "50", "60"))],
+    );
+    assert_eq!(order_state(&state, 1), OrderState::Active);
+    let bytes = 1_000_000_000_000_000;
+    assert!(
+        state.genesis().earned(bytes).is_some(),
+        "fits at the pool's rate"
+    );
+    let huge = credit(&state, &keys, 0, 1, bytes);
+    assert_eq!(
+        crate::tx::check_stateful(&state, &huge),
+        Err(TxError::Overflow)
+    );
+    // Outside the order, at the pool's rate, the same count is fine.
+    let pool = credit(&state, &keys, 0, 0, bytes);
+    assert_eq!(crate::tx::check_stateful(&state, &pool), Ok(()));
+}
+
 /// Operators 0 and 1 offer experts 0:0-3 at 0.001 and 0.002; order 1 wants one replica of
 /// them and is placed on operator 0's offer (offer 1).
 fn placed_on_the_cheaper_of_two(keys: &TestKeys) -> State {

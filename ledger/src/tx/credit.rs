@@ -104,8 +104,13 @@ pub(super) fn check_stateful(
             });
         }
     }
+    // What `execute` pays must fit an amount at the price it pays at (the worker's placement
+    // under the order, else the pool's rate): a credit that passed here and failed in a block
+    // would leave a gap in its gateway's nonces, and every later credit waiting on it.
+    let placed = placement_for(state, r.order, &r.worker).filter(|_| r.order != 0);
+    let price = placed.map_or(genesis.params.reward_per_unit, |p| p.price);
     genesis
-        .earned(r.cumulative_bytes)
+        .earned_at(price, r.cumulative_bytes)
         .ok_or(TxError::Overflow)?;
     Ok(())
 }
