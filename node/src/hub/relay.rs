@@ -39,6 +39,10 @@ pub(super) const MAX_UNANSWERED: usize = 64;
 pub(super) const MAX_CLAIMS_PER_SESSION: usize = 16_384;
 /// Claims over every session together: keeps the directory a few MiB, well inside a frame.
 pub(super) const MAX_CLAIMS: usize = 1 << 20;
+/// Claims over every session of one key: five copies of the largest model above, and a
+/// sixteenth of the hub, so that one bonded key cannot fill the directory and keep every
+/// other worker out.
+pub(super) const MAX_CLAIMS_PER_KEY: usize = MAX_CLAIMS / 16;
 /// The directory is sent at most this often; joins and leaves in between are coalesced.
 pub(super) const DIRECTORY_INTERVAL: Duration = Duration::from_millis(100);
 /// How long past its deadline a request is remembered, so that a slow worker's late answer is
@@ -103,6 +107,8 @@ pub(super) enum Refused {
     TooManyClaims(usize),
     #[error("the hub holds its maximum of {MAX_CLAIMS} claimed experts; try another hub or later")]
     HubFull,
+    #[error("this key's sessions would claim {0} experts, over the {MAX_CLAIMS_PER_KEY} one key may claim")]
+    KeyFull(usize),
 }
 
 /// `claims` without repeats, in order, if within the per-session cap.
@@ -138,6 +144,14 @@ impl Links {
         let claims = self.claims.saturating_add(entry.experts.len());
         if claims > MAX_CLAIMS {
             return Err(Refused::HubFull);
+        }
+        let of_key: usize = (self.workers.values())
+            .filter(|w| w.entry.worker == entry.worker)
+            .map(|w| w.entry.experts.len())
+            .sum();
+        let of_key = of_key.saturating_add(entry.experts.len());
+        if of_key > MAX_CLAIMS_PER_KEY {
+            return Err(Refused::KeyFull(of_key));
         }
         self.claims = claims;
         let session = entry.session;
@@ -793,26 +807,51 @@ mod tests {
     }
 
     #[test]
-    fn the_hub_refuses_claims_beyond_its_total_and_frees_them_on_leave() {
+    fn the_hub_refuses_claims_beyond_its_total_or_a_keys_share_and_frees_them_on_leave() {
         let dir = tempfile::tempdir().unwrap();
         let hub = hub(dir.path(), Duration::from_secs(60));
         let (tx, _rx) = mpsc::unbounded_channel();
-        let full: Vec<ExpertId> = (0..MAX_CLAIMS as u32)
-            .map(|i| ((i >> 16) as u16, i as u16))
-            .collect();
-        let entry = |session, experts| DirectoryEntry {
+        let claims = |key: u32| -> Vec<ExpertId> {
+            let first = key * MAX_CLAIMS_PER_KEY as u32;
+            (first..first + MAX_CLAIMS_PER_KEY as u32)
+                .map(|i| ((i >> 16) as u16, i as u16))
+                .collect()
+        };
+        let entry = |session, worker: &Keypair, experts| DirectoryEntry {
             session,
-            worker: Keypair::generate().address(),
+            worker: worker.address(),
             model_id: "m".into(),
             experts,
         };
-        hub.links().add_worker(entry(1, full), tx.clone()).unwrap();
+        let keys: Vec<Keypair> = (0..17).map(|_| Keypair::generate()).collect();
+        // One key may claim its share, in one session or several, and no more.
+        let mut half = claims(0);
+        let rest = half.split_off(MAX_CLAIMS_PER_KEY / 2);
+        hub.links()
+            .add_worker(entry(1, &keys[0], half), tx.clone())
+            .unwrap();
+        hub.links()
+            .add_worker(entry(2, &keys[0], rest), tx.clone())
+            .unwrap();
         assert!(matches!(
-            hub.links().add_worker(entry(2, vec![(0, 0)]), tx.clone()),
+            hub.links().add_worker(entry(3, &keys[0], vec![(0, 0)]), tx.clone()),
+            Err(Refused::KeyFull(n)) if n == MAX_CLAIMS_PER_KEY + 1
+        ));
+        // Sixteen keys fill the hub; the seventeenth finds it full.
+        for key in 1..16 {
+            let session = 100 + u64::from(key);
+            let claimed = entry(session, &keys[key as usize], claims(key));
+            hub.links().add_worker(claimed, tx.clone()).unwrap();
+        }
+        assert!(matches!(
+            hub.links()
+                .add_worker(entry(3, &keys[16], vec![(0, 0)]), tx.clone()),
             Err(Refused::HubFull)
         ));
-        hub.remove_worker(1);
-        hub.links().add_worker(entry(2, vec![(0, 0)]), tx).unwrap();
+        hub.remove_worker(101);
+        hub.links()
+            .add_worker(entry(3, &keys[16], vec![(0, 0)]), tx)
+            .unwrap();
     }
 
     #[test]
