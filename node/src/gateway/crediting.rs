@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use kvasir_api::ledger::PAGE_MAX;
 use kvasir_api::registry::ReceiptEntry;
 use kvasir_api::Client;
-use kvasir_ledger::{Address, Keypair, TxKind};
+use kvasir_ledger::{Address, Keypair, SignedReceipt, TxKind};
 use rayon::prelude::*;
 
 use super::stats::Stats;
@@ -27,6 +27,43 @@ const BATCH: usize = 10_000;
 const FULL_WALK_EVERY: u64 = 60;
 /// A change listing up to this long has its ledger marks asked session by session.
 const ONE_BY_ONE: usize = 256;
+/// Rounds a receipt the ledger refused as invalid is passed over at the count it was refused
+/// at, and how many such receipts are remembered.
+const SKIP_ROUNDS: u64 = FULL_WALK_EVERY;
+const MAX_REFUSED: usize = 4096;
+
+/// What identifies a receipt's count on the ledger: hub, session and order.
+type MeterOf = (Address, u64, u64);
+
+/// Receipts the ledger refused as invalid, at the count it refused. One it would refuse
+/// again (the ledger has another worker for the session; the pay would overflow) must not be
+/// submitted first every round: the credits after it would wait on its nonce gap for good.
+/// Each is passed over for `SKIP_ROUNDS` rounds, or until its count changes (then it is a
+/// new receipt); a refusal for a passing cause costs that session a delay, never its pay,
+/// since counts are cumulative.
+#[derive(Default)]
+struct Refusals {
+    /// The count refused and the round it may be submitted again.
+    refused: HashMap<MeterOf, (u64, u64)>,
+}
+
+impl Refusals {
+    fn passes_over(&self, meter: &MeterOf, count: u64, round: u64) -> bool {
+        self.refused
+            .get(meter)
+            .is_some_and(|&(refused, until)| refused == count && round < until)
+    }
+
+    fn refused(&mut self, meter: MeterOf, count: u64, round: u64) {
+        if self.refused.len() >= MAX_REFUSED {
+            self.refused.retain(|_, (_, until)| round < *until);
+        }
+        if self.refused.len() >= MAX_REFUSED {
+            self.refused.clear();
+        }
+        self.refused.insert(meter, (count, round + SKIP_ROUNDS));
+    }
+}
 
 pub struct Crediting {
     ledger: Client,
@@ -36,6 +73,9 @@ pub struct Crediting {
     /// Where the next round's change listing starts; `None`: walk every session by id.
     mark: Option<u64>,
     rounds: u64,
+    /// Rounds tried, complete or not.
+    attempts: u64,
+    refusals: Refusals,
 }
 
 /// What one round did.
@@ -64,14 +104,18 @@ impl Crediting {
             stats,
             mark: None,
             rounds: 0,
+            attempts: 0,
+            refusals: Refusals::default(),
         }
     }
 
     /// One pass over the registry, page by page: credits every session that rose. The first
     /// round, and every `FULL_WALK_EVERY`th, walks every session by id; the others list only
     /// the sessions whose count rose since the last complete round (the hub signs and the
-    /// gateway checks only those). A malformed receipt is logged and skipped, not a stall.
+    /// gateway checks only those). A malformed receipt is logged and skipped, not a stall, and
+    /// one the ledger refused as invalid is passed over for a while (`Refusals`).
     pub fn round(&mut self) -> Result<Round> {
+        self.attempts += 1;
         let mut cursor = match self.mark {
             Some(mark) if !self.rounds.is_multiple_of(FULL_WALK_EVERY) => Cursor::Changes(mark),
             _ => Cursor::Ids(0),
@@ -122,7 +166,13 @@ impl Crediting {
                     Ok(signed) => {
                         let above = receipt.cumulative_bytes - mark;
                         uncredited_bytes = uncredited_bytes.saturating_add(above);
-                        rose.push(signed)
+                        let count = signed.receipt.cumulative_bytes;
+                        if !self
+                            .refusals
+                            .passes_over(&meter_of(&signed), count, self.attempts)
+                        {
+                            rose.push(signed)
+                        }
                     }
                     Err(e) => tracing::warn!(
                         "skipping session {}: the registry served a malformed receipt: {e}",
@@ -130,6 +180,10 @@ impl Crediting {
                     ),
                 }
             }
+            let meters: Vec<(MeterOf, u64)> = rose
+                .iter()
+                .map(|signed| (meter_of(signed), signed.receipt.cumulative_bytes))
+                .collect();
             // Signing is most of the gateway's work per credit: both cores share it.
             let credits: Vec<_> = rose
                 .into_par_iter()
@@ -139,8 +193,9 @@ impl Crediting {
                 })
                 .collect();
             nonce += credits.len() as u64;
-            for batch in credits.chunks(BATCH) {
-                for verdict in self.ledger.submit_batch(batch)? {
+            for (at, batch) in credits.chunks(BATCH).enumerate() {
+                let verdicts = self.ledger.submit_batch(batch)?;
+                for (i, verdict) in verdicts.into_iter().enumerate() {
                     match verdict {
                         Ok(hash) => {
                             admitted += 1;
@@ -152,7 +207,12 @@ impl Crediting {
                         // a mark past this session would skip.
                         Err(refused) => {
                             all_admitted = false;
-                            tracing::info!("credit not admitted: {}", refused.message)
+                            tracing::info!("credit not admitted: {}", refused.message);
+                            if let Some((meter, count)) = meters.get(at * BATCH + i) {
+                                if refused.error == "invalid_tx" {
+                                    self.refusals.refused(*meter, *count, self.attempts);
+                                }
+                            }
                         }
                     }
                 }
@@ -240,5 +300,47 @@ impl Crediting {
             }
             std::thread::sleep(interval);
         }
+    }
+}
+
+fn meter_of(signed: &SignedReceipt) -> MeterOf {
+    let r = &signed.receipt;
+    (r.hub, r.session_id, r.order)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refused receipt is passed over at its count for `SKIP_ROUNDS` rounds, not at
+    /// another count, and not after; the memory stays bounded.
+    #[test]
+    fn a_refused_receipt_is_passed_over_for_a_while_at_its_count() {
+        let hub = Keypair::from_seed(&[1; 32]).address();
+        let mut refusals = Refusals::default();
+        let meter = (hub, 7, 0);
+        refusals.refused(meter, 100, 3);
+        assert!(refusals.passes_over(&meter, 100, 3));
+        assert!(refusals.passes_over(&meter, 100, 3 + SKIP_ROUNDS - 1));
+        assert!(
+            !refusals.passes_over(&meter, 100, 3 + SKIP_ROUNDS),
+            "tried again"
+        );
+        assert!(
+            !refusals.passes_over(&meter, 101, 4),
+            "a new count is a new receipt"
+        );
+        assert!(
+            !refusals.passes_over(&(hub, 7, 1), 100, 4),
+            "another order's count"
+        );
+        assert!(
+            !refusals.passes_over(&(hub, 8, 0), 100, 4),
+            "another session"
+        );
+        for session in 0..(MAX_REFUSED as u64 * 2) {
+            refusals.refused((hub, session, 0), 1, 10);
+        }
+        assert!(refusals.refused.len() <= MAX_REFUSED);
     }
 }
