@@ -80,6 +80,11 @@ impl Places {
         })
     }
 
+    /// Places one address may hold.
+    pub fn per_address(&self) -> usize {
+        self.limits.max_connections_per_ip
+    }
+
     /// Takes a place for `ip`, if the caps allow one.
     pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<Slot> {
         let ip = cap_key(ip);

@@ -42,7 +42,6 @@ pub(super) struct Backbone {
     client: Client<HttpConnector, Full<Bytes>>,
     /// Requests in progress, per client address.
     in_progress: Arc<Places>,
-    per_address: usize,
     stats: Arc<Stats>,
 }
 
@@ -62,7 +61,6 @@ impl Backbone {
             base,
             client: Client::builder(TokioExecutor::new()).build(connector),
             in_progress: Places::new(Limits::per_address(per_address)),
-            per_address,
             stats,
         })
     }
@@ -108,7 +106,7 @@ pub(super) async fn relay(
     let Some(place) = place else {
         let message = format!(
             "this address has {} requests in progress, the most this gateway serves it at once; retry when one ends",
-            backbone.per_address
+            backbone.in_progress.per_address()
         );
         let code = Some("too_many_requests_in_progress");
         return error_with_code(
