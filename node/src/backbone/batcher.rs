@@ -132,8 +132,8 @@ struct Tally {
 }
 
 impl Tally {
-    fn add(counter: &AtomicU64, n: usize) {
-        counter.fetch_add(n as u64, Ordering::Relaxed);
+    fn count(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -203,7 +203,7 @@ impl Caller {
             Event::Failed(_) => &self.tally.failed,
             _ => &self.tally.completed,
         };
-        Tally::add(counter, 1);
+        Tally::count(counter);
         self.counted = true;
         self.tell(end);
     }
@@ -212,14 +212,11 @@ impl Caller {
     fn count_left(&mut self) {
         let tally = &self.tally;
         let finished = self.finished.load(Ordering::Acquire);
-        Tally::add(
-            if finished {
-                &tally.completed
-            } else {
-                &tally.hung_up
-            },
-            1,
-        );
+        Tally::count(if finished {
+            &tally.completed
+        } else {
+            &tally.hung_up
+        });
         self.counted = true;
     }
 }
@@ -823,7 +820,7 @@ fn tell(running: &mut Running) -> bool {
         if !running.caller.tell(Event::Token(*token)) {
             return false;
         }
-        Tally::add(&running.caller.tally.tokens, 1);
+        Tally::count(&running.caller.tally.tokens);
     }
     running.told = generated.len();
     if !running.sequence.is_done() {
