@@ -42,8 +42,9 @@ pub struct RemoteExperts {
     hidden: usize,
     timeout: Duration,
     link: Arc<Mutex<LinkState>>,
-    /// Sessions passed over until the time given: each failed an answer (`shun`).
-    shunned: Mutex<HashMap<u64, Instant>>,
+    /// Sessions passed over until the time given, or while they last (`None`): each failed
+    /// an answer (`shun`).
+    shunned: Mutex<HashMap<u64, Option<Instant>>>,
     /// Worker keys caught answering wrongly: none of their sessions is dispatched to again.
     caught: Mutex<HashSet<Address>>,
     /// With a bond check, the sessions whose worker the ledger says may serve (see
@@ -64,10 +65,11 @@ pub struct RemoteExperts {
 /// How often the sessions in the directory are checked against the ledger: new ones within
 /// this, and every one again every `RECHECK_EVERY` rounds (a key jailed or unbonded since).
 const STANDING_INTERVAL: Duration = Duration::from_millis(200);
-/// How long a session that failed an answer (a failure, a stall, an answer not usable) is
-/// passed over: one that always fails would otherwise keep its experts from the other
-/// sessions that hold them (the lowest session is chosen), at the cost of a fallback each
-/// step; one that failed once, honestly, is used again soon.
+/// How long a session that failed or gave an answer not usable is passed over: one that
+/// always fails would otherwise keep its experts from the other sessions that hold them (the
+/// lowest session is chosen), at the cost of a fallback each step; one that failed once,
+/// honestly, is used again soon. A session that stalls (each stall costs a whole dispatch
+/// timeout) is passed over while it lasts.
 const SHUN: Duration = Duration::from_secs(30);
 const RECHECK_EVERY: u32 = 50;
 
@@ -251,7 +253,11 @@ impl RemoteExperts {
         }
         let shunned = lock(&self.shunned);
         let now = Instant::now();
-        let passed_over = |session: &u64| shunned.get(session).is_some_and(|until| now < *until);
+        let passed_over = |session: &u64| {
+            shunned
+                .get(session)
+                .is_some_and(|until| until.is_none_or(|until| now < until))
+        };
         let caught = lock(&self.caught);
         let standing = self.standing.as_ref().map(|s| lock(s));
         let may_serve = |session: &u64| {
@@ -459,7 +465,7 @@ impl RemoteExperts {
             }
             Ok(Err(message)) => {
                 tracing::warn!("worker failed request {}: {message}", dispatch.id);
-                self.shun(dispatch.session);
+                self.shun(dispatch.session, Some(SHUN));
                 return None;
             }
             Err(std_mpsc::RecvTimeoutError::Timeout) => {
@@ -468,7 +474,7 @@ impl RemoteExperts {
                     dispatch.session,
                     dispatch.id
                 );
-                self.shun(dispatch.session);
+                self.shun(dispatch.session, None);
                 return None;
             }
             Err(std_mpsc::RecvTimeoutError::Disconnected) => return None,
@@ -479,20 +485,29 @@ impl RemoteExperts {
             Err(e) => {
                 let (session, id) = (dispatch.session, dispatch.id);
                 tracing::warn!("session {session}'s answer to request {id} is not used: {e}");
-                self.shun(session);
+                self.shun(session, Some(SHUN));
                 None
             }
         }
     }
 
-    /// Passes `session` over for `SHUN`. Sessions whose time is up are forgotten here, so
-    /// the map holds only those shunned within the last `SHUN`.
-    fn shun(&self, session: u64) {
+    /// Passes `session` over for `time`, or while it lasts (`None`). Sessions whose time is
+    /// up, and those gone from the directory, are forgotten here: the map holds no more than
+    /// the sessions connected and those shunned within the last `SHUN`.
+    fn shun(&self, session: u64, time: Option<Duration>) {
         let now = Instant::now();
+        let connected: HashSet<u64> = lock(&self.link)
+            .directory
+            .iter()
+            .map(|e| e.session)
+            .collect();
         let mut shunned = lock(&self.shunned);
-        shunned.retain(|_, until| now < *until);
-        shunned.insert(session, now + SHUN);
-        tracing::warn!("session {session} is passed over for {SHUN:?}");
+        shunned.retain(|session, until| match until {
+            Some(until) => now < *until,
+            None => connected.contains(session),
+        });
+        shunned.insert(session, time.map(|time| now + time));
+        tracing::warn!("session {session} is passed over for {time:?} (None: while it lasts)");
     }
 
     pub fn stats(&self) -> DispatchCounts {
@@ -931,7 +946,7 @@ mod tests {
         }
         let stats = remote.stats();
         assert_eq!((stats.remote_requests, stats.fallbacks), (1, 1));
-        lock(&remote.shunned).insert(SESSION, Instant::now());
+        lock(&remote.shunned).insert(SESSION, Some(Instant::now()));
         assert_eq!(bits(&remote.evaluate(0, &requests).unwrap()), bits(&local));
         assert_eq!(remote.stats().remote_requests, 2, "asked again");
         stop(&remote, worker);

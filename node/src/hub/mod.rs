@@ -412,7 +412,7 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
             let result = async {
                 loop {
                     tokio::select! {
-                        frame = next_frame(&mut source) => hub.relay_request(frame?)?,
+                        frame = next_frame(&mut source) => hub.relay_request(connection, frame?)?,
                         why = &mut stopped => match why {
                             Ok(why) => bail!("backbone dropped: {why}"),
                             // Replaced by a newer connection of the backbone.

@@ -308,8 +308,8 @@ impl Hub {
         Ok(())
     }
 
-    /// A frame from the backbone: a request for one worker session.
-    pub(super) fn relay_request(&self, frame: Bytes) -> Result<()> {
+    /// A frame from backbone connection `connection`: a request for one worker session.
+    pub(super) fn relay_request(&self, connection: u64, frame: Bytes) -> Result<()> {
         let Relayed::Request {
             session,
             id,
@@ -322,7 +322,6 @@ impl Hub {
         let request_hash = request_hash(&frame);
         let mut links = self.links();
         let order = links.order;
-        let connection = links.backbone.as_ref().map_or(0, |(c, _)| *c);
         let Some(worker) = links.workers.get_mut(&session) else {
             links.fail(id, format!("session {session} is not connected"));
             return Ok(());
@@ -564,7 +563,7 @@ mod tests {
         let hub = hub(dir.path(), Duration::from_secs(60));
         let (mut worker, mut backbone) = attach(&hub, 1);
         for id in 0..(MAX_UNANSWERED as u64 + 10) {
-            hub.relay_request(request(1, id)).unwrap();
+            hub.relay_request(1, request(1, id)).unwrap();
         }
         assert_eq!(hub.unanswered(), MAX_UNANSWERED);
         let mut relayed = 0;
@@ -596,7 +595,7 @@ mod tests {
         let hub = hub(dir.path(), Duration::from_millis(10));
         let key = Keypair::generate();
         let (_worker, mut backbone) = attach_as(&hub, 1, &key);
-        hub.relay_request(request(1, 7)).unwrap();
+        hub.relay_request(1, request(1, 7)).unwrap();
         let late = signed_answer(&hub, 1, &key, &request(1, 7));
         hub.tick(Instant::now() + Duration::from_millis(20));
         assert_eq!(failures(&mut backbone), vec![7]);
@@ -610,7 +609,7 @@ mod tests {
         assert!(hub.registry.sessions().unwrap().is_empty());
         assert_eq!(hub.unanswered(), 0);
         // One that is never answered is forgotten after its grace.
-        hub.relay_request(request(1, 8)).unwrap();
+        hub.relay_request(1, request(1, 8)).unwrap();
         hub.tick(Instant::now() + LATE_GRACE + Duration::from_secs(1));
         assert_eq!(hub.unanswered(), 0);
     }
@@ -625,7 +624,7 @@ mod tests {
         let key = Keypair::generate();
         let (_worker, mut backbone) = attach_as(&hub, 1, &key);
         for id in [7, 8] {
-            hub.relay_request(request(1, id)).unwrap();
+            hub.relay_request(1, request(1, id)).unwrap();
         }
         hub.links().orphan(1, Instant::now());
         // A new connection of the backbone hears nothing of what the old one asked.
@@ -646,7 +645,7 @@ mod tests {
         );
         assert!(hub.links().workers.contains_key(&1), "the worker stays");
         // Asked by the connection still attached: paid as ever.
-        hub.relay_request(request(1, 9)).unwrap();
+        hub.relay_request(1, request(1, 9)).unwrap();
         let answer = signed_answer(&hub, 1, &key, &request(1, 9));
         hub.relay_answer(1, answer).unwrap();
         assert!(heard.try_recv().is_ok());
@@ -725,7 +724,7 @@ mod tests {
         ];
         for (what, frame) in forged {
             let (_worker, mut backbone) = attach_as(&hub, 1, &key);
-            hub.relay_request(asked.clone()).unwrap();
+            hub.relay_request(1, asked.clone()).unwrap();
             let refused = hub.relay_answer(1, frame).expect_err(what);
             let why = format!("{refused:#}");
             assert!(why.contains("is not signed by the worker"), "{what}: {why}");
@@ -740,7 +739,7 @@ mod tests {
             .contains("kvasir_hub_refused_answers_total 10\n"));
         // The honest answer is paid, request and response bytes, and relayed as it came.
         let (_worker, mut backbone) = attach_as(&hub, 1, &key);
-        hub.relay_request(asked.clone()).unwrap();
+        hub.relay_request(1, asked.clone()).unwrap();
         hub.relay_answer(1, honest.clone()).unwrap();
         assert_eq!(backbone.try_recv().ok(), Some(honest.clone()));
         let paid = hub.registry.sessions().unwrap();
@@ -765,8 +764,8 @@ mod tests {
             experts: vec![(0, 1)],
         };
         let mut expelled = hub.links().add_worker(entry, tx).unwrap();
-        hub.relay_request(request(1, 7)).unwrap();
-        hub.relay_request(request(2, 8)).unwrap();
+        hub.relay_request(1, request(1, 7)).unwrap();
+        hub.relay_request(1, request(2, 8)).unwrap();
         assert_eq!(worker.try_recv().ok(), Some(request(1, 7)));
         let why = bonds::Refused::Jailed { key, until: 9 };
         assert!(hub.expel(1, why.clone()));

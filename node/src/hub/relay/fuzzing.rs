@@ -199,7 +199,7 @@ pub fn relay_script(data: &[u8]) {
                     let len = usize::from(script.byte());
                     Bytes::from(script.bytes(len))
                 };
-                if hub.relay_request(frame.clone()).is_ok() {
+                if hub.relay_request(1, frame.clone()).is_ok() {
                     // A raw frame may name any session, so every one is looked at.
                     for s in sessions.iter_mut() {
                         if let Ok(relayed) = s.frames.try_recv() {
