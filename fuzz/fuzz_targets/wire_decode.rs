@@ -3,7 +3,7 @@
 //! same bytes (one message, one encoding).
 #![no_main]
 
-use kvasir_node::wire::Message;
+use kvasir_wire::Message;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|frame: &[u8]| {

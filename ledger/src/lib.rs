@@ -9,15 +9,11 @@
 #![forbid(unsafe_code)]
 
 pub mod amount;
-pub mod answer;
 pub mod apply;
 pub mod block;
 pub mod certificate;
 pub mod fraction;
 pub mod genesis;
-pub mod hash;
-pub mod intent;
-pub mod keys;
 pub mod market;
 pub mod mempool;
 pub mod state;
@@ -25,6 +21,10 @@ pub mod store;
 mod tree;
 pub mod tx;
 pub mod verify;
+
+// Shared with the dispatch protocol, beneath both (see `kvasir-primitives`); re-exported so
+// that a path into the ledger names the same types.
+pub use kvasir_primitives::{answer, hash, intent, keys};
 
 pub use amount::{Amount, AmountError, BASE_UNITS_PER_KVR};
 pub use apply::{

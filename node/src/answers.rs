@@ -15,14 +15,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use anyhow::{bail, Context, Result};
 use kvasir_inference::checkpoint::Checkpoint;
 use kvasir_inference::config::Config;
-use kvasir_inference::moe::{ExpertExecutor, LocalExperts};
+use kvasir_inference::moe::LocalExperts;
 use kvasir_ledger::answer::body_hash;
 use kvasir_ledger::genesis::ModelPin;
 use kvasir_ledger::state::AnswerCheck;
 use kvasir_ledger::{Genesis, Hash};
 
 use crate::engine::model_pin;
-use crate::wire::{self, Request, Response};
+use kvasir_wire::Request;
 
 /// Every expert of one pinned checkpoint, for recomputing.
 pub struct ModelAnswers {
@@ -48,14 +48,8 @@ impl ModelAnswers {
 
     /// The correct response body to `request`: the partials of its experts on its rows.
     pub fn response_body(&self, request: &Request) -> Result<Vec<u8>> {
-        let hidden = request.hidden as usize;
-        if hidden != self.hidden {
-            bail!("rows are {hidden} wide, this model's are {}", self.hidden);
-        }
-        let requests = request.to_expert_requests()?;
-        let partials = self.experts.evaluate(request.layer as usize, &requests)?;
-        let response = Response::from_partials(request, &partials)?;
-        Ok(wire::response_body(&wire::Message::Response(response).encode()).to_vec())
+        let response = kvasir_wire::answer(request, self.hidden, &self.experts)?;
+        Ok(kvasir_wire::response_body(&kvasir_wire::Message::Response(response).encode()).to_vec())
     }
 }
 
@@ -203,7 +197,7 @@ impl ModelAnswers {
                 self.pin.id, model.id
             ));
         }
-        let request = wire::decode_request_body(request_body).map_err(|e| e.to_string())?;
+        let request = kvasir_wire::decode_request_body(request_body).map_err(|e| e.to_string())?;
         if (request.session, request.id) != (session, request_id) {
             return Err(format!(
                 "the request body is request {} of session {}, the evidence names request {request_id} of session {session}",
@@ -229,7 +223,7 @@ impl ModelAnswers {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvasir_inference::moe::ExpertRequest;
+    use kvasir_inference::moe::{ExpertExecutor, ExpertRequest};
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
@@ -278,10 +272,8 @@ mod tests {
 
     /// What an honest worker answers: its own experts, through the worker's translation.
     fn honest_body(worker: &LocalExperts, request: &Request) -> Vec<u8> {
-        let requests = request.to_expert_requests().unwrap();
-        let partials = worker.evaluate(request.layer as usize, &requests).unwrap();
-        let response = Response::from_partials(request, &partials).unwrap();
-        wire::response_body(&wire::Message::Response(response).encode()).to_vec()
+        let response = kvasir_wire::answer(request, request.hidden as usize, worker).unwrap();
+        kvasir_wire::response_body(&kvasir_wire::Message::Response(response).encode()).to_vec()
     }
 
     #[test]
@@ -296,8 +288,9 @@ mod tests {
         let pin = answers.pin().clone();
         for id in 0..10_000 {
             let request = request(&mut rng, id, config.hidden_size, config.num_experts);
-            let frame = wire::Message::Request(request.clone()).encode();
-            let correct = correct(&answers, &pin, 7, id, wire::request_body(&frame)).unwrap();
+            let frame = kvasir_wire::Message::Request(request.clone()).encode();
+            let correct =
+                correct(&answers, &pin, 7, id, kvasir_wire::request_body(&frame)).unwrap();
             let honest = honest_body(&worker, &request);
             assert_eq!(correct, body_hash(&honest), "request {id}");
             if id % 1000 == 0 {
@@ -320,8 +313,15 @@ mod tests {
         let mut request = request(&mut StdRng::seed_from_u64(5), 1, config.hidden_size, 8);
         // A negative NaN with a payload, as x86 makes them: it reaches every output value.
         request.rows[0] = f32::from_bits(0xffc0_0001);
-        let frame = wire::Message::Request(request.clone()).encode();
-        let correct = correct(&answers, answers.pin(), 7, 1, wire::request_body(&frame)).unwrap();
+        let frame = kvasir_wire::Message::Request(request.clone()).encode();
+        let correct = correct(
+            &answers,
+            answers.pin(),
+            7,
+            1,
+            kvasir_wire::request_body(&frame),
+        )
+        .unwrap();
         assert_eq!(correct, body_hash(&honest_body(&worker, &request)));
         let requests = request.to_expert_requests().unwrap();
         let partials = worker.evaluate(request.layer as usize, &requests).unwrap();
@@ -341,14 +341,14 @@ mod tests {
     #[test]
     fn a_verdict_is_kept_for_the_next_check_and_only_the_newest_are() {
         let dir = tiny_checkpoint();
-        let mut genesis = Genesis::from_json(crate::commands::genesis::DEV_GENESIS).unwrap();
+        let mut genesis = Genesis::from_json(kvasir_devnet::chain::DEV_GENESIS).unwrap();
         genesis.models = vec![model_pin(&dir).unwrap()];
         let answers = PinnedAnswers::for_genesis(&genesis, &[dir])
             .unwrap()
             .unwrap();
         let request = request(&mut StdRng::seed_from_u64(3), 9, 64, 8);
-        let frame = wire::Message::Request(request).encode();
-        let body = wire::request_body(&frame);
+        let frame = kvasir_wire::Message::Request(request).encode();
+        let body = kvasir_wire::request_body(&frame);
         let pin = &genesis.models[0];
         let first = answers.response_hash(pin, 7, 9, body);
         assert_eq!(lock(&answers.verdicts).order.len(), 1);
@@ -391,7 +391,7 @@ mod tests {
     #[test]
     fn a_node_refuses_to_start_without_every_pinned_checkpoint_or_with_another() {
         let dir = tiny_checkpoint();
-        let mut genesis = Genesis::from_json(crate::commands::genesis::DEV_GENESIS).unwrap();
+        let mut genesis = Genesis::from_json(kvasir_devnet::chain::DEV_GENESIS).unwrap();
         genesis.models.clear();
         let given = [dir.clone()];
         assert!(PinnedAnswers::for_genesis(&genesis, &given)

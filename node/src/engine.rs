@@ -96,17 +96,6 @@ pub fn load_experts(
     }
 }
 
-/// What identifies a model to the swarm: workers and backbone must agree on it. The hash of
-/// config.json and of the tensors' layout (names, shapes, dtypes, offsets).
-pub fn model_id(dir: &Path) -> Result<String> {
-    let mut hasher = blake3::Hasher::new();
-    let config = dir.join("config.json");
-    hasher
-        .update(&std::fs::read(&config).with_context(|| format!("reading {}", config.display()))?);
-    hasher.update(Checkpoint::open(dir)?.layout().as_bytes());
-    Ok(hasher.finalize().to_hex()[..32].to_string())
-}
-
 /// The identity a genesis `models` entry pins for the checkpoint in `dir`: its model id,
 /// the blake3 of its config.json, and the merkle root over one hash per expert (layer-major,
 /// ascending expert) of its gate, up and down weights as stored. Reads every expert's bytes
@@ -129,7 +118,7 @@ pub fn model_pin(dir: &Path) -> Result<ModelPin> {
         }
     }
     Ok(ModelPin {
-        id: model_id(dir)?,
+        id: kvasir_wire::model_id(dir)?,
         config_hash: Hash(*blake3::hash(&config_bytes).as_bytes()),
         experts_root: merkle_root(&leaves),
     })

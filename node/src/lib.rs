@@ -1,13 +1,14 @@
-//! The Kvasir node. Each role is a folder holding its private helpers: `hub` (relay,
-//! registry, receipts), `gateway` (splice, proxy, crediting), `backbone` (hub link, network
-//! executor, HTTP serving), `worker`, `ledger` (the ledger service and its REST API) and `dev`
-//! (the whole swarm on loopback). One-shot commands (`genesis init`, `verify-chain`, `model`,
-//! `generate`) are in `commands`; `bench` measures the hot paths. What the roles share: the
-//! dispatch protocol (`wire`), WebSocket links carrying it (`link`), accept loops that strangers
-//! cannot stop (`listen`), TLS (`tls`), model loading
-//! (`engine`), expert selections (`spec`) and stop signals (`shutdown`). The `kvasir-node`
-//! binary is a thin command line over this library; the scenarios in `tests/` use `wire` and
-//! `link` to play misbehaving peers against the real processes.
+//! The Kvasir node's roles. Each role is a folder holding its private helpers: `hub` (relay,
+//! registry, receipts), `gateway` (splice, proxy, crediting), `backbone` (`dispatch` to the
+//! hub's workers, `serve` to users), `worker`, `ledger` (the ledger service and its REST API)
+//! and `dev` (the whole swarm on loopback). One-shot commands (`genesis init`, `verify-chain`,
+//! `model`, `generate`) are in `commands`. What the roles share here: accept loops that
+//! strangers cannot stop (`listen`), model loading (`engine`), recomputed answers (`answers`),
+//! bond checks (`bonds`), metrics and stop signals (`shutdown`).
+//!
+//! Beneath the roles, in crates of their own: the dispatch protocol, its link and TLS
+//! (`kvasir-wire`), the dev chain and the process launcher (`kvasir-devnet`). The
+//! `kvasir-node` binary is a thin command line over this library, and holds the benches.
 
 // No unsafe code in the production build; the `bench-reference` build allows it in its one
 // call into the `gemm` crate (`bench::decode`).
@@ -19,7 +20,6 @@
 
 pub mod answers;
 pub mod backbone;
-pub mod bench;
 pub mod bonds;
 pub mod commands;
 pub mod dev;
@@ -27,11 +27,7 @@ pub mod engine;
 pub mod gateway;
 pub mod hub;
 pub mod ledger;
-pub mod link;
 pub mod listen;
 pub mod metrics;
 pub mod shutdown;
-pub mod spec;
-pub mod tls;
-pub mod wire;
 pub mod worker;

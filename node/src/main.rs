@@ -7,7 +7,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use kvasir_node::commands::{genesis, model, verify};
-use kvasir_node::{backbone, bench, dev, gateway, hub, ledger, worker};
+use kvasir_node::{backbone, dev, gateway, hub, ledger, worker};
+
+// Benches live in the binary: they reach the roles through the library's public API, and no
+// test links them.
+mod bench;
 
 #[derive(Parser)]
 #[command(
@@ -70,7 +74,7 @@ enum GenesisCommand {
         encrypt: bool,
         /// Validators in the chain's set, one vote each (keys/validator.key, then
         /// keys/validator-1.key, ...); 4 tolerate one failing.
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=genesis::MAX_VALIDATORS as i64))]
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=kvasir_devnet::chain::MAX_VALIDATORS as i64))]
         validators: u16,
         /// Print the result as one JSON object.
         #[arg(long)]
@@ -89,7 +93,7 @@ arc_malachitebft_network=off,arc_malachitebft_discovery=error,arc_malachitebft_s
 arc_malachitebft_wal=warn,libp2p_swarm=warn,libp2p_gossipsub=error,ractor=warn";
 
 fn main() -> ExitCode {
-    kvasir_node::dev::launch::follow_parent();
+    kvasir_devnet::process::follow_parent();
     let cli = Cli::parse();
     // Logs go to stderr (stdout is for results); RUST_LOG overrides the level.
     tracing_subscriber::fmt()

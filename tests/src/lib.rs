@@ -1,11 +1,13 @@
-//! Helpers for the cross-crate scenarios in `tests/tests/`: they run the real
-//! `kvasir-node` and `kvasir-wallet` binaries as separate processes.
+//! Helpers for the scenarios in `tests/tests/scenarios/`: they run the real `kvasir-node` and
+//! `kvasir-wallet` binaries as separate processes, started through `kvasir_devnet`'s launcher.
 
 #![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
+
+use kvasir_devnet::{Mode, Process};
 
 /// Path of a workspace binary, built (once per test process) in the same profile as the
 /// running test, so a scenario never runs a stale binary.
@@ -57,6 +59,48 @@ pub fn bin(name: &str) -> PathBuf {
         profile_dir
     });
     dir.join(name)
+}
+
+/// Starts workspace binary `name` with `args`, its stderr kept for failure messages.
+pub fn start<S: AsRef<std::ffi::OsStr>>(name: &str, args: &[S]) -> Process {
+    Process::start(&bin(name), args, Mode::Test).expect("starting a process")
+}
+
+/// The `preset` checkpoint (`model synth --preset`), synthesized once per test run and
+/// shared read-only by every scenario that asks for it: under `target/<profile>/scenario-models`,
+/// emptied by the run's first call so that no run uses an older synthesis.
+pub fn model(preset: &str) -> PathBuf {
+    static MODELS: Mutex<Option<std::collections::HashMap<String, PathBuf>>> = Mutex::new(None);
+    let mut models = MODELS.lock().unwrap_or_else(|p| p.into_inner());
+    let models = models.get_or_insert_with(|| {
+        let _ = std::fs::remove_dir_all(models_dir());
+        std::collections::HashMap::new()
+    });
+    if let Some(path) = models.get(preset) {
+        return path.clone();
+    }
+    let path = models_dir().join(preset);
+    let synth = run(
+        "kvasir-node",
+        &[
+            "model",
+            "synth",
+            "--out",
+            path_str(&path),
+            "--preset",
+            preset,
+        ],
+    );
+    assert!(synth.status.success(), "{}", stderr(&synth));
+    models.insert(preset.to_string(), path.clone());
+    path
+}
+
+fn models_dir() -> PathBuf {
+    bin("kvasir-node")
+        .parent()
+        .expect("the profile directory")
+        .join("scenario-models")
 }
 
 /// A fresh chain from the built-in template (`genesis init`) in `chain`.

@@ -11,8 +11,9 @@ use kvasir_api::Client;
 use kvasir_ledger::Hash;
 
 use crate::proxy::Proxy;
-use crate::swarm::Proc;
-use crate::{genesis_init_with, path_str, run, stderr};
+use kvasir_devnet::{roles, Process};
+
+use crate::{genesis_init_with, path_str, run, start, stderr};
 
 /// A template like the built-in one, with blocks every 200 ms so that tests see many.
 const FAST_TEMPLATE: &str = r#"{
@@ -38,7 +39,7 @@ pub struct Network {
     pub validators: usize,
     p2p: Vec<u16>,
     rest: Vec<u16>,
-    nodes: Vec<Option<Proc>>,
+    nodes: Vec<Option<Process>>,
     /// Arguments every node's `ledger` command line also gets.
     ledger_extra: Vec<String>,
     /// The node whose consensus traffic all runs through this proxy, if any.
@@ -102,7 +103,7 @@ impl Network {
         args.extend_from_slice(init_extra);
         genesis_init_with(&chain, &args);
         let count = validators + full_nodes;
-        let mut p2p = kvasir_node::dev::launch::free_ports(2 * count).expect("free ports");
+        let mut p2p = kvasir_devnet::loopback::free_ports(2 * count).expect("free ports");
         let rest = p2p.split_off(count);
         Network {
             root: root.to_path_buf(),
@@ -140,11 +141,7 @@ impl Network {
     }
 
     fn key(&self, node: usize) -> PathBuf {
-        let role = match node {
-            0 => "validator".to_string(),
-            i => format!("validator-{i}"),
-        };
-        self.chain.join("keys").join(format!("{role}.key"))
+        kvasir_devnet::chain::key_path(&self.chain, &kvasir_devnet::chain::validator_role(node))
     }
 
     pub fn genesis(&self) -> PathBuf {
@@ -160,37 +157,25 @@ impl Network {
     }
 
     fn spawn(&mut self, node: usize) {
-        let genesis = self.genesis();
-        let data = self.data_dir(node);
-        let mut args: Vec<String> = [
-            "ledger",
-            "--genesis",
-            path_str(&genesis),
-            "--data-dir",
-            path_str(&data),
-            "--listen",
+        let mut args = roles::ledger(
+            &self.chain,
+            &self.data_dir(node),
             &format!("127.0.0.1:{}", self.rest[node]),
-            "--p2p-listen",
-            &format!("127.0.0.1:{}", self.p2p[node]),
-        ]
-        .map(String::from)
-        .to_vec();
+        )
+        .flag("--p2p-listen", format!("127.0.0.1:{}", self.p2p[node]));
         if node < self.validators {
-            args.extend(["--key".into(), path_str(&self.key(node)).into()]);
+            args = args.flag("--key", self.key(node));
         }
         for other in (0..self.len()).filter(|o| *o != node) {
             if self.isolated() != Some(node) {
-                args.extend([
-                    "--peer".into(),
-                    format!("127.0.0.1:{}", self.p2p_port(other)),
-                ]);
+                args = args.flag("--peer", format!("127.0.0.1:{}", self.p2p_port(other)));
             }
             if other < self.validators {
-                args.extend(["--forward".into(), self.url(other)]);
+                args = args.flag("--forward", self.url(other));
             }
         }
-        args.extend(self.ledger_extra.iter().cloned());
-        self.nodes[node] = Some(Proc::start("kvasir-node", &args));
+        let args = args.extend(&self.ledger_extra).into_vec();
+        self.nodes[node] = Some(start("kvasir-node", &args));
     }
 
     fn isolated(&self) -> Option<usize> {
@@ -224,7 +209,7 @@ impl Network {
 
     fn wait_listening(&mut self, node: usize) {
         if let Some(proc) = self.nodes[node].as_mut() {
-            proc.listening("ledger");
+            proc.listening("ledger").unwrap();
         }
     }
 
@@ -244,8 +229,8 @@ impl Network {
     /// Stops `node` with SIGTERM and waits for it to exit.
     pub fn stop(&mut self, node: usize) {
         if let Some(proc) = self.nodes[node].take() {
-            proc.signal("TERM");
-            let (_, errors) = proc.wait_for_exit(Duration::from_secs(30));
+            proc.signal(nix::sys::signal::Signal::SIGTERM).unwrap();
+            let (_, errors) = proc.wait_for_exit(Duration::from_secs(30)).unwrap();
             assert!(!errors.contains("panicked"), "node {node}: {errors}");
         }
     }
@@ -254,7 +239,7 @@ impl Network {
     pub fn stderr(&self, node: usize) -> String {
         self.nodes[node]
             .as_ref()
-            .map(Proc::stderr)
+            .map(Process::stderr)
             .unwrap_or_default()
     }
 
@@ -288,7 +273,7 @@ impl Network {
                     .find(|(_, h)| !h.is_some_and(|h| h >= height))
                     .map(|(n, _)| *n)
                     .unwrap_or(0);
-                let errors = self.nodes[slow].as_ref().map(Proc::stderr);
+                let errors = self.nodes[slow].as_ref().map(Process::stderr);
                 panic!(
                     "not every node reached height {height} within {timeout:?}: {heights:?}; node {slow}'s stderr:\n{}",
                     errors.unwrap_or_default()

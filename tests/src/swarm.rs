@@ -1,168 +1,24 @@
 //! A swarm of real `kvasir-node` processes on loopback: hub, gateway (TLS, self-signed),
-//! workers and backbone runs, each a child process killed when its handle drops.
+//! workers and backbone runs, each a child process (`kvasir_devnet::Process`) stopped when its
+//! handle drops, started with the command lines of `kvasir_devnet::roles`.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
 
 use kvasir_api::generation::GenerationReport;
 use kvasir_api::registry::ReceiptListing;
+use kvasir_devnet::{roles, Mode, Process};
 use kvasir_ledger::Keypair;
-use kvasir_node::link::{connect, Connected, Dialed, Identity};
-use kvasir_node::wire::Role;
+use kvasir_wire::link::{connect, Connected, Dialed, Identity};
+use kvasir_wire::Role;
 use tokio_rustls::rustls::ClientConfig;
 
 use crate::network::Network;
-use crate::{bin, genesis_init_with, path_str, run, stderr, stdout};
-
-/// A running process; SIGKILLed on drop.
-pub struct Proc {
-    child: Child,
-    lines: Receiver<String>,
-    seen: Vec<String>,
-    errors: Arc<Mutex<String>>,
-}
-
-impl Proc {
-    pub fn start<S: AsRef<std::ffi::OsStr>>(name: &str, args: &[S]) -> Proc {
-        let mut command = Command::new(bin(name));
-        command.args(args);
-        Proc::spawn(command)
-    }
-
-    /// Starts `command` (its output piped to this handle).
-    pub fn spawn(mut command: Command) -> Proc {
-        let mut child = command
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("starting a process");
-        let (tx, lines) = channel();
-        let stdout = child.stdout.take().expect("piped stdout");
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let errors = Arc::new(Mutex::new(String::new()));
-        let sink = errors.clone();
-        let stderr = child.stderr.take().expect("piped stderr");
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let mut all = sink.lock().unwrap();
-                all.push_str(&line);
-                all.push('\n');
-            }
-        });
-        Proc {
-            child,
-            lines,
-            seen: Vec::new(),
-            errors,
-        }
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// What the process wrote to stderr so far (for failure messages).
-    pub fn stderr(&self) -> String {
-        self.errors.lock().unwrap().clone()
-    }
-
-    /// The rest of the next stdout line (after those already returned) that starts with
-    /// `prefix`; panics after `timeout`.
-    pub fn line(&mut self, prefix: &str, timeout: Duration) -> String {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    self.seen.push(line.clone());
-                    if let Some(rest) = line.strip_prefix(prefix) {
-                        return rest.trim().to_string();
-                    }
-                }
-                Err(_) => panic!(
-                    "no line starting {prefix:?} within {timeout:?}; stdout {:?}; stderr:\n{}",
-                    self.seen,
-                    self.stderr()
-                ),
-            }
-        }
-    }
-
-    /// The address from a `... listening on ADDR` line.
-    pub fn listening(&mut self, role: &str) -> String {
-        self.line(&format!("{role} listening on "), Duration::from_secs(60))
-    }
-
-    /// Sends `signal` (e.g. "INT") with the system's `kill`.
-    pub fn signal(&self, signal: &str) {
-        let sent = Command::new("kill")
-            .args(["-s", signal, &self.pid().to_string()])
-            .status()
-            .expect("running kill");
-        assert!(sent.success(), "kill -s {signal} failed");
-    }
-
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// Waits for exit, however it ends; its exit code and everything it wrote to stderr.
-    pub fn wait_for_exit(mut self, timeout: Duration) -> (Option<i32>, String) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("waiting") {
-                // Let the reader thread drain what is left.
-                std::thread::sleep(Duration::from_millis(50));
-                return (status.code(), self.stderr());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "still running after {timeout:?} (hung?)\n{}",
-                self.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Waits for exit; all stdout, or a panic naming what it printed if it fails or hangs.
-    pub fn finish(mut self, timeout: Duration) -> String {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("waiting") {
-                // Let the reader thread drain what is left.
-                std::thread::sleep(Duration::from_millis(50));
-                let mut out: Vec<String> = std::mem::take(&mut self.seen);
-                out.extend(self.lines.try_iter());
-                assert!(
-                    status.success(),
-                    "exit {status}: {out:?}\n{}",
-                    self.stderr()
-                );
-                return out.join("\n");
-            }
-            if Instant::now() > deadline {
-                panic!("still running after {timeout:?} (hung?)\n{}", self.stderr());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
+use crate::{bin, genesis_init_with, model, path_str, run, start, stderr, stdout};
 
 /// The pids whose parent is `pid` (from /proc).
 pub fn children(pid: u32) -> Vec<u32> {
@@ -254,7 +110,7 @@ impl HttpsCall {
             .unwrap();
         let stream = runtime.block_on(async {
             let tcp = tokio::net::TcpStream::connect(addr).await.expect("connecting");
-            let tls = TlsConnector::from(kvasir_node::tls::client(Some(cert)).unwrap());
+            let tls = TlsConnector::from(kvasir_wire::tls::client(Some(cert)).unwrap());
             let name = ServerName::try_from("localhost").unwrap();
             let mut stream = tls.connect(name, tcp).await.expect("a TLS handshake");
             let head = format!(
@@ -332,13 +188,13 @@ pub fn listening_sockets(pid: u32) -> usize {
 pub struct Swarm {
     pub dir: tempfile::TempDir,
     pub model: PathBuf,
-    pub hub: Option<Proc>,
-    pub gateway: Proc,
-    pub workers: Vec<Proc>,
+    pub hub: Option<Process>,
+    pub gateway: Process,
+    pub workers: Vec<Process>,
     pub hub_addr: String,
     pub registry_addr: String,
     pub gateway_addr: String,
-    pub ledger: Option<Proc>,
+    pub ledger: Option<Process>,
     /// The ledger's REST API: comma-separated URLs over a network of validators.
     pub ledger_url: Option<String>,
     /// The validators and full nodes, in a swarm started over them.
@@ -385,7 +241,7 @@ impl Swarm {
     ) -> Swarm {
         let mut hub_extra: Vec<String> = hub_extra.iter().map(|a| a.to_string()).collect();
         let dir = tempfile::tempdir().unwrap();
-        let model = synth_model(dir.path(), preset);
+        let model = model(preset);
         let chain = dir.path().join("chain");
         // A crediting swarm's chain pins its model, so that evidence can be judged.
         let mut init_extra = vec![];
@@ -433,7 +289,7 @@ impl Swarm {
         }
         let backbone_key = dir.path().join("backbone.key");
         let backbone = new_key(&backbone_key);
-        let mut hub = Proc::start(
+        let mut hub = start(
             "kvasir-node",
             &Swarm::hub_args(
                 dir.path(),
@@ -443,8 +299,8 @@ impl Swarm {
                 &hub_extra,
             ),
         );
-        let hub_addr = hub.listening("hub");
-        let registry_addr = hub.listening("hub registry");
+        let hub_addr = hub.listening("hub").unwrap().to_string();
+        let registry_addr = hub.listening("hub registry").unwrap().to_string();
         let gateway_args = Swarm::gateway_args(
             dir.path(),
             "127.0.0.1:0",
@@ -452,8 +308,8 @@ impl Swarm {
             &registry_addr,
             ledger_url.as_deref(),
         );
-        let mut gateway = Proc::start("kvasir-node", &gateway_args);
-        let gateway_addr = gateway.listening("gateway");
+        let mut gateway = start("kvasir-node", &gateway_args);
+        let gateway_addr = gateway.listening("gateway").unwrap().to_string();
         Swarm {
             dir,
             model,
@@ -478,26 +334,15 @@ impl Swarm {
         backbone: &str,
         extra: &[String],
     ) -> Vec<String> {
-        let chain = dir.join("chain");
-        let mut args = [
-            "hub",
-            "--listen",
+        roles::hub(
+            &dir.join("chain"),
+            &dir.join("hub-data"),
             listen,
-            "--registry-listen",
             registry,
-            "--key",
-            path_str(&chain.join("keys/hub.key")),
-            "--genesis",
-            path_str(&chain.join("genesis.json")),
-            "--backbone",
             backbone,
-            "--data-dir",
-            path_str(&dir.join("hub-data")),
-        ]
-        .map(String::from)
-        .to_vec();
-        args.extend_from_slice(extra);
-        args
+        )
+        .extend(extra)
+        .into_vec()
     }
 
     fn gateway_args(
@@ -507,32 +352,12 @@ impl Swarm {
         registry: &str,
         ledger: Option<&str>,
     ) -> Vec<String> {
-        let cert = dir.join("gateway-cert.pem");
-        let mut args = vec![
-            "gateway",
-            "--listen",
-            listen,
-            "--self-signed",
-            "--cert-out",
-            path_str(&cert),
-            "--hub",
-            hub,
-        ];
-        let registry_url = format!("http://{registry}");
-        let key = dir.join("chain/keys/gateway.key");
-        if let Some(ledger_url) = ledger {
-            args.extend([
-                "--ledger",
-                ledger_url,
-                "--registry",
-                &registry_url,
-                "--key",
-                path_str(&key),
-                "--credit-interval-ms",
-                "100",
-            ]);
+        let gateway = roles::gateway(&dir.join("gateway-cert.pem"), listen, hub);
+        match ledger {
+            Some(ledger) => roles::crediting(gateway, ledger, registry, &dir.join("chain"), 100),
+            None => gateway,
         }
-        args.into_iter().map(String::from).collect()
+        .into_vec()
     }
 
     /// Kills the gateway and starts it again on the same address, with at most `files` open
@@ -551,8 +376,8 @@ impl Swarm {
                 self.ledger_url.as_deref(),
             ))
             .args(extra);
-        self.gateway = Proc::spawn(command);
-        self.gateway.listening("gateway");
+        self.gateway = Process::spawn(command, "gateway", Mode::Test).unwrap();
+        self.gateway.listening("gateway").unwrap();
     }
 
     /// Kills the gateway (SIGKILL) and starts it again on the same address.
@@ -571,8 +396,8 @@ impl Swarm {
             self.ledger_url.as_deref(),
         );
         args.extend(extra.iter().map(|a| a.to_string()));
-        self.gateway = Proc::start("kvasir-node", &args);
-        self.gateway.listening("gateway");
+        self.gateway = start("kvasir-node", &args);
+        self.gateway.listening("gateway").unwrap();
     }
 
     /// Starts the hub again on its old addresses and data dir (after a kill).
@@ -588,9 +413,9 @@ impl Swarm {
             backbone.trim(),
             &self.hub_extra,
         );
-        let mut hub = Proc::start("kvasir-node", &args);
-        hub.listening("hub");
-        hub.listening("hub registry");
+        let mut hub = start("kvasir-node", &args);
+        hub.listening("hub").unwrap();
+        hub.listening("hub registry").unwrap();
         self.hub = Some(hub);
     }
 
@@ -638,23 +463,19 @@ impl Swarm {
         if let Some(ledger) = &self.ledger_url {
             self.bond(ledger, &key);
         }
-        let (url, cert) = (self.gateway_url(), self.cert());
-        let mut args = vec![
-            "worker",
-            "--gateway",
-            &url,
-            "--keyfile",
-            path_str(&key),
-            "--model",
-            path_str(&self.model),
-            "--experts",
+        let args = roles::worker(
+            &self.gateway_url(),
+            &key,
+            &self.model,
             experts,
-            "--ca",
-            path_str(&cert),
-        ];
-        args.extend_from_slice(extra);
-        let mut worker = Proc::start("kvasir-node", &args);
-        worker.line("worker session ", Duration::from_secs(60));
+            &self.cert(),
+        )
+        .extend(extra)
+        .into_vec();
+        let mut worker = start("kvasir-node", &args);
+        worker
+            .line_within("worker session ", Duration::from_secs(60))
+            .unwrap();
         self.workers.push(worker);
         self.workers.len() - 1
     }
@@ -666,11 +487,11 @@ impl Swarm {
         let client = kvasir_api::Client::new(ledger);
         let faucet = kvasir_keyfile::open(&self.dir.path().join("chain/keys/faucet.key")).unwrap();
         let worker = kvasir_keyfile::open(keyfile).unwrap();
-        kvasir_node::dev::launch::bond_workers(&client, &faucet, &[&worker]).unwrap();
+        kvasir_devnet::funding::bond_workers(&client, &faucet, &[&worker]).unwrap();
     }
 
     /// Starts a backbone generating greedily with `remote` experts dispatched.
-    pub fn start_backbone(&self, remote: &str, prompt: &str, tokens: usize) -> Proc {
+    pub fn start_backbone(&self, remote: &str, prompt: &str, tokens: usize) -> Process {
         let tokens = tokens.to_string();
         self.backbone_process(&[remote, "--prompt", prompt, "--tokens", &tokens, "--json"])
     }
@@ -686,21 +507,21 @@ impl Swarm {
     }
 
     /// Starts a backbone serving HTTP on a free port; the process and its address.
-    pub fn serve_backbone(&self, remote: &str) -> (Proc, String) {
+    pub fn serve_backbone(&self, remote: &str) -> (Process, String) {
         self.serve_backbone_with(remote, &[])
     }
 
     /// As `serve_backbone`, the backbone also given `extra` (e.g. `--order 3`).
-    pub fn serve_backbone_with(&self, remote: &str, extra: &[&str]) -> (Proc, String) {
+    pub fn serve_backbone_with(&self, remote: &str, extra: &[&str]) -> (Process, String) {
         let mut args = vec![remote, "--listen", "127.0.0.1:0"];
         args.extend_from_slice(extra);
         let mut backbone = self.backbone_process(&args);
-        let addr = backbone.listening("backbone");
+        let addr = backbone.listening("backbone").unwrap().to_string();
         (backbone, addr)
     }
 
     /// `backbone --remote <args...>` with this swarm's model, hub and key.
-    fn backbone_process(&self, remote_and_more: &[&str]) -> Proc {
+    fn backbone_process(&self, remote_and_more: &[&str]) -> Process {
         let mut args: Vec<String> = [
             "backbone",
             "--model",
@@ -722,7 +543,7 @@ impl Swarm {
             // Bonds checked before dispatching, and evidence of wrong answers submitted.
             args.extend(["--ledger".to_string(), ledger.clone()]);
         }
-        Proc::start("kvasir-node", &args)
+        start("kvasir-node", &args)
     }
 
     /// A backbone run to completion: its JSON report.
@@ -743,7 +564,8 @@ impl Swarm {
         args.extend_from_slice(extra);
         let out = self
             .backbone_process(&args)
-            .finish(Duration::from_secs(300));
+            .finish(Duration::from_secs(300))
+            .unwrap();
         serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
     }
 
@@ -821,45 +643,12 @@ pub async fn claimless_session(
     Some((tx, source, session))
 }
 
-/// The `preset` checkpoint, synthesized into `dir/model`.
-pub fn synth_model(dir: &Path, preset: &str) -> PathBuf {
-    let model = dir.join("model");
-    let synth = run(
-        "kvasir-node",
-        &[
-            "model",
-            "synth",
-            "--out",
-            path_str(&model),
-            "--preset",
-            preset,
-        ],
-    );
-    assert!(synth.status.success(), "{}", stderr(&synth));
-    model
-}
-
 /// A gateway on its own (its hub unreachable at port 9), self-signed into `cert`, with
 /// `extra` arguments; the process and its address.
-pub fn lone_gateway(cert: &Path, extra: &[&str]) -> (Proc, String) {
-    let mut gateway = Proc::start(
-        "kvasir-node",
-        &[
-            &[
-                "gateway",
-                "--listen",
-                "127.0.0.1:0",
-                "--self-signed",
-                "--cert-out",
-                path_str(cert),
-                "--hub",
-                "127.0.0.1:9",
-            ],
-            extra,
-        ]
-        .concat(),
-    );
-    let addr = gateway.listening("gateway");
+pub fn lone_gateway(cert: &Path, extra: &[&str]) -> (Process, String) {
+    let args = roles::gateway(cert, "127.0.0.1:0", "127.0.0.1:9").extend(extra);
+    let mut gateway = start("kvasir-node", &args.into_vec());
+    let addr = gateway.listening("gateway").unwrap().to_string();
     (gateway, addr)
 }
 
@@ -883,7 +672,7 @@ pub fn new_key(path: &Path) -> String {
 
 /// A ledger service for the chain in `chain` (genesis.json, keys/validator.key), storing in
 /// `data`; the process and its API address.
-pub fn start_ledger(chain: &Path, data: &Path) -> (Proc, String) {
+pub fn start_ledger(chain: &Path, data: &Path) -> (Process, String) {
     start_ledger_on(chain, data, "127.0.0.1:0", None)
 }
 
@@ -893,23 +682,13 @@ fn start_ledger_on(
     data: &Path,
     listen: &str,
     model: Option<&Path>,
-) -> (Proc, String) {
-    let (genesis, key) = (chain.join("genesis.json"), chain.join("keys/validator.key"));
-    let mut args = vec![
-        "ledger",
-        "--genesis",
-        path_str(&genesis),
-        "--data-dir",
-        path_str(data),
-        "--listen",
-        listen,
-        "--key",
-        path_str(&key),
-    ];
+) -> (Process, String) {
+    let mut args = roles::ledger(chain, data, listen)
+        .flag("--key", kvasir_devnet::chain::key_path(chain, "validator"));
     if let Some(model) = model {
-        args.extend(["--model", path_str(model)]);
+        args = args.flag("--model", model);
     }
-    let mut ledger = Proc::start("kvasir-node", &args);
-    let addr = ledger.listening("ledger");
+    let mut ledger = start("kvasir-node", &args.into_vec());
+    let addr = ledger.listening("ledger").unwrap().to_string();
     (ledger, addr)
 }

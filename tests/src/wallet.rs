@@ -3,7 +3,9 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use crate::swarm::{start_ledger, Proc};
+use kvasir_devnet::Process;
+
+use crate::swarm::start_ledger;
 use crate::{bin, path_str, stderr, stdout};
 
 /// Runs `kvasir-wallet` with `args`, with `passphrase` as `KVASIR_PASSPHRASE` if given.
@@ -28,7 +30,7 @@ pub fn one_line_error(output: &Output, says: &str) {
 /// A ledger node on `chain` (a directory with `genesis.json` and `keys/`), and a way to run
 /// the wallet against it with a key file.
 pub struct Node {
-    _ledger: Proc,
+    _ledger: Process,
     pub url: String,
 }
 

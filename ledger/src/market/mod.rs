@@ -11,7 +11,6 @@
 
 mod lifecycle;
 mod matching;
-pub mod selection;
 
 use borsh::{BorshDeserialize, BorshSerialize};
 use imbl::{OrdMap, OrdSet};
@@ -22,7 +21,8 @@ use crate::keys::Address;
 
 pub(crate) use lifecycle::{close_order, end_offer, return_pay};
 pub use matching::{end_block, MATCH_WORK_PER_BLOCK, MATCH_WORK_PER_ORDER};
-pub use selection::{ExpertKey, Rect, Selection, SelectionError};
+// The grammar is shared with the command line's `*` patterns (`kvasir-primitives`).
+pub use kvasir_primitives::selection::{self, ExpertKey, Rect, Selection, SelectionError};
 
 /// Open offers one operator may hold at once.
 pub const MAX_OPEN_OFFERS_PER_OPERATOR: usize = 64;

@@ -1,17 +1,14 @@
 //! `kvasir-node backbone`: runs attention, norms and the router, and dispatches the experts
-//! named by `--remote` to the workers that hold them, through the hub (`hub_link`), with the
-//! network executor (`remote`); it generates once or serves HTTP (`serve`). It audits a
-//! sample of the answers it uses (`audit`). It may touch the engine, the wire protocol and
-//! its hub link; of the ledger, only its API: to read workers' bonds and submit evidence.
+//! named by `--remote` to the workers that hold them; it generates once or serves HTTP. Two
+//! subsystems meet here, in `run`, through the `Engine` they share:
+//! - `dispatch`: the network executor, the hub link, worker choice, audits, placements;
+//! - `serve`: the HTTP endpoints, the OpenAI-compatible API, chat templates and the shared
+//!   decode batch.
+//!
+//! It may touch the engine, the wire protocol and its hub link; of the ledger, only its API:
+//! to read workers' bonds and submit evidence.
 
-pub mod audit;
-mod batcher;
-mod chat;
-mod hub_link;
-mod openai;
-mod placements;
-mod provable;
-mod remote;
+pub mod dispatch;
 mod serve;
 
 use std::path::PathBuf;
@@ -28,12 +25,12 @@ use kvasir_inference::moe::LocalExperts;
 use kvasir_inference::tokenizer::Tokenizer;
 
 use crate::bonds::BondCheck;
-use crate::engine::{model_id, run_generation, SamplingArgs};
+use crate::engine::{run_generation, SamplingArgs};
 use crate::listen::Limits;
-use crate::spec::ExpertSpec;
-use audit::{Auditor, Reporting};
-use placements::Placements;
-pub use remote::{RemoteExperts, SignedAnswer};
+use dispatch::{Auditor, Placements, RemoteExperts, Reporting};
+use kvasir_wire::model_id;
+use kvasir_wire::spec::ExpertSpec;
+use serve::{batcher, chat};
 
 /// `--micro-batches` when experts are remote and it is not given.
 const DEFAULT_REMOTE_MICRO_BATCHES: u16 = 4;

@@ -17,10 +17,8 @@ use kvasir_inference::moe::LocalExperts;
 use kvasir_inference::synth::{preset, synthesize};
 
 use super::decode::decode_rate;
-use crate::backbone::audit::Auditor;
-use crate::backbone::RemoteExperts;
-use crate::dev::launch::Loopback;
-use crate::engine::Backend;
+use kvasir_devnet::{current_exe, Loopback};
+use kvasir_node::backbone::dispatch::{Auditor, RemoteExperts};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -55,7 +53,7 @@ fn swarm_with_worker(
     lie: Option<f64>,
     auditor: Auditor,
 ) -> Result<(Loopback, RemoteExperts, tokio::runtime::Runtime)> {
-    let mut swarm = Loopback::start(dir, &dir.join("chain"), None)?;
+    let mut swarm = Loopback::start(&current_exe()?, dir, &dir.join("chain"), None)?;
     let extra: Vec<String> = match lie {
         Some(fraction) => ["--dishonest-fraction", &fraction.to_string()]
             .map(String::from)
@@ -64,7 +62,7 @@ fn swarm_with_worker(
     };
     let url = Loopback::swarm_url(swarm.gateway_addr.port());
     let keyfile = dir.join("worker.key");
-    swarm.add_worker(model_dir, "*:*", &url, &keyfile, Backend::Cpu, &extra)?;
+    swarm.add_worker(model_dir, "*:*", &url, &keyfile, "cpu", &extra)?;
     let checkpoint = Checkpoint::open(model_dir)?;
     let fallback = LocalExperts::load(&checkpoint, config, |_, _| true)?;
     let runtime = tokio::runtime::Runtime::new()?;

@@ -15,8 +15,9 @@ use kvasir_ledger::genesis::Allocation;
 use kvasir_ledger::mempool::Limits;
 use kvasir_ledger::{Amount, Genesis, Keypair, TxKind};
 
-use crate::commands::genesis::{genesis_path, init_sealed, load_template};
-use crate::dev::launch::{start_validators, Child};
+use kvasir_devnet::chain::{genesis_path, init_sealed, load_template};
+use kvasir_devnet::loopback::start_validators;
+use kvasir_devnet::{current_exe, Process};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -128,8 +129,8 @@ fn measure(validators: usize, args: &Args) -> Result<Figures> {
     let dir = scratch.path().join("chain");
     let senders: Vec<Keypair> = (0..args.senders).map(|_| Keypair::generate()).collect();
     let genesis = chain(&dir, validators, &senders)?;
-    let mut roles: Vec<Child> = Vec::new();
-    let addrs = start_validators(&dir, &[], &mut roles)?;
+    let mut roles: Vec<Process> = Vec::new();
+    let addrs = start_validators(&current_exe()?, &dir, &[], &mut roles)?;
     let urls: Vec<String> = addrs.iter().map(|a| format!("http://{a}")).collect();
     let first = Client::new(&urls[0]);
     let ready = Instant::now();

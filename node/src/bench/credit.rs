@@ -25,10 +25,10 @@ use kvasir_api::registry::{ReceiptEntry, ReceiptListing, ReceiptQuery};
 use kvasir_api::Client;
 use kvasir_ledger::{check_stateless, Address, Keypair, Receipt, SignedReceipt, TxKind};
 
-use crate::commands::genesis::{genesis_path, init, key_path, load_template};
-use crate::dev::launch::Child;
-use crate::gateway::crediting::Crediting;
-use crate::gateway::DEFAULT_CREDIT_INTERVAL_MS;
+use kvasir_devnet::chain::{init, key_path, load_template};
+use kvasir_devnet::{current_exe, roles, Mode, Process};
+use kvasir_node::gateway::Crediting;
+use kvasir_node::gateway::DEFAULT_CREDIT_INTERVAL_MS;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -156,21 +156,9 @@ pub fn run(args: Args) -> Result<()> {
     let chain = scratch.path().join("chain");
     let genesis = init(&chain, &load_template(None)?)?;
     let key = |role: &str| kvasir_keyfile::read(&key_path(&chain, role), None);
-    let text = |p: std::path::PathBuf| p.display().to_string();
-    let mut ledger = Child::spawn(
-        &[
-            "ledger",
-            "--genesis",
-            &text(genesis_path(&chain)),
-            "--data-dir",
-            &text(scratch.path().join("ledger")),
-            "--listen",
-            "127.0.0.1:0",
-            "--key",
-            &text(key_path(&chain, "validator")),
-        ]
-        .map(String::from),
-    )?;
+    let ledger_args = roles::ledger(&chain, &scratch.path().join("ledger"), "127.0.0.1:0")
+        .flag("--key", key_path(&chain, "validator"));
+    let mut ledger = Process::start(&current_exe()?, &ledger_args.into_vec(), Mode::Product)?;
     let ledger_addr = ledger.listening("ledger")?;
 
     let registry = Arc::new(Registry {

@@ -20,7 +20,7 @@ use kvasir_inference::model::qwen_moe::{ForwardError, Model};
 use kvasir_inference::moe::{ExpertExecutor, ExpertRequest, LocalExperts};
 use rayon::prelude::*;
 
-use crate::engine::load_local;
+use kvasir_node::engine::load_local;
 
 #[derive(clap::Args)]
 pub struct Args {

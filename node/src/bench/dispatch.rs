@@ -32,10 +32,9 @@ use kvasir_inference::synth::{preset, synthesize};
 use std::io::{Read, Write};
 
 use super::decode::{best_of, best_run_of, decode_rate, timed_decode, RUNS};
-use crate::backbone::RemoteExperts;
-use crate::dev::launch::Loopback;
-use crate::engine::Backend;
-use crate::spec::ExpertSpec;
+use kvasir_devnet::{current_exe, Loopback};
+use kvasir_node::backbone::dispatch::RemoteExperts;
+use kvasir_wire::spec::ExpertSpec;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -273,7 +272,12 @@ pub fn run(args: Args) -> Result<()> {
     }
 
     let runtime = tokio::runtime::Runtime::new()?;
-    let mut swarm = Loopback::start(scratch.path(), &scratch.path().join("chain"), None)?;
+    let mut swarm = Loopback::start(
+        &current_exe()?,
+        scratch.path(),
+        &scratch.path().join("chain"),
+        None,
+    )?;
     let rtt = Duration::from_secs_f64(args.rtt_ms / 1e3);
     let proxy = std::net::TcpListener::bind("127.0.0.1:0")?;
     let proxy_port = proxy.local_addr()?.port();
@@ -286,7 +290,7 @@ pub fn run(args: Args) -> Result<()> {
         &args.remote.to_string(),
         &Loopback::swarm_url(proxy_port),
         &keyfile,
-        Backend::Cpu,
+        "cpu",
         &[],
     )?;
     let remote = RemoteExperts::attach(

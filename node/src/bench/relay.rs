@@ -19,12 +19,12 @@ use kvasir_ledger::keys::Keypair;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::dev::launch::Loopback;
-use crate::link::{
+use kvasir_devnet::{current_exe, Loopback};
+use kvasir_wire::link::{
     connect, dial, next_frame, next_message, ws_config, Connected, Dialed, Identity,
 };
-use crate::tls;
-use crate::wire::{request_hash, AnswerScope, Message, Relayed, Request, Response, Role};
+use kvasir_wire::tls;
+use kvasir_wire::{request_hash, AnswerScope, Message, Relayed, Request, Response, Role};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -244,7 +244,12 @@ pub fn run(args: Args) -> Result<()> {
         bail!("--frames and --rows must be positive");
     }
     let scratch = tempfile::tempdir()?;
-    let swarm = Loopback::start(scratch.path(), &scratch.path().join("chain"), None)?;
+    let swarm = Loopback::start(
+        &current_exe()?,
+        scratch.path(),
+        &scratch.path().join("chain"),
+        None,
+    )?;
     let runtime = tokio::runtime::Runtime::new()?;
     let cert = swarm.cert.clone();
     let (relay, direct, wss) = runtime.block_on(async {

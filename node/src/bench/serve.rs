@@ -16,8 +16,7 @@ use kvasir_api::openai::Completion;
 use kvasir_inference::synth::{preset, synthesize};
 
 use super::dispatch::{delay_proxy, measured_rtt};
-use crate::dev::launch::{Child, Loopback};
-use crate::engine::Backend;
+use kvasir_devnet::{current_exe, Loopback, Mode, Process};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -152,7 +151,7 @@ fn backbone(
     remote: &str,
     clients: usize,
     micro_batches: Option<u16>,
-) -> Result<(Child, SocketAddr)> {
+) -> Result<(Process, SocketAddr)> {
     let clients = clients.to_string();
     let mut args = [
         "backbone",
@@ -186,7 +185,7 @@ fn backbone(
     if let Some(micro_batches) = micro_batches {
         args.extend(["--micro-batches".into(), micro_batches.to_string()]);
     }
-    let mut child = Child::spawn(&args)?;
+    let mut child = Process::start(&current_exe()?, &args, Mode::Product)?;
     let addr = child.listening("backbone")?;
     Ok((child, addr))
 }
@@ -205,7 +204,12 @@ pub fn run(args: Args) -> Result<()> {
         }
     };
     let model = model_dir.display().to_string();
-    let mut swarm = Loopback::start(scratch.path(), &scratch.path().join("chain"), None)?;
+    let mut swarm = Loopback::start(
+        &current_exe()?,
+        scratch.path(),
+        &scratch.path().join("chain"),
+        None,
+    )?;
     let rtt = Duration::from_secs_f64(args.rtt_ms / 1e3);
     let proxy = std::net::TcpListener::bind("127.0.0.1:0")?;
     let proxy_port = proxy.local_addr()?.port();
@@ -217,7 +221,7 @@ pub fn run(args: Args) -> Result<()> {
         "*:*",
         &Loopback::swarm_url(proxy_port),
         &scratch.path().join("worker.key"),
-        Backend::Cpu,
+        "cpu",
         &[],
     )?;
     let key = scratch.path().join("backbone.key");

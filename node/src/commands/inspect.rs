@@ -12,8 +12,8 @@ use kvasir_api::reports::{ModelReport, SliceReport};
 use kvasir_inference::checkpoint::Checkpoint;
 use kvasir_inference::config::{Config, Mixer};
 
-use crate::engine::model_id;
-use crate::spec::ExpertSpec;
+use kvasir_wire::model_id;
+use kvasir_wire::spec::ExpertSpec;
 
 /// `(layer, expert)` of a tensor named `model.layers.L.mlp.experts.E.…`.
 fn expert_of(name: &str) -> Option<(usize, usize)> {

@@ -13,7 +13,7 @@ use kvasir_inference::synth::{preset, synthesize};
 use kvasir_inference::tokenizer::Tokenizer;
 
 use crate::engine::{load_experts, model_pin, run_generation, Backend, SamplingArgs};
-use crate::spec::ExpertSpec;
+use kvasir_wire::spec::ExpertSpec;
 
 #[derive(clap::Subcommand)]
 pub enum ModelCommand {

@@ -16,7 +16,7 @@ use kvasir_ledger::market::{Rect, Selection};
 use kvasir_ledger::tx::{NewOffer, NewOrder};
 use kvasir_ledger::{Address, Amount, Keypair, TxKind};
 
-use super::launch::commit_all;
+use kvasir_devnet::funding::{commit_all, COMMIT_TIMEOUT};
 
 /// What the buyer deposits in each run's order.
 const DEPOSIT_KVR: &str = "5";
@@ -129,10 +129,10 @@ pub fn place(
     let nonce = ledger.account(&buyer.address())?.nonce;
     let tx = TxKind::OrderCreate(new).signed(chain, &buyer, nonce);
     let hash = ledger.submit(&tx)?;
-    let height = ledger.wait_committed(&hash, super::launch::COMMIT_TIMEOUT)?;
+    let height = ledger.wait_committed(&hash, COMMIT_TIMEOUT)?;
     // The node that answers the listing may not have applied that block yet (over several
     // validators the client moves between them): look again until it has.
-    let deadline = std::time::Instant::now() + super::launch::COMMIT_TIMEOUT;
+    let deadline = std::time::Instant::now() + COMMIT_TIMEOUT;
     let order = loop {
         if let Some(order) = order_created_at(ledger, &buyer.address(), height)? {
             break order;

@@ -7,10 +7,10 @@
 //! convicted on chain) and each worker's wallet balance, and re-verifies the chain. A second
 //! run reuses the data dir (chain, model, keys, bonds).
 //!
-//! The room: `launch` starts roles as child processes of this binary (also used by the swarm
-//! benchmarks) and stops them. It may touch every role, through its command line only.
+//! The room: it starts roles as child processes of this binary through `kvasir_devnet` (as
+//! the swarm benchmarks and the scenarios do) and stops them. It may touch every role, through
+//! its command line only.
 
-pub mod launch;
 mod market;
 
 use std::path::{Path, PathBuf};
@@ -28,11 +28,14 @@ use kvasir_ledger::fraction::Fraction;
 use kvasir_ledger::{verify_chain, Address, Genesis, Keypair, SledStore};
 
 use crate::answers::PinnedAnswers;
-use crate::commands::genesis::{
+use crate::engine::{load_local, model_pin, run_generation, Backend};
+use kvasir_devnet::chain::{
     genesis_path, init_sealed, install_dev_chain, key_path, load_template, MAX_VALIDATORS,
 };
-use crate::engine::{load_local, model_id, model_pin, run_generation, Backend};
-use launch::{bond_workers, ledger_dir, Child, Loopback};
+use kvasir_devnet::funding::bond_workers;
+use kvasir_devnet::loopback::ledger_dir;
+use kvasir_devnet::{current_exe, Loopback, Mode, Process};
+use kvasir_wire::model_id;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -190,7 +193,7 @@ pub fn run(args: Args) -> Result<()> {
     );
 
     let run_dir = dir.join("swarm");
-    let mut swarm = Loopback::start(&run_dir, dir, Some(&pinned_dirs))?;
+    let mut swarm = Loopback::start(&current_exe()?, &run_dir, dir, Some(&pinned_dirs))?;
     let ledger_url = swarm.ledger_url().context("the ledger did not start")?;
     println!(
         "ledger {ledger_url} ({validators} validator{}), hub {} (registry http://{}), gateway wss://localhost:{}",
@@ -242,8 +245,14 @@ pub fn run(args: Args) -> Result<()> {
         let experts = format!("*:{first}-{last}");
         let dishonest = i >= args.workers - args.dishonest;
         let extra: &[String] = if dishonest { &lie } else { &[] };
-        let address =
-            swarm.add_worker(&model_dir, &experts, &url, &keyfile, args.backend, extra)?;
+        let address = swarm.add_worker(
+            &model_dir,
+            &experts,
+            &url,
+            &keyfile,
+            args.backend.name(),
+            extra,
+        )?;
         let bond = if min_bond.is_zero() {
             String::new()
         } else if bonded_now.is_zero() {
@@ -274,7 +283,8 @@ pub fn run(args: Args) -> Result<()> {
     kvasir_keyfile::write(&backbone_key, &swarm.backbone, None)?;
     let tokens = args.tokens.to_string();
     let order = placed.order.to_string();
-    let mut backbone = Child::spawn(
+    let mut backbone = Process::start(
+        &current_exe()?,
         &[
             "backbone",
             "--model",
@@ -296,8 +306,8 @@ pub fn run(args: Args) -> Result<()> {
             "--tokens",
             &tokens,
             "--json",
-        ]
-        .map(String::from),
+        ],
+        Mode::Product,
     )?;
     let remote: GenerationReport =
         serde_json::from_str(&backbone.line("{").map(|rest| format!("{{{rest}"))?)
@@ -558,8 +568,8 @@ fn convictions(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::commands::genesis::DEV_GENESIS;
     use crate::engine::model_pin;
+    use kvasir_devnet::chain::DEV_GENESIS;
 
     #[test]
     fn the_dev_chain_pins_exactly_its_presets_and_dev_refuses_a_chain_pinning_another() {

@@ -4,7 +4,7 @@
 //! credits the hub's receipts on the ledger (`crediting`). It may touch the network, TLS and
 //! the ledger's API; it never decodes a dispatch frame.
 
-pub(crate) mod crediting;
+mod crediting;
 mod inference;
 mod proxy;
 mod splice;
@@ -27,11 +27,11 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 
-use crate::commands::genesis::{dev_address, dev_genesis_hash, refuse_exposed_dev_chain};
-use crate::link;
 use crate::listen::{Acceptor, Limits};
-use crate::tls;
-use crediting::Crediting;
+pub use crediting::Crediting;
+use kvasir_devnet::chain::{dev_address, dev_genesis_hash, refuse_exposed_dev_chain};
+use kvasir_wire::link;
+use kvasir_wire::tls;
 use proxy::{api, Upstream};
 use splice::{is_swarm_upgrade, read_head, Rewind};
 use stall::{WriteStall, WRITE_STALL};

@@ -49,11 +49,11 @@ use tokio::net::TcpStream;
 use utoipa::OpenApi;
 
 use crate::bonds::BondCheck;
-use crate::commands::genesis::{dev_genesis_hash, refuse_exposed_dev_chain};
 use crate::engine::Backend;
-use crate::link::{self, next_frame, next_message, Idle, Keepalive};
 use crate::listen::{Acceptor, Limits};
-use crate::wire::{Challenge, DirectoryEntry, Failure, Message, Role, Welcome, WireError};
+use kvasir_devnet::chain::{dev_genesis_hash, refuse_exposed_dev_chain};
+use kvasir_wire::link::{self, next_frame, next_message, Idle, Keepalive};
+use kvasir_wire::{Challenge, DirectoryEntry, Failure, Message, Role, Welcome, WireError};
 use receipts::{receipts, RegistryDoc};
 use registry::Registry;
 use relay::{distinct_claims, Links, DIRECTORY_INTERVAL};
@@ -398,16 +398,7 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
             }
             let _ = tx.send(Message::Welcome(Welcome { session: 0 }).encode().into());
             let (stop, mut stopped) = tokio::sync::oneshot::channel();
-            let connection = {
-                let mut links = hub.links();
-                links.backbone_connections += 1;
-                let connection = links.backbone_connections;
-                links.backbone = Some((connection, tx));
-                links.order = hello.order;
-                links.backbone_stop = Some(stop);
-                links.send_directory();
-                connection
-            };
+            let connection = hub.links().attach_backbone(tx, hello.order, stop);
             tracing::info!(order = hello.order, "backbone attached");
             let result = async {
                 loop {
@@ -422,17 +413,8 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
                 }
             }
             .await;
-            let mut links = hub.links();
-            links.orphan(connection, std::time::Instant::now());
-            if links
-                .backbone
-                .as_ref()
-                .is_some_and(|(c, _)| *c == connection)
-            {
-                links.backbone = None;
-                links.backbone_stop = None;
-                links.order = 0;
-            }
+            hub.links()
+                .detach_backbone(connection, std::time::Instant::now());
             result
         }
         Role::Backbone => bail!("{} is not this hub's backbone", hello.key),
@@ -444,13 +426,7 @@ impl Hub {
     /// longer act for it): workers must not go on serving an order that no longer pays. A
     /// ledger that cannot be read changes nothing. Blocking (one HTTP request).
     fn recheck_order(&self) {
-        let order = {
-            let links = self.links();
-            match links.backbone_stop {
-                Some(_) => links.order,
-                None => 0,
-            }
-        };
+        let order = self.links().backbone_order();
         if order == 0 {
             return;
         }
@@ -469,19 +445,8 @@ impl Hub {
                 None => return,
             },
         };
-        let mut links = self.links();
-        if links.order != order {
-            return;
-        }
-        // Requests already relayed keep their order (`Asked::order`): their answers are
-        // metered for it, and the ledger's grace after a close pays them.
-        if let Some((_, tx)) = &links.backbone {
-            let failure = Failure::new(0, why.clone());
-            let _ = tx.send(Message::Failure(failure).encode().into());
-        }
-        if let Some(stop) = links.backbone_stop.take() {
+        if self.links().stop_backbone(order, &why) {
             tracing::warn!("dropping the backbone of order {order}: {why}");
-            let _ = stop.send(why);
         }
     }
 

@@ -24,7 +24,7 @@ use super::metering::{self, Answer, Asked, Metered};
 use super::Hub;
 use crate::bonds;
 use crate::metrics::Exposition;
-use crate::wire::{
+use kvasir_wire::{
     request_hash, response_body, AnswerScope, Directory, DirectoryEntry, ExpertId, Failure,
     Message, Relayed,
 };
@@ -59,14 +59,15 @@ struct Waiting {
 
 #[derive(Default)]
 pub(super) struct Links {
-    pub workers: BTreeMap<u64, WorkerLink>,
-    pub backbone: Option<(u64, mpsc::UnboundedSender<Bytes>)>,
-    pub backbone_connections: u64,
+    workers: BTreeMap<u64, WorkerLink>,
+    /// The attached backbone's connection number and where its frames go.
+    backbone: Option<(u64, mpsc::UnboundedSender<Bytes>)>,
+    backbone_connections: u64,
     /// The market order the attached backbone acts for (zero: none); each request carries it
     /// to the answer's metering. A session is metered under one order only (`Registry::meter`).
-    pub order: u64,
+    order: u64,
     /// Ends the attached backbone's connection, with the reason (its order closed).
-    pub backbone_stop: Option<tokio::sync::oneshot::Sender<String>>,
+    backbone_stop: Option<tokio::sync::oneshot::Sender<String>>,
     /// Requests relayed and not yet answered: (session, request id) -> what answers them.
     outstanding: HashMap<(u64, u64), Waiting>,
     /// Claims of every connected session together.
@@ -198,7 +199,67 @@ impl Links {
     /// `now`. Nobody waits for those answers any more, and nobody would audit them: an
     /// answer that comes is late (not paid, not relayed; the worker is not blamed), and no
     /// failure goes to a backbone that did not ask.
-    pub fn orphan(&mut self, connection: u64, now: Instant) {
+    /// Attaches a backbone connection acting for market `order` (zero: none), replacing any
+    /// other, whose frames go to `tx` and which `stop` ends; sends it the directory. Returns
+    /// the connection's number, which tags the requests it sends.
+    pub fn attach_backbone(
+        &mut self,
+        tx: mpsc::UnboundedSender<Bytes>,
+        order: u64,
+        stop: tokio::sync::oneshot::Sender<String>,
+    ) -> u64 {
+        self.backbone_connections += 1;
+        let connection = self.backbone_connections;
+        self.backbone = Some((connection, tx));
+        self.order = order;
+        self.backbone_stop = Some(stop);
+        self.send_directory();
+        connection
+    }
+
+    /// Backbone connection `connection` has ended: what it asked is past its deadline, and
+    /// it is detached unless a newer connection replaced it.
+    pub fn detach_backbone(&mut self, connection: u64, now: Instant) {
+        self.orphan(connection, now);
+        if self
+            .backbone
+            .as_ref()
+            .is_some_and(|(c, _)| *c == connection)
+        {
+            self.backbone = None;
+            self.backbone_stop = None;
+            self.order = 0;
+        }
+    }
+
+    /// The order of the attached backbone while it can still be stopped (zero: none).
+    pub fn backbone_order(&self) -> u64 {
+        match self.backbone_stop {
+            Some(_) => self.order,
+            None => 0,
+        }
+    }
+
+    /// Tells the backbone acting for `order`, if it still is attached, why it is dropped, and
+    /// ends its connection; whether one was.
+    pub fn stop_backbone(&mut self, order: u64, why: &str) -> bool {
+        if self.order != order {
+            return false;
+        }
+        // Requests already relayed keep their order (`Asked::order`): their answers are
+        // metered for it, and the ledger's grace after a close pays them.
+        if let Some((_, tx)) = &self.backbone {
+            let failure = Failure::new(0, why.to_string());
+            let _ = tx.send(Message::Failure(failure).encode().into());
+        }
+        let Some(stop) = self.backbone_stop.take() else {
+            return false;
+        };
+        let _ = stop.send(why.to_string());
+        true
+    }
+
+    fn orphan(&mut self, connection: u64, now: Instant) {
         for waiting in self.outstanding.values_mut() {
             if waiting.connection == connection {
                 waiting.asked.deadline = waiting.asked.deadline.min(now);
@@ -472,9 +533,9 @@ impl Hub {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{Request, Response};
     use kvasir_ledger::hash::Hash;
     use kvasir_ledger::Keypair;
+    use kvasir_wire::{Request, Response};
 
     fn hub(dir: &std::path::Path, deadline: Duration) -> Hub {
         Hub::for_tests(dir, deadline)
@@ -673,7 +734,7 @@ mod tests {
         let mut flipped = honest.to_vec();
         flipped[end - 1] ^= 1;
         let mut changed_partials = honest.to_vec();
-        changed_partials[crate::wire::HEADER + 12] ^= 1;
+        changed_partials[kvasir_wire::HEADER + 12] ^= 1;
         let forged: Vec<(&str, Bytes)> = vec![
             ("no signature", zeroed.into()),
             ("a corrupted signature", flipped.into()),

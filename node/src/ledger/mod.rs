@@ -37,9 +37,9 @@ use kvasir_ledger::{
 use self::evidence_gate::EvidenceGate;
 use self::forward::Forwarder;
 use crate::answers::PinnedAnswers;
-use crate::link;
 use crate::listen::{Acceptor, Limits as ConnectionLimits};
 use crate::metrics::Histogram;
+use kvasir_wire::link;
 
 /// Rejections remembered for `GET /txs/{hash}`; beyond, the oldest are forgotten.
 const REJECTIONS_KEPT: usize = 100_000;
@@ -562,7 +562,7 @@ pub fn run(_: Args) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::commands::genesis::{init, key_path, load_template};
+    use kvasir_devnet::chain::{init, key_path, load_template};
     use kvasir_ledger::{Amount, TxKind};
 
     /// A ledger on a fresh chain from the template, as `change` edits its genesis, and its

@@ -6,6 +6,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use kvasir_inference::moe::{ExpertError, ExpertExecutor, ExpertRequest};
+
 /// How a lie is told.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Lie {
@@ -53,6 +55,33 @@ impl Liar {
             Lie::Swap => swap(partials, hidden),
         }
         true
+    }
+}
+
+/// Honest experts behind a liar: what a dishonest worker answers with, through the same
+/// `kvasir_wire::answer` as an honest one.
+pub struct Lying {
+    pub honest: Box<dyn ExpertExecutor + Send>,
+    pub liar: Liar,
+    /// Values per row, for `Lie::Swap`.
+    pub hidden: usize,
+}
+
+impl ExpertExecutor for Lying {
+    fn holds(&self, layer: usize, expert: usize) -> bool {
+        self.honest.holds(layer, expert)
+    }
+
+    fn evaluate(
+        &self,
+        layer: usize,
+        requests: &[ExpertRequest],
+    ) -> Result<Vec<Vec<f32>>, ExpertError> {
+        let mut partials = self.honest.evaluate(layer, requests)?;
+        if self.liar.corrupt(&mut partials, self.hidden) {
+            tracing::debug!("lying on an answer of layer {layer}");
+        }
+        Ok(partials)
     }
 }
 

@@ -20,16 +20,17 @@ use kvasir_inference::moe::ExpertExecutor;
 use kvasir_ledger::keys::Keypair;
 use tokio_rustls::rustls::ClientConfig;
 
-use crate::engine::{load_experts, model_id, Backend};
-use crate::link::{self, next_frame, Connected, Identity, Idle};
-use crate::spec::ExpertSpec;
-use crate::tls;
-use lies::{Liar, Lie};
+use crate::engine::{load_experts, Backend};
+use kvasir_wire::link::{self, next_frame, Connected, Identity, Idle};
+use kvasir_wire::model_id;
+use kvasir_wire::spec::ExpertSpec;
+use kvasir_wire::tls;
+use lies::{Liar, Lie, Lying};
 
 mod lies;
 
-use crate::wire::{
-    request_hash, AnswerScope, Challenge, ExpertId, Failure, Message, Request, Response, Role,
+use kvasir_wire::{
+    request_hash, AnswerScope, Challenge, ExpertId, Failure, Message, Request, Role,
 };
 
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -73,8 +74,8 @@ struct Worker {
     backend: String,
     hidden: usize,
     held: Vec<ExpertId>,
+    /// The held experts; a dishonest worker's behind its `Lying`.
     experts: Box<dyn ExpertExecutor + Send>,
-    liar: Option<Liar>,
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -85,8 +86,19 @@ pub fn run(args: Args) -> Result<()> {
         bail!("--experts {} selects no expert of this model", args.experts);
     }
     let spec = args.experts.clone();
-    let experts = load_experts(&args.model, args.backend, |l, e| spec.contains(l, e))
+    let mut experts = load_experts(&args.model, args.backend, |l, e| spec.contains(l, e))
         .with_context(|| format!("loading experts from {}", args.model.display()))?;
+    if let Some(fraction) = args.dishonest_fraction {
+        eprintln!(
+            "warning: this worker is DISHONEST: it answers wrongly ({:?}) on {fraction} of its answers, and will be caught and slashed",
+            args.dishonest_kind
+        );
+        experts = Box::new(Lying {
+            honest: experts,
+            liar: Liar::new(fraction, args.dishonest_kind),
+            hidden: config.hidden_size,
+        });
+    }
     let worker = Arc::new(Worker {
         key,
         model_id: model_id(&args.model)?,
@@ -94,13 +106,6 @@ pub fn run(args: Args) -> Result<()> {
         hidden: config.hidden_size,
         held,
         experts,
-        liar: args.dishonest_fraction.map(|fraction| {
-            eprintln!(
-                "warning: this worker is DISHONEST: it answers wrongly ({:?}) on {fraction} of its answers, and will be caught and slashed",
-                args.dishonest_kind
-            );
-            Liar::new(fraction, args.dishonest_kind)
-        }),
     });
     println!(
         "worker {} holds {} experts ({})",
@@ -196,7 +201,7 @@ impl Worker {
         request: &Request,
         frame: &[u8],
     ) -> Vec<u8> {
-        match self.evaluate(request) {
+        match kvasir_wire::answer(request, self.hidden, &*self.experts) {
             Ok(response) => {
                 let scope = AnswerScope::new(challenge, session, &self.model_id);
                 response.signed_frame(&scope, request_hash(frame), &self.key)
@@ -204,28 +209,13 @@ impl Worker {
             Err(e) => Message::Failure(Failure::new(request.id, format!("{e:#}"))).encode(),
         }
     }
-
-    fn evaluate(&self, request: &Request) -> Result<Response> {
-        let hidden = request.hidden as usize;
-        if hidden != self.hidden {
-            bail!("rows are {hidden} wide, this model's are {}", self.hidden);
-        }
-        let requests = request.to_expert_requests()?;
-        let mut partials = self.experts.evaluate(request.layer as usize, &requests)?;
-        if let Some(liar) = &self.liar {
-            if liar.corrupt(&mut partials, hidden) {
-                tracing::debug!("lying on request {}", request.id);
-            }
-        }
-        Ok(Response::from_partials(request, &partials)?)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{response_body, Relayed};
     use kvasir_inference::moe::{ExpertError, ExpertRequest};
+    use kvasir_wire::{response_body, Relayed};
 
     /// Doubles every row value: a stand-in for the expert kernels.
     struct Doubling;
@@ -253,7 +243,6 @@ mod tests {
             hidden: 2,
             held: vec![(0, 1)],
             experts: Box::new(Doubling),
-            liar: None,
         };
         let challenge = Challenge {
             nonce: [1; 32],

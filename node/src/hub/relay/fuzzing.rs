@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Bytes;
 
 use super::{Hub, Links, MAX_UNANSWERED};
-use crate::wire::{
+use kvasir_wire::{
     request_hash, AnswerScope, DirectoryEntry, Failure, Message, Relayed, Request, Response,
 };
 

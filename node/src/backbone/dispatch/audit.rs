@@ -1,0 +1,263 @@
+//! Audits: the backbone recomputes a secret, unpredictable sample of the remote answers it
+//! uses (`--audit-rate`, drawn from the operating system's CSPRNG after the answer arrived,
+//! so a worker cannot tell which answers are checked) and every answer of a worker still on
+//! probation (its first `--probation` answers). Kernels are bit-exact, so the check is a
+//! comparison of bits. On a mismatch the executor uses its own result (the output does not
+//! change) and stops dispatching to that worker, and the auditor submits an Evidence
+//! transaction quoting the signed answer through the ledger API it was given, from a thread
+//! of its own so the generation never waits on the ledger.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kvasir_api::generation::{AuditReport, CaughtWorker};
+use kvasir_api::Client;
+use kvasir_ledger::tx::Evidence;
+use kvasir_ledger::{Address, Keypair, TxKind};
+use rand::rngs::OsRng;
+use rand::Rng;
+
+use super::remote::SignedAnswer;
+use crate::backbone::lock;
+
+/// Worker keys whose answers are counted for probation; past it the counts start over, so a
+/// peer churning keys cannot grow the map (a key seen again is on probation again).
+const MAX_TRACKED_KEYS: usize = 65_536;
+/// Evidence waiting to be submitted; past it a catch is still used and recorded, unreported.
+const MAX_QUEUED_EVIDENCE: usize = 64;
+/// How long the reporter waits for one Evidence transaction to be committed.
+const COMMIT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Where evidence goes: the ledger API and the key that signs it (and is paid the
+/// reporter's share).
+pub struct Reporting {
+    pub ledger: Client,
+    pub key: Keypair,
+}
+
+pub struct Auditor {
+    /// The audit rate's f64 bits: adjustable while answers flow (`set_rate`).
+    rate: AtomicU64,
+    probation: u64,
+    answers_seen: Mutex<HashMap<Address, u64>>,
+    report: Arc<Mutex<AuditReport>>,
+    evidence: Option<SyncSender<(usize, Evidence)>>,
+    reporter: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Auditor {
+    /// Audits `rate` (0..=1) of answers and the first `probation` answers of every worker;
+    /// with `reporting`, mismatches become Evidence transactions.
+    pub fn new(rate: f64, probation: u64, reporting: Option<Reporting>) -> Auditor {
+        let report = Arc::new(Mutex::new(AuditReport::default()));
+        let (evidence, reporter) = match reporting {
+            Some(reporting) => {
+                let (tx, rx) = sync_channel(MAX_QUEUED_EVIDENCE);
+                let report = report.clone();
+                let thread = std::thread::spawn(move || report_evidence(reporting, rx, report));
+                (Some(tx), Some(thread))
+            }
+            None => (None, None),
+        };
+        Auditor {
+            rate: AtomicU64::new(rate.clamp(0.0, 1.0).to_bits()),
+            probation,
+            answers_seen: Mutex::new(HashMap::new()),
+            report,
+            evidence,
+            reporter: Mutex::new(reporter),
+        }
+    }
+
+    /// Whether to recompute this answer of `worker`: during its probation always, after it
+    /// with probability `rate`, drawn fresh from the OS.
+    pub fn should_audit(&self, worker: &Address) -> bool {
+        let seen = {
+            let mut answers = lock(&self.answers_seen);
+            if answers.len() >= MAX_TRACKED_KEYS && !answers.contains_key(worker) {
+                answers.clear();
+            }
+            let seen = answers.entry(*worker).or_default();
+            *seen += 1;
+            *seen
+        };
+        let rate = self.rate();
+        seen <= self.probation || (rate > 0.0 && OsRng.gen_bool(rate))
+    }
+
+    pub fn rate(&self) -> f64 {
+        f64::from_bits(self.rate.load(Ordering::Relaxed))
+    }
+
+    /// Audits `rate` (0..=1) of answers from now on (`bench audit` compares rates on one
+    /// link).
+    pub fn set_rate(&self, rate: f64) {
+        self.rate
+            .store(rate.clamp(0.0, 1.0).to_bits(), Ordering::Relaxed);
+    }
+
+    /// Records one audit; for a mismatch, records the catch and queues its evidence.
+    pub fn audited(&self, answer: &SignedAnswer, matched: bool) {
+        let answer_number = lock(&self.answers_seen)
+            .get(&answer.worker)
+            .copied()
+            .unwrap_or_default();
+        let mut report = lock(&self.report);
+        report.audits += 1;
+        if matched {
+            return;
+        }
+        report.mismatches += 1;
+        let index = report.caught.len();
+        report.caught.push(CaughtWorker {
+            worker: answer.worker,
+            hub: answer.claim.hub,
+            session_id: answer.session(),
+            request_id: answer.request_id(),
+            answer_number,
+            evidence: None,
+            committed_height: None,
+            error: None,
+        });
+        let caught = &mut report.caught[index];
+        tracing::warn!(
+            "caught: worker {} answered request {} of session {} wrongly; its answers are not used again",
+            answer.worker,
+            answer.request_id(),
+            answer.session()
+        );
+        let Some(queue) = &self.evidence else {
+            caught.error = Some("no --ledger given: the evidence was not submitted".into());
+            return;
+        };
+        match queue.try_send((index, evidence_of(answer))) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                caught.error = Some("too much evidence waiting: this one was not submitted".into())
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                caught.error = Some("the evidence reporter stopped".into())
+            }
+        }
+    }
+
+    /// The audits so far.
+    pub fn report(&self) -> AuditReport {
+        lock(&self.report).clone()
+    }
+
+    /// Waits until every queued Evidence transaction is committed or given up on, then
+    /// reports: what a backbone prints at the end of a run.
+    pub fn finish(&self) -> AuditReport {
+        let pending = || {
+            lock(&self.report)
+                .caught
+                .iter()
+                .any(|c| c.committed_height.is_none() && c.error.is_none())
+        };
+        let give_up = std::time::Instant::now() + COMMIT_TIMEOUT + Duration::from_secs(5);
+        while pending() && std::time::Instant::now() < give_up {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.report()
+    }
+}
+
+impl Drop for Auditor {
+    fn drop(&mut self) {
+        self.evidence = None;
+        if let Some(thread) = lock(&self.reporter).take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The Evidence transaction body quoting `answer`.
+fn evidence_of(answer: &SignedAnswer) -> Evidence {
+    Evidence {
+        worker: answer.worker,
+        hub: answer.claim.hub,
+        session: answer.session(),
+        request_id: answer.request_id(),
+        model_id: answer.claim.model_id.clone(),
+        request_body: answer.request_body().to_vec(),
+        response_body: answer.response_body().to_vec(),
+        signature: answer.signature,
+    }
+}
+
+/// The reporter thread: signs and submits each piece of evidence in turn (one at a time, so
+/// nonces follow each other) and records what became of it.
+fn report_evidence(
+    reporting: Reporting,
+    queue: Receiver<(usize, Evidence)>,
+    report: Arc<Mutex<AuditReport>>,
+) {
+    for (index, evidence) in queue {
+        let outcome = submit(&reporting, evidence);
+        let mut report = lock(&report);
+        let Some(caught) = report.caught.get_mut(index) else {
+            continue;
+        };
+        match outcome {
+            Ok((hash, height)) => {
+                tracing::info!(
+                    "evidence {hash} against {} committed at height {height}",
+                    caught.worker
+                );
+                caught.evidence = Some(hash);
+                caught.committed_height = Some(height);
+            }
+            Err((hash, e)) => {
+                tracing::warn!("evidence against {} not committed: {e}", caught.worker);
+                caught.evidence = hash;
+                caught.error = Some(e);
+            }
+        }
+    }
+}
+
+type Submitted = Result<(kvasir_ledger::Hash, u64), (Option<kvasir_ledger::Hash>, String)>;
+
+fn submit(reporting: &Reporting, evidence: Evidence) -> Submitted {
+    let failed = |hash, e: kvasir_api::ClientError| (hash, e.to_string());
+    let ledger = &reporting.ledger;
+    let params = ledger.params().map_err(|e| failed(None, e))?;
+    let chain_id = params.chain_id;
+    // Busy validators are asked again until the pay this evidence should cancel could have
+    // settled: the challenge window, at the chain's block interval.
+    let window = params
+        .challenge_window
+        .saturating_mul(params.block_interval_ms);
+    let retry_until = COMMIT_TIMEOUT.max(Duration::from_millis(window));
+    let nonce = ledger
+        .account(&reporting.key.address())
+        .map_err(|e| failed(None, e))?
+        .nonce;
+    let tx = TxKind::Evidence(Box::new(evidence)).signed(&chain_id, &reporting.key, nonce);
+    // Through the batch route: its body limit fits an Evidence transaction, the single
+    // route's (sized for plain transactions) does not.
+    let hash = tx.hash();
+    // A validator recomputes one piece of evidence at a time, in turn, and refuses what
+    // cannot take its turn soon.
+    let start = Instant::now();
+    loop {
+        let verdicts = ledger
+            .submit_batch(std::slice::from_ref(&tx))
+            .map_err(|e| failed(None, e))?;
+        match verdicts.into_iter().next() {
+            Some(Err(e)) if e.error == "evidence_busy" && start.elapsed() < retry_until => {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Some(Err(e)) => return Err((None, e.message)),
+            Some(Ok(_)) | None => break,
+        }
+    }
+    let height = ledger
+        .wait_committed(&hash, COMMIT_TIMEOUT)
+        .map_err(|e| failed(Some(hash), e))?;
+    Ok((hash, height))
+}

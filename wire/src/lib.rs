@@ -1,0 +1,1272 @@
+//! The expert-dispatch protocol, shared by worker, hub and backbone: one binary WebSocket
+//! message per frame, little-endian. Every frame is `"KVSR"`, version, kind, body length
+//! (u32), body. Decoding checks each length against the bytes present and against a limit
+//! before allocating anything, and reports a typed error; it never panics. A frame of another
+//! version is refused as `WireError::Version` ("protocol version 2, this node speaks 3"),
+//! which is what a peer left on an older release sees in its log at the handshake.
+//!
+//! A request carries a layer step's rows once and, per expert, the indices of the rows routed
+//! to it; the response carries, per expert in request order, one partial per listed row. Its
+//! size is therefore fixed by the request, which is how the hub refuses padding.
+//!
+//! Signed answers (version 2). Every response ends with the worker's answer signature
+//! (`kvasir_primitives::answer::AnswerClaim`, intent Answer) over:
+//! - the **request body**: the request frame's bytes after the 10-byte header, exactly as the
+//!   worker received them (the hub relays the backbone's frame unchanged, so the backbone's
+//!   bytes as sent are the same bytes; see `request_body`);
+//! - the **response body**: the response frame's bytes after the 10-byte header and before the
+//!   trailing 64-byte signature, i.e. request id, value count and partials (`response_body`);
+//! - the chain id and hub key of the challenge, the session of the welcome, the request id
+//!   and the model id of the worker's hello (`AnswerScope`).
+//!
+//! Each body enters the claim as its plain blake3 (`answer::body_hash`). Worker (signing),
+//! hub (paying only what verifies) and backbone (using only what verifies, keeping the
+//! bytes for an audit) all build the claim with `AnswerScope::claim`, so they cannot drift.
+//!
+//! `translate` turns the engine's expert requests into a request frame and back, and
+//! partials into a response and back: the backbone and the worker both go through it.
+
+#![forbid(unsafe_code)]
+
+mod answer;
+pub mod link;
+pub mod spec;
+pub mod tls;
+mod translate;
+
+pub use answer::{answer, model_id, AnswerError};
+
+pub use translate::{split_partials, TranslateError};
+
+use kvasir_primitives::answer::{body_hash, AnswerClaim};
+use kvasir_primitives::hash::Hash;
+use kvasir_primitives::intent::{self, Intent};
+use kvasir_primitives::keys::{Address, BadSignature, Keypair, Signature};
+
+pub const MAGIC: [u8; 4] = *b"KVSR";
+/// 2: responses carry the worker's answer signature.
+/// 3: a hello names the order its backbone acts for.
+pub const VERSION: u8 = 3;
+/// Magic, version, kind, body length.
+pub const HEADER: usize = 10;
+/// The answer signature that ends every response frame.
+pub const SIGNATURE: usize = 64;
+
+/// Largest frame accepted (a batch of 512 tokens through 8 experts of a 4096-wide model is
+/// 64 MiB of partials).
+pub const MAX_FRAME: usize = 96 << 20;
+const MAX_TEXT: usize = 256;
+const MAX_HOLDINGS: usize = 1 << 20;
+const MAX_HIDDEN: u32 = 1 << 16;
+const MAX_ROWS: u32 = 1 << 16;
+const MAX_SESSIONS: usize = 1 << 16;
+
+/// Row data type on the wire. Only f32: partials travel as the exact bits computed.
+const DTYPE_F32: u8 = 0;
+
+/// A (layer, expert) pair.
+pub type ExpertId = (u16, u16);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Worker = 1,
+    Backbone = 2,
+}
+
+/// Hub to client, first message on every connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Challenge {
+    pub nonce: [u8; 32],
+    pub hub: Address,
+    pub chain_id: String,
+}
+
+/// Client to hub: who it is, proven by a signature over the challenge and everything it claims.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hello {
+    pub role: Role,
+    pub key: Address,
+    pub model_id: String,
+    pub backend: String,
+    pub experts: Vec<ExpertId>,
+    /// The market order a backbone acts for (its key must be the order's buyer or delegate);
+    /// zero for none, and always zero from a worker.
+    pub order: u64,
+    pub signature: Signature,
+}
+
+/// What a hello signs: the challenge it answers and every claim it makes.
+#[derive(borsh::BorshSerialize)]
+struct HelloClaims<'a> {
+    nonce: &'a [u8; 32],
+    hub: &'a Address,
+    role: u8,
+    key: &'a Address,
+    model_id: &'a str,
+    backend: &'a str,
+    experts: &'a [ExpertId],
+    order: u64,
+}
+
+impl Hello {
+    /// A hello answering `challenge`, signed by `key`, for no order.
+    pub fn answer(
+        challenge: &Challenge,
+        key: &Keypair,
+        role: Role,
+        model_id: String,
+        backend: String,
+        experts: Vec<ExpertId>,
+    ) -> Hello {
+        Hello::answer_for_order(challenge, key, role, model_id, backend, experts, 0)
+    }
+
+    /// A hello answering `challenge`, signed by `key`, acting for `order`.
+    pub fn answer_for_order(
+        challenge: &Challenge,
+        key: &Keypair,
+        role: Role,
+        model_id: String,
+        backend: String,
+        experts: Vec<ExpertId>,
+        order: u64,
+    ) -> Hello {
+        let mut hello = Hello {
+            role,
+            key: key.address(),
+            model_id,
+            backend,
+            experts,
+            order,
+            signature: Signature([0; 64]),
+        };
+        hello.signature = intent::sign(
+            key,
+            Intent::SwarmHello,
+            &challenge.chain_id,
+            &hello.claims(challenge),
+        );
+        hello
+    }
+
+    fn claims<'a>(&'a self, challenge: &'a Challenge) -> HelloClaims<'a> {
+        HelloClaims {
+            nonce: &challenge.nonce,
+            hub: &challenge.hub,
+            role: self.role as u8,
+            key: &self.key,
+            model_id: &self.model_id,
+            backend: &self.backend,
+            experts: &self.experts,
+            order: self.order,
+        }
+    }
+
+    /// Whether this hello was signed by its key in answer to exactly `challenge`.
+    pub fn verify(&self, challenge: &Challenge) -> bool {
+        intent::verify(
+            &self.key,
+            Intent::SwarmHello,
+            &challenge.chain_id,
+            &self.claims(challenge),
+            &self.signature,
+        )
+        .is_ok()
+    }
+}
+
+/// Hub to client after a good hello.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Welcome {
+    pub session: u64,
+}
+
+/// Hub to backbone: the live worker sessions and what each holds (sent whenever it changes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Directory {
+    pub sessions: Vec<DirectoryEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirectoryEntry {
+    pub session: u64,
+    pub worker: Address,
+    pub model_id: String,
+    pub experts: Vec<ExpertId>,
+}
+
+/// Backbone to worker (through the hub): one layer step's rows for the experts it holds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    pub session: u64,
+    pub id: u64,
+    pub layer: u16,
+    pub hidden: u32,
+    /// `rows x hidden`, row-major.
+    pub rows: Vec<f32>,
+    /// Per expert, the indices of the rows routed to it.
+    pub experts: Vec<(u16, Vec<u32>)>,
+}
+
+impl Request {
+    /// Values the answering response must carry.
+    pub fn response_values(&self) -> usize {
+        let listed: usize = self.experts.iter().map(|(_, rows)| rows.len()).sum();
+        listed * self.hidden as usize
+    }
+
+    /// Bytes of this request as a frame (what `Message::encode` writes).
+    pub fn frame_len(&self) -> usize {
+        let lists: usize = self
+            .experts
+            .iter()
+            .map(|(_, rows)| 6 + 4 * rows.len())
+            .sum();
+        HEADER + 27 + 4 * self.rows.len() + 4 + lists
+    }
+}
+
+/// Worker to backbone: per expert in request order, one `hidden` partial per listed row, and
+/// the worker's signature of its answer (see the module's "Signed answers").
+#[derive(Clone, Debug, PartialEq)]
+pub struct Response {
+    pub id: u64,
+    pub partials: Vec<f32>,
+    pub signature: Signature,
+}
+
+impl Response {
+    /// Bytes of a response frame carrying `values` partial values.
+    pub fn frame_len(values: usize) -> usize {
+        HEADER + 12 + 4 * values + SIGNATURE
+    }
+
+    /// A response whose signature is still a placeholder (zeros): `signed_frame` signs it.
+    pub fn unsigned(id: u64, partials: Vec<f32>) -> Response {
+        Response {
+            id,
+            partials,
+            signature: Signature([0; SIGNATURE]),
+        }
+    }
+
+    /// This response as a frame, signed by `worker` as its answer, in `scope`, to the request
+    /// whose body hashes to `request_hash` (`request_hash(frame)` of the request as
+    /// received). `self.signature` is not used: the frame carries the new one.
+    pub fn signed_frame(
+        &self,
+        scope: &AnswerScope<'_>,
+        request_hash: Hash,
+        worker: &Keypair,
+    ) -> Vec<u8> {
+        let mut frame = framed(KIND_RESPONSE, |w| self.write(w));
+        scope.sign_frame(&mut frame, self.id, request_hash, worker);
+        frame
+    }
+}
+
+/// The request body of a request `frame`: its bytes after the header, exactly as they came.
+/// This is what an answer signature binds (by its blake3) and what an audit recomputes.
+/// Empty for a frame shorter than a header (which no decoder accepts).
+pub fn request_body(frame: &[u8]) -> &[u8] {
+    frame.get(HEADER..).unwrap_or_default()
+}
+
+/// The response body of a response `frame`: its bytes after the header and before the
+/// trailing signature (request id, value count, partials). This is what the signature covers.
+/// Empty for a frame too short to carry a signature (which no decoder accepts).
+pub fn response_body(frame: &[u8]) -> &[u8] {
+    frame
+        .get(HEADER..frame.len().saturating_sub(SIGNATURE))
+        .unwrap_or_default()
+}
+
+/// The hash of `frame`'s request body, as an answer claim names it.
+pub fn request_hash(frame: &[u8]) -> Hash {
+    body_hash(request_body(frame))
+}
+
+/// What binds a worker's answers to its link: the chain and hub named by the hub's challenge,
+/// the session the welcome assigned and the model the worker's hello declared. Each of
+/// worker, hub and backbone knows all four, and all three compute the claim here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AnswerScope<'a> {
+    pub chain_id: &'a str,
+    pub hub: Address,
+    pub session: u64,
+    pub model_id: &'a str,
+}
+
+impl<'a> AnswerScope<'a> {
+    /// The scope of session `session` on the link `challenge` opened, for `model_id`.
+    pub fn new(challenge: &'a Challenge, session: u64, model_id: &'a str) -> AnswerScope<'a> {
+        AnswerScope {
+            chain_id: &challenge.chain_id,
+            hub: challenge.hub,
+            session,
+            model_id,
+        }
+    }
+
+    /// The claim of answering request `request_id` (whose request body hashes to
+    /// `request_hash`) with `response_body`: the one definition of what an answer signs.
+    pub fn claim(&self, request_id: u64, request_hash: Hash, response_body: &[u8]) -> AnswerClaim {
+        AnswerClaim {
+            hub: self.hub,
+            session: self.session,
+            request_id,
+            model_id: self.model_id.to_string(),
+            request_hash,
+            response_hash: body_hash(response_body),
+        }
+    }
+
+    /// Whether `signature` is `worker`'s over exactly that claim on this scope's chain; the
+    /// claim it checked (what an audit or an Evidence transaction quotes) if so.
+    pub fn verify(
+        &self,
+        worker: &Address,
+        request_id: u64,
+        request_hash: Hash,
+        response_body: &[u8],
+        signature: &Signature,
+    ) -> Result<AnswerClaim, BadSignature> {
+        let claim = self.claim(request_id, request_hash, response_body);
+        claim.verify(self.chain_id, worker, signature)?;
+        Ok(claim)
+    }
+
+    /// Signs the response `frame` in place: `worker`'s signature of the claim of answering
+    /// `request_id` with this frame's response body overwrites its trailing signature field.
+    /// `Response::signed_frame` is the honest use; a test playing a dishonest worker signs
+    /// with another request id or hash, or from another scope. A frame too short to carry a
+    /// signature is left as it is.
+    pub fn sign_frame(
+        &self,
+        frame: &mut [u8],
+        request_id: u64,
+        request_hash: Hash,
+        worker: &Keypair,
+    ) {
+        let Some(at) = frame
+            .len()
+            .checked_sub(SIGNATURE)
+            .filter(|at| *at >= HEADER)
+        else {
+            return;
+        };
+        let signature = self
+            .claim(request_id, request_hash, &frame[HEADER..at])
+            .sign(self.chain_id, worker);
+        frame[at..].copy_from_slice(&signature.0);
+    }
+}
+
+/// A request that could not be served (by the worker, or by the hub when the session is gone).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    pub id: u64,
+    pub message: String,
+}
+
+impl Failure {
+    /// A failure of request `id`, its message cut to what a frame carries.
+    pub fn new(id: u64, message: impl Into<String>) -> Failure {
+        let mut message = message.into();
+        if message.len() > MAX_TEXT {
+            let mut end = MAX_TEXT;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+        }
+        Failure { id, message }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Message {
+    Challenge(Challenge),
+    Hello(Hello),
+    Welcome(Welcome),
+    Directory(Directory),
+    Request(Request),
+    Response(Response),
+    Failure(Failure),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    #[error("frame truncated: {needed} more bytes needed at offset {at}")]
+    Truncated { at: usize, needed: usize },
+    #[error("not a Kvasir frame (bad magic)")]
+    BadMagic,
+    #[error("protocol version {0}, this node speaks {VERSION}")]
+    Version(u8),
+    #[error("unknown message kind {0}")]
+    UnknownKind(u8),
+    #[error("{what} is {got}, over the limit of {max}")]
+    TooLarge {
+        what: &'static str,
+        got: u64,
+        max: u64,
+    },
+    #[error("frame header says {declared} body bytes, {actual} follow")]
+    Length { declared: usize, actual: usize },
+    #[error("{0} bytes after the end of the message")]
+    Trailing(usize),
+    #[error("invalid {0}")]
+    Invalid(&'static str),
+}
+
+const KIND_CHALLENGE: u8 = 1;
+const KIND_HELLO: u8 = 2;
+const KIND_WELCOME: u8 = 3;
+const KIND_DIRECTORY: u8 = 4;
+const KIND_REQUEST: u8 = 5;
+const KIND_RESPONSE: u8 = 6;
+const KIND_FAILURE: u8 = 7;
+
+impl Response {
+    /// Its body, as `Message::encode` and `signed_frame` write it.
+    fn write(&self, w: &mut Writer) {
+        w.0.reserve(self.partials.len() * 4 + 12 + SIGNATURE);
+        w.u64(self.id);
+        w.u32(self.partials.len() as u32);
+        w.f32s(&self.partials);
+        w.bytes(&self.signature.0);
+    }
+}
+
+/// A frame of `kind` whose body `write` writes: written after a placeholder header that is
+/// filled in at the end, so a large body is never copied a second time.
+fn framed(kind: u8, write: impl FnOnce(&mut Writer)) -> Vec<u8> {
+    let mut w = Writer(Vec::with_capacity(64));
+    w.bytes(&MAGIC);
+    w.u8(VERSION);
+    w.u8(kind);
+    w.u32(0);
+    write(&mut w);
+    let mut frame = w.0;
+    let body = (frame.len() - HEADER) as u32;
+    frame[HEADER - 4..HEADER].copy_from_slice(&body.to_le_bytes());
+    frame
+}
+
+impl Message {
+    pub fn encode(&self) -> Vec<u8> {
+        let kind = match self {
+            Message::Challenge(_) => KIND_CHALLENGE,
+            Message::Hello(_) => KIND_HELLO,
+            Message::Welcome(_) => KIND_WELCOME,
+            Message::Directory(_) => KIND_DIRECTORY,
+            Message::Request(_) => KIND_REQUEST,
+            Message::Response(_) => KIND_RESPONSE,
+            Message::Failure(_) => KIND_FAILURE,
+        };
+        framed(kind, |w| match self {
+            Message::Challenge(c) => {
+                w.bytes(&c.nonce);
+                w.bytes(c.hub.as_bytes());
+                w.text(&c.chain_id);
+            }
+            Message::Hello(h) => {
+                w.u8(h.role as u8);
+                w.bytes(h.key.as_bytes());
+                w.text(&h.model_id);
+                w.text(&h.backend);
+                w.holdings(&h.experts);
+                w.u64(h.order);
+                w.bytes(&h.signature.0);
+            }
+            Message::Welcome(m) => w.u64(m.session),
+            Message::Directory(d) => {
+                w.u32(d.sessions.len() as u32);
+                for e in &d.sessions {
+                    w.u64(e.session);
+                    w.bytes(e.worker.as_bytes());
+                    w.text(&e.model_id);
+                    w.holdings(&e.experts);
+                }
+            }
+            Message::Request(r) => {
+                w.0.reserve(r.rows.len() * 4 + 64);
+                w.u64(r.session);
+                w.u64(r.id);
+                w.u16(r.layer);
+                w.u8(DTYPE_F32);
+                w.u32(r.hidden);
+                w.u32((r.rows.len() / r.hidden.max(1) as usize) as u32);
+                w.f32s(&r.rows);
+                w.u32(r.experts.len() as u32);
+                for (expert, rows) in &r.experts {
+                    w.u16(*expert);
+                    w.u32(rows.len() as u32);
+                    for row in rows {
+                        w.u32(*row);
+                    }
+                }
+            }
+            Message::Response(r) => r.write(w),
+            Message::Failure(f) => {
+                w.u64(f.id);
+                w.text(&f.message);
+            }
+        })
+    }
+
+    pub fn decode(frame: &[u8]) -> Result<Message, WireError> {
+        let (kind, mut r) = Reader::open(frame)?;
+        let message = match kind {
+            KIND_CHALLENGE => Message::Challenge(Challenge {
+                nonce: r.array()?,
+                hub: Address::from_bytes(r.array()?),
+                chain_id: r.text()?,
+            }),
+            KIND_HELLO => Message::Hello(Hello {
+                role: match r.u8()? {
+                    1 => Role::Worker,
+                    2 => Role::Backbone,
+                    _ => return Err(WireError::Invalid("role")),
+                },
+                key: Address::from_bytes(r.array()?),
+                model_id: r.text()?,
+                backend: r.text()?,
+                experts: r.holdings()?,
+                order: r.u64()?,
+                signature: Signature(r.array()?),
+            }),
+            KIND_WELCOME => Message::Welcome(Welcome { session: r.u64()? }),
+            KIND_DIRECTORY => {
+                let count = r.count("directory sessions", MAX_SESSIONS, 44)?;
+                let mut sessions = Vec::with_capacity(count);
+                for _ in 0..count {
+                    sessions.push(DirectoryEntry {
+                        session: r.u64()?,
+                        worker: Address::from_bytes(r.array()?),
+                        model_id: r.text()?,
+                        experts: r.holdings()?,
+                    });
+                }
+                Message::Directory(Directory { sessions })
+            }
+            KIND_REQUEST => Message::Request(r.request(true)?),
+            KIND_RESPONSE => {
+                let id = r.u64()?;
+                let count = r.count("response values", MAX_FRAME / 4, 4)?;
+                Message::Response(Response {
+                    id,
+                    partials: r.f32s(count)?,
+                    signature: Signature(r.array()?),
+                })
+            }
+            KIND_FAILURE => Message::Failure(Failure {
+                id: r.u64()?,
+                message: r.text()?,
+            }),
+            other => return Err(WireError::UnknownKind(other)),
+        };
+        r.finish()?;
+        Ok(message)
+    }
+
+    /// What a relay needs to know of `frame`, checked exactly as `decode` checks it but
+    /// without copying rows or partials (for a response, what verifying its signature takes
+    /// besides `response_body(frame)`).
+    pub fn inspect(frame: &[u8]) -> Result<Relayed, WireError> {
+        let (kind, mut r) = Reader::open(frame)?;
+        let relayed = match kind {
+            KIND_REQUEST => {
+                let request = r.request(false)?;
+                Relayed::Request {
+                    session: request.session,
+                    id: request.id,
+                    response_values: request.response_values(),
+                }
+            }
+            KIND_RESPONSE => {
+                let id = r.u64()?;
+                let values = r.count("response values", MAX_FRAME / 4, 4)?;
+                r.take(values * 4)?;
+                Relayed::Response {
+                    id,
+                    values,
+                    signature: Signature(r.array()?),
+                }
+            }
+            _ => return Ok(Message::decode(frame)?.relayed()),
+        };
+        r.finish()?;
+        Ok(relayed)
+    }
+
+    /// What `inspect` says of this message's frame.
+    pub fn relayed(&self) -> Relayed {
+        match self {
+            Message::Request(r) => Relayed::Request {
+                session: r.session,
+                id: r.id,
+                response_values: r.response_values(),
+            },
+            Message::Response(r) => Relayed::Response {
+                id: r.id,
+                values: r.partials.len(),
+                signature: r.signature,
+            },
+            Message::Failure(f) => Relayed::Failure { id: f.id },
+            _ => Relayed::Other,
+        }
+    }
+}
+
+/// The request a request body (a request frame's bytes after the header) carries, checked
+/// as `Message::decode` checks a frame: what evidence quotes is decoded exactly as the worker
+/// decoded it.
+pub fn decode_request_body(body: &[u8]) -> Result<Request, WireError> {
+    if body.len() > MAX_FRAME - HEADER {
+        return Err(WireError::TooLarge {
+            what: "frame",
+            got: (body.len() + HEADER) as u64,
+            max: MAX_FRAME as u64,
+        });
+    }
+    let frame = framed(KIND_REQUEST, |w| w.bytes(body));
+    match Message::decode(&frame)? {
+        Message::Request(request) => Ok(request),
+        _ => Err(WireError::Invalid("request body")),
+    }
+}
+
+/// A frame as the hub sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Relayed {
+    Request {
+        session: u64,
+        id: u64,
+        response_values: usize,
+    },
+    /// The signed part is `response_body(frame)`; checking it is the reader's business.
+    Response {
+        id: u64,
+        values: usize,
+        signature: Signature,
+    },
+    Failure {
+        id: u64,
+    },
+    Other,
+}
+
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn bytes(&mut self, b: &[u8]) {
+        self.0.extend_from_slice(b);
+    }
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u16(&mut self, v: u16) {
+        self.bytes(&v.to_le_bytes());
+    }
+    fn u32(&mut self, v: u32) {
+        self.bytes(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.bytes(&v.to_le_bytes());
+    }
+    fn text(&mut self, s: &str) {
+        self.u16(s.len() as u16);
+        self.bytes(s.as_bytes());
+    }
+    fn f32s(&mut self, values: &[f32]) {
+        if cfg!(target_endian = "little") {
+            self.bytes(bytemuck::cast_slice(values));
+        } else {
+            values.iter().for_each(|v| self.bytes(&v.to_le_bytes()));
+        }
+    }
+    fn holdings(&mut self, experts: &[ExpertId]) {
+        self.u32(experts.len() as u32);
+        for (layer, expert) in experts {
+            self.u16(*layer);
+            self.u16(*expert);
+        }
+    }
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    /// Checks the header of `frame`; its kind and a reader at the start of its body.
+    fn open(frame: &'a [u8]) -> Result<(u8, Reader<'a>), WireError> {
+        if frame.len() > MAX_FRAME {
+            return Err(WireError::TooLarge {
+                what: "frame",
+                got: frame.len() as u64,
+                max: MAX_FRAME as u64,
+            });
+        }
+        let mut r = Reader { buf: frame, at: 0 };
+        if r.take(4)? != MAGIC {
+            return Err(WireError::BadMagic);
+        }
+        let version = r.u8()?;
+        if version != VERSION {
+            return Err(WireError::Version(version));
+        }
+        let kind = r.u8()?;
+        let declared = r.u32()? as usize;
+        if declared != frame.len() - HEADER {
+            return Err(WireError::Length {
+                declared,
+                actual: frame.len() - HEADER,
+            });
+        }
+        Ok((kind, r))
+    }
+    fn finish(&self) -> Result<(), WireError> {
+        match self.buf.len() - self.at {
+            0 => Ok(()),
+            extra => Err(WireError::Trailing(extra)),
+        }
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        let left = self.buf.len() - self.at;
+        if n > left {
+            return Err(WireError::Truncated {
+                at: self.at,
+                needed: n - left,
+            });
+        }
+        let bytes = &self.buf[self.at..self.at + n];
+        self.at += n;
+        Ok(bytes)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N)?);
+        Ok(out)
+    }
+    fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.array::<1>()?[0])
+    }
+    fn u16(&mut self) -> Result<u16, WireError> {
+        Ok(u16::from_le_bytes(self.array()?))
+    }
+    fn u32(&mut self) -> Result<u32, WireError> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    fn u64(&mut self) -> Result<u64, WireError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    /// A count of items at least `item_bytes` each: bounded by `max` and by the bytes left,
+    /// so no allocation is ever sized by an unchecked number.
+    fn count(
+        &mut self,
+        what: &'static str,
+        max: usize,
+        item_bytes: usize,
+    ) -> Result<usize, WireError> {
+        let n = self.u32()? as usize;
+        if n > max {
+            return Err(WireError::TooLarge {
+                what,
+                got: n as u64,
+                max: max as u64,
+            });
+        }
+        let left = self.buf.len() - self.at;
+        if n * item_bytes > left {
+            return Err(WireError::Truncated {
+                at: self.at,
+                needed: n * item_bytes - left,
+            });
+        }
+        Ok(n)
+    }
+    fn text(&mut self) -> Result<String, WireError> {
+        let len = self.u16()? as usize;
+        if len > MAX_TEXT {
+            return Err(WireError::TooLarge {
+                what: "text field",
+                got: len as u64,
+                max: MAX_TEXT as u64,
+            });
+        }
+        String::from_utf8(self.take(len)?.to_vec()).map_err(|_| WireError::Invalid("UTF-8 text"))
+    }
+    fn f32s(&mut self, count: usize) -> Result<Vec<f32>, WireError> {
+        let bytes = self.take(count * 4)?;
+        if cfg!(target_endian = "little") {
+            let mut values = vec![0f32; count];
+            bytemuck::cast_slice_mut::<f32, u8>(&mut values).copy_from_slice(bytes);
+            return Ok(values);
+        }
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect())
+    }
+    fn holdings(&mut self) -> Result<Vec<ExpertId>, WireError> {
+        let count = self.count("held experts", MAX_HOLDINGS, 4)?;
+        (0..count).map(|_| Ok((self.u16()?, self.u16()?))).collect()
+    }
+    /// A request; its rows are skipped (left empty) unless `keep_rows`.
+    fn request(&mut self, keep_rows: bool) -> Result<Request, WireError> {
+        let (session, id, layer) = (self.u64()?, self.u64()?, self.u16()?);
+        if self.u8()? != DTYPE_F32 {
+            return Err(WireError::Invalid("row dtype (only f32 is defined)"));
+        }
+        let hidden = self.u32()?;
+        let rows = self.u32()?;
+        if hidden == 0 || hidden > MAX_HIDDEN {
+            return Err(WireError::Invalid("hidden size"));
+        }
+        if rows > MAX_ROWS {
+            return Err(WireError::TooLarge {
+                what: "request rows",
+                got: rows.into(),
+                max: MAX_ROWS.into(),
+            });
+        }
+        let values = rows as usize * hidden as usize;
+        if values * 4 > self.buf.len() - self.at {
+            return Err(WireError::Truncated {
+                at: self.at,
+                needed: values * 4 - (self.buf.len() - self.at),
+            });
+        }
+        let data = if keep_rows {
+            self.f32s(values)?
+        } else {
+            self.take(values * 4)?;
+            Vec::new()
+        };
+        let count = self.count("request experts", 1 << 16, 6)?;
+        let mut experts: Vec<(u16, Vec<u32>)> = Vec::with_capacity(count);
+        // The answer must fit a frame: this bounds what a small request can make a worker
+        // compute and allocate (each listed row is `hidden` values out).
+        let max_listed = MAX_FRAME / 4 / hidden as usize;
+        let mut listed = 0usize;
+        // Per row, the position (from 1) of the last expert that listed it: one allocation per
+        // request however many experts it names.
+        let mut listed_by = vec![0u32; rows as usize];
+        for position in 1..=count as u32 {
+            let expert = self.u16()?;
+            if experts.last().is_some_and(|(last, _)| *last >= expert) {
+                return Err(WireError::Invalid("expert order (must ascend, no repeats)"));
+            }
+            let n = self.count("rows of an expert", rows as usize, 4)?;
+            listed += n;
+            if listed > max_listed {
+                return Err(WireError::TooLarge {
+                    what: "rows listed (the answer would not fit a frame)",
+                    got: listed as u64,
+                    max: max_listed as u64,
+                });
+            }
+            let indices = (0..n)
+                .map(|_| self.u32())
+                .collect::<Result<Vec<u32>, _>>()?;
+            for i in &indices {
+                match listed_by.get_mut(*i as usize) {
+                    Some(by) if *by != position => *by = position,
+                    Some(_) => return Err(WireError::Invalid("row index (repeated)")),
+                    None => return Err(WireError::Invalid("row index")),
+                }
+            }
+            experts.push((expert, indices));
+        }
+        Ok(Request {
+            session,
+            id,
+            layer,
+            hidden,
+            rows: data,
+            experts,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn challenge() -> Challenge {
+        Challenge {
+            nonce: [7; 32],
+            hub: Keypair::from_seed(&[1; 32]).address(),
+            chain_id: "kvasir-test".into(),
+        }
+    }
+
+    fn request(rows: usize, hidden: usize, experts: Vec<(u16, Vec<u32>)>) -> Request {
+        Request {
+            session: 3,
+            id: 9,
+            layer: 1,
+            hidden: hidden as u32,
+            rows: (0..rows * hidden).map(|i| i as f32 * 0.25 - 3.0).collect(),
+            experts,
+        }
+    }
+
+    #[test]
+    fn a_small_request_cannot_ask_for_an_answer_larger_than_a_frame() {
+        // One row of 8192 values, listed by 4096 experts: 64 KiB of request, 128 MiB of answer.
+        let request = Request {
+            session: 1,
+            id: 2,
+            layer: 0,
+            hidden: 8192,
+            rows: vec![0.0; 8192],
+            experts: (0..4096).map(|e| (e, vec![0])).collect(),
+        };
+        let frame = Message::Request(request).encode();
+        assert!(frame.len() < 128 << 10);
+        for result in [
+            Message::decode(&frame).map(drop),
+            Message::inspect(&frame).map(drop),
+        ] {
+            assert!(
+                matches!(result, Err(WireError::TooLarge { .. })),
+                "{result:?}"
+            );
+        }
+    }
+
+    fn samples() -> Vec<Message> {
+        let key = Keypair::from_seed(&[2; 32]);
+        vec![
+            Message::Challenge(challenge()),
+            Message::Hello(Hello::answer(
+                &challenge(),
+                &key,
+                Role::Worker,
+                "m".into(),
+                "cpu".into(),
+                vec![(0, 1), (0, 2)],
+            )),
+            Message::Welcome(Welcome { session: 42 }),
+            Message::Directory(Directory {
+                sessions: vec![DirectoryEntry {
+                    session: 1,
+                    worker: key.address(),
+                    model_id: "m".into(),
+                    experts: vec![(3, 4)],
+                }],
+            }),
+            Message::Request(request(3, 4, vec![(1, vec![0, 2]), (5, vec![1])])),
+            Message::Response(Response {
+                id: 9,
+                partials: vec![1.5, -0.0, f32::MIN_POSITIVE],
+                signature: Signature([5; 64]),
+            }),
+            Message::Failure(Failure {
+                id: 9,
+                message: "no".into(),
+            }),
+        ]
+    }
+
+    #[test]
+    fn every_message_round_trips() {
+        for message in samples() {
+            assert_eq!(Message::decode(&message.encode()), Ok(message));
+        }
+    }
+
+    #[test]
+    fn inspect_agrees_with_decode() {
+        for message in samples() {
+            let frame = message.encode();
+            assert_eq!(Message::inspect(&frame), Ok(message.relayed()));
+            for cut in 0..frame.len() {
+                assert!(Message::inspect(&frame[..cut]).is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn every_truncation_and_extension_is_an_error() {
+        for message in samples() {
+            let frame = message.encode();
+            for cut in 0..frame.len() {
+                assert!(
+                    Message::decode(&frame[..cut]).is_err(),
+                    "{message:?} cut at {cut}"
+                );
+            }
+            let mut longer = frame.clone();
+            longer.push(0);
+            assert!(Message::decode(&longer).is_err());
+        }
+    }
+
+    #[test]
+    fn a_long_failure_message_is_cut_to_fit_a_frame() {
+        let failure = Failure::new(5, "é".repeat(MAX_TEXT));
+        assert!(failure.message.len() <= MAX_TEXT && failure.message.starts_with('é'));
+        let message = Message::Failure(failure);
+        assert_eq!(Message::decode(&message.encode()), Ok(message));
+    }
+
+    #[test]
+    fn a_hello_verifies_only_against_its_own_challenge_and_claims() {
+        let key = Keypair::from_seed(&[2; 32]);
+        let hello = Hello::answer(
+            &challenge(),
+            &key,
+            Role::Worker,
+            "m".into(),
+            "cpu".into(),
+            vec![(0, 1)],
+        );
+        assert!(hello.verify(&challenge()));
+        let other = Challenge {
+            nonce: [8; 32],
+            ..challenge()
+        };
+        assert!(!hello.verify(&other), "a replayed hello must not verify");
+        let mut more = hello.clone();
+        more.experts.push((0, 2));
+        assert!(!more.verify(&challenge()), "claims are signed");
+        let mut backbone = hello;
+        backbone.role = Role::Backbone;
+        assert!(!backbone.verify(&challenge()), "the role is signed");
+    }
+
+    #[test]
+    fn inconsistent_requests_are_refused() {
+        let bad_index = request(2, 4, vec![(1, vec![2])]);
+        assert_eq!(
+            Message::decode(&Message::Request(bad_index).encode()),
+            Err(WireError::Invalid("row index"))
+        );
+        let repeated = request(2, 4, vec![(1, vec![0]), (1, vec![1])]);
+        assert!(Message::decode(&Message::Request(repeated).encode()).is_err());
+        let padded = request(2, 4, vec![(1, vec![1, 1])]);
+        assert!(Message::decode(&Message::Request(padded).encode()).is_err());
+        // A header claiming a huge row count is refused before anything is allocated.
+        let mut frame = Message::Request(request(1, 4, vec![(0, vec![0])])).encode();
+        frame[HEADER + 23..HEADER + 27].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            Message::decode(&frame),
+            Err(WireError::TooLarge { .. })
+        ));
+        assert_eq!(
+            request(3, 4, vec![(1, vec![0, 2]), (5, vec![1])]).response_values(),
+            12
+        );
+    }
+
+    #[test]
+    fn a_frame_of_the_old_version_is_refused_saying_so() {
+        for message in samples() {
+            let mut frame = message.encode();
+            assert_eq!(frame[4], VERSION);
+            frame[4] = 1;
+            for error in [
+                Message::decode(&frame).map(drop).unwrap_err(),
+                Message::inspect(&frame).map(drop).unwrap_err(),
+            ] {
+                assert_eq!(error, WireError::Version(1));
+                assert_eq!(error.to_string(), "protocol version 1, this node speaks 3");
+            }
+        }
+    }
+
+    fn scope(challenge: &Challenge) -> AnswerScope<'_> {
+        AnswerScope::new(challenge, 3, "m")
+    }
+
+    #[test]
+    fn the_bodies_are_the_bytes_after_the_header_and_before_the_signature() {
+        let request = Message::Request(request(3, 4, vec![(1, vec![0, 2])])).encode();
+        assert_eq!(request_body(&request), &request[HEADER..]);
+        assert_eq!(request_hash(&request), body_hash(&request[HEADER..]));
+        let response = Response {
+            id: 9,
+            partials: vec![1.0, 2.0],
+            signature: Signature([7; 64]),
+        };
+        let frame = Message::Response(response).encode();
+        assert_eq!(response_body(&frame), &frame[HEADER..frame.len() - 64]);
+        assert_eq!(&frame[frame.len() - 64..], &[7; 64]);
+        // id, count, then the partials.
+        assert_eq!(
+            &response_body(&frame)[..12],
+            &[9, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0]
+        );
+        assert_eq!(response_body(&frame).len(), 12 + 2 * 4);
+        assert_eq!(frame.len(), Response::frame_len(2));
+        // Frames no decoder accepts have empty bodies, never a panic.
+        assert!(request_body(&frame[..HEADER - 1]).is_empty());
+        for short in [&[][..], &frame[..HEADER], &frame[..HEADER + 63]] {
+            assert!(response_body(short).is_empty());
+        }
+    }
+
+    #[test]
+    fn a_signed_response_verifies_only_for_its_exact_claim() {
+        let challenge = challenge();
+        let worker = Keypair::from_seed(&[2; 32]);
+        let request = Message::Request(request(3, 4, vec![(1, vec![0, 2])])).encode();
+        let asked = request_hash(&request);
+        let frame =
+            Response::unsigned(9, vec![0.5; 8]).signed_frame(&scope(&challenge), asked, &worker);
+        let Ok(Message::Response(response)) = Message::decode(&frame) else {
+            panic!("a signed response decodes");
+        };
+        let Ok(Relayed::Response { signature, .. }) = Message::inspect(&frame) else {
+            panic!("a signed response inspects");
+        };
+        assert_eq!(signature, response.signature);
+        let check = |scope: AnswerScope<'_>, key: &Address, id: u64, hash: Hash, body: &[u8]| {
+            scope
+                .verify(key, id, hash, body, &response.signature)
+                .is_ok()
+        };
+        let me = worker.address();
+        let body = response_body(&frame);
+        let claim = scope(&challenge).verify(&me, 9, asked, body, &signature);
+        assert_eq!(
+            claim,
+            Ok(AnswerClaim {
+                hub: challenge.hub,
+                session: 3,
+                request_id: 9,
+                model_id: "m".into(),
+                request_hash: asked,
+                response_hash: body_hash(body),
+            })
+        );
+        let other_chain = Challenge {
+            chain_id: "other".into(),
+            ..challenge.clone()
+        };
+        let other_hub = Challenge {
+            hub: me,
+            ..challenge.clone()
+        };
+        let stranger = Keypair::from_seed(&[3; 32]).address();
+        let mut changed = frame.clone();
+        changed[HEADER + 12] ^= 1;
+        for (what, good) in [
+            (
+                "another key",
+                check(scope(&challenge), &stranger, 9, asked, body),
+            ),
+            ("another id", check(scope(&challenge), &me, 10, asked, body)),
+            (
+                "another request",
+                check(scope(&challenge), &me, 9, body_hash(b"x"), body),
+            ),
+            (
+                "other partials",
+                check(scope(&challenge), &me, 9, asked, response_body(&changed)),
+            ),
+            (
+                "another chain",
+                check(scope(&other_chain), &me, 9, asked, body),
+            ),
+            ("another hub", check(scope(&other_hub), &me, 9, asked, body)),
+            (
+                "another session",
+                check(
+                    AnswerScope {
+                        session: 4,
+                        ..scope(&challenge)
+                    },
+                    &me,
+                    9,
+                    asked,
+                    body,
+                ),
+            ),
+            (
+                "another model",
+                check(
+                    AnswerScope {
+                        model_id: "n",
+                        ..scope(&challenge)
+                    },
+                    &me,
+                    9,
+                    asked,
+                    body,
+                ),
+            ),
+        ] {
+            assert!(!good, "verified for {what}");
+        }
+        // An unsigned response verifies for nothing.
+        let unsigned = Message::Response(Response::unsigned(9, vec![0.5; 8])).encode();
+        let zeros = Signature([0; 64]);
+        assert!(scope(&challenge)
+            .verify(&me, 9, asked, response_body(&unsigned), &zeros)
+            .is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn requests_round_trip(
+            rows in 1usize..6, hidden in 1usize..9, session: u64, id: u64, layer: u16,
+            picks in proptest::collection::vec((any::<u16>(), proptest::collection::vec(any::<u32>(), 0..5)), 0..5),
+        ) {
+            let mut experts: Vec<(u16, Vec<u32>)> = picks
+                .into_iter()
+                .map(|(e, r)| {
+                    let mut indices: Vec<u32> = r.into_iter().map(|i| i % rows as u32).collect();
+                    indices.sort_unstable();
+                    indices.dedup();
+                    (e, indices)
+                })
+                .collect();
+            experts.sort_by_key(|(e, _)| *e);
+            experts.dedup_by_key(|(e, _)| *e);
+            let message = Message::Request(Request { session, id, layer, ..request(rows, hidden, experts) });
+            prop_assert_eq!(Message::decode(&message.encode()), Ok(message));
+        }
+
+        #[test]
+        fn responses_round_trip_bit_for_bit(id: u64, bits in proptest::collection::vec(any::<u32>(), 0..64)) {
+            let partials: Vec<f32> = bits.iter().map(|b| f32::from_bits(*b)).collect();
+            let frame = Message::Response(Response::unsigned(id, partials)).encode();
+            prop_assert_eq!(frame.len(), Response::frame_len(bits.len()));
+            match Message::decode(&frame) {
+                Ok(Message::Response(r)) => {
+                    prop_assert_eq!(r.partials.iter().map(|f| f.to_bits()).collect::<Vec<_>>(), bits)
+                }
+                other => prop_assert!(false, "{:?}", other),
+            }
+        }
+
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300), kind in 0u8..9) {
+            let _ = Message::decode(&bytes);
+            // The same bytes behind a valid header reach every body decoder.
+            let mut frame = MAGIC.to_vec();
+            frame.extend([VERSION, kind]);
+            frame.extend((bytes.len() as u32).to_le_bytes());
+            frame.extend(&bytes);
+            let _ = Message::decode(&frame);
+            let _ = Message::inspect(&frame);
+        }
+
+        #[test]
+        fn corrupted_frames_never_panic(which in 0usize..7, at: usize, byte: u8) {
+            let mut frame = samples()[which].encode();
+            let at = at % frame.len();
+            frame[at] = byte;
+            // A frame inspect accepts, decode accepts too.
+            let inspected = Message::inspect(&frame).is_ok();
+            prop_assert!(Message::decode(&frame).is_ok() || !inspected);
+        }
+    }
+}
