@@ -11,14 +11,7 @@ use crate::keys::{Address, Keypair, Signature};
 use crate::state::State;
 use crate::tx::SignedTx;
 
-/// The latest time a block (or genesis) may carry, 9999-12-31T23:59:59.999Z in ms since the
-/// Unix epoch: beyond any real clock, it keeps `u64::MAX` out of a chain, whose times never
-/// go back, so one such block would freeze the chain's clock for good.
-pub const MAX_TIMESTAMP_MS: u64 = 253_402_300_799_999;
-
-/// What a block takes beyond its transactions' bytes (header, signature, length prefixes),
-/// counted generously so that a block filled to `max_block_bytes` never exceeds it.
-pub const BLOCK_OVERHEAD_BYTES: u64 = 512;
+pub use crate::limits::{BLOCK_OVERHEAD_BYTES, MAX_TIMESTAMP_MS};
 
 #[derive(Clone, Debug, PartialEq, Eq, BorshSerialize, BorshDeserialize)]
 pub struct BlockHeader {

@@ -15,11 +15,10 @@ use borsh::BorshSerialize;
 use serde::{Deserialize, Serialize};
 
 use crate::amount::Amount;
-use crate::block::{BLOCK_OVERHEAD_BYTES, MAX_TIMESTAMP_MS};
 use crate::fraction::Fraction;
 use crate::hash::Hash;
 use crate::keys::Address;
-use crate::tx::{MAX_EVIDENCE_TX_BYTES, MAX_TX_BYTES};
+use crate::limits::{BLOCK_OVERHEAD_BYTES, MAX_EVIDENCE_TX_BYTES, MAX_TIMESTAMP_MS, MAX_TX_BYTES};
 
 /// Longest accepted chain id, in bytes.
 pub const MAX_CHAIN_ID_LEN: usize = 64;

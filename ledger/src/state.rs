@@ -11,12 +11,13 @@ use serde::Serialize;
 
 use crate::amount::Amount;
 use crate::block::genesis_block_with_root;
+use crate::error::TxError;
 use crate::genesis::{Genesis, ModelPin};
 use crate::hash::Hash;
 use crate::keys::Address;
 use crate::market::{Market, Offer, Order, Placement};
+use crate::receipt::Receipt;
 use crate::tree::StateTree;
-use crate::tx::{Receipt, TxError};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, BorshSerialize, BorshDeserialize)]
 pub struct Account {

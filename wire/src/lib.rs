@@ -1,30 +1,304 @@
-//! The expert-dispatch protocol, shared by worker, hub and backbone: one binary WebSocket
-//! message per frame, little-endian. Every frame is `"KVSR"`, version, kind, body length
-//! (u32), body. Decoding checks each length against the bytes present and against a limit
-//! before allocating anything, and reports a typed error; it never panics. A frame of another
-//! version is refused as `WireError::Version` ("protocol version 2, this node speaks 3"),
-//! which is what a peer left on an older release sees in its log at the handshake.
+//! The expert-dispatch protocol, shared by worker, hub and backbone, and the contract that a
+//! worker written in another language implements. What follows is what the encoder
+//! ([`Message::encode`]) writes and the decoder ([`Message::decode`], [`Message::inspect`])
+//! accepts; where a rule is the hub's or the backbone's (in `kvasir-node`), it says so.
 //!
-//! A request carries a layer step's rows once and, per expert, the indices of the rows routed
-//! to it; the response carries, per expert in request order, one partial per listed row. Its
-//! size is therefore fixed by the request, which is how the hub refuses padding.
+//! # Roles and transport
 //!
-//! Signed answers (version 2). Every response ends with the worker's answer signature
-//! (`kvasir_primitives::answer::AnswerClaim`, intent Answer) over:
-//! - the **request body**: the request frame's bytes after the 10-byte header, exactly as the
-//!   worker received them (the hub relays the backbone's frame unchanged, so the backbone's
-//!   bytes as sent are the same bytes; see `request_body`);
-//! - the **response body**: the response frame's bytes after the 10-byte header and before the
-//!   trailing 64-byte signature, i.e. request id, value count and partials (`response_body`);
-//! - the chain id and hub key of the challenge, the session of the welcome, the request id
-//!   and the model id of the worker's hello (`AnswerScope`).
+//! - **Backbone**: runs the model and its router, and sends each worker the rows routed to
+//!   the experts it holds. One per hub (the hub's `--backbone` key); it dials the hub.
+//! - **Hub**: authenticates every link, keeps the directory of worker sessions, relays
+//!   requests to workers and their answers back unchanged, byte for byte, and meters them.
+//! - **Worker**: holds some experts of one model and evaluates them. It only dials out, to
+//!   the gateway's `wss://HOST[:PORT]/swarm` (`ws://` on a LAN), which splices the
+//!   connection through to the hub untouched.
 //!
-//! Each body enters the claim as its plain blake3 (`answer::body_hash`). Worker (signing),
-//! hub (paying only what verifies) and backbone (using only what verifies, keeping the
-//! bytes for an audit) all build the claim with `AnswerScope::claim`, so they cannot drift.
+//! A link is one WebSocket. Every protocol message is one **binary** WebSocket message
+//! holding exactly one frame. A text message, a close or the end of the stream ends the link;
+//! pings and pongs carry no frame (see [Keepalive](#keepalive)). The WebSocket layer itself
+//! refuses messages and frames over [`MAX_FRAME`] ([`link::ws_config`]). TLS: [`tls`].
 //!
-//! `translate` turns the engine's expert requests into a request frame and back, and
-//! partials into a response and back: the backbone and the worker both go through it.
+//! # Frames
+//!
+//! Every integer is little-endian; nothing is padded or aligned. A frame is a 10-byte header
+//! ([`HEADER`]) and a body:
+//!
+//! | Offset | Size | Field                                                      |
+//! |-------:|-----:|------------------------------------------------------------|
+//! | 0      | 4    | magic [`MAGIC`]: ASCII `"KVSR"`, bytes `4B 56 53 52`       |
+//! | 4      | 1    | version: [`VERSION`] = 3                                   |
+//! | 5      | 1    | kind: see [Messages](#messages)                            |
+//! | 6      | 4    | `u32` body length: exactly the frame's length minus 10     |
+//! | 10     |      | body                                                       |
+//!
+//! A decoder checks, in this order: the whole frame is at most [`MAX_FRAME`] bytes; the
+//! magic ([`WireError::BadMagic`]); the version ([`WireError::Version`]); the body length
+//! against the bytes present ([`WireError::Length`]); the kind ([`WireError::UnknownKind`]).
+//! It then reads the body field by field, checking every count against its limit and against
+//! the bytes left *before* allocating anything, and refuses a byte left after the last field
+//! ([`WireError::Trailing`]). Every failure is a typed [`WireError`]; decoding never panics.
+//!
+//! Example: `Welcome { session: 42 }` is the 18 bytes
+//! `4B 56 53 52 03 03 08 00 00 00 2A 00 00 00 00 00 00 00`.
+//!
+//! ## Field types
+//!
+//! | Type      | Encoding                                                                   |
+//! |-----------|----------------------------------------------------------------------------|
+//! | `u8`-`u64`| unsigned integer of 1, 2, 4 or 8 bytes, little-endian                      |
+//! | `f32`     | IEEE 754 binary32, 4 bytes little-endian: the exact bits computed          |
+//! | `address` | 32 bytes: an ed25519 public key (its text form is bech32m `kvr1...`)      |
+//! | `nonce`   | 32 bytes                                                                   |
+//! | `sig`     | 64 bytes: an ed25519 signature (see [Signatures](#signatures))             |
+//! | `text`    | `u16` byte length, at most `MAX_TEXT` (256); that many bytes of UTF-8      |
+//! | `experts` | `u32` count, at most `MAX_HOLDINGS`; per item `u16` layer, `u16` expert    |
+//!
+//! Text has no terminator, and invalid UTF-8 is refused. Every list starts with its `u32`
+//! count, checked against a limit; there are no optional fields and no tags but the kind.
+//!
+//! ## Limits
+//!
+//! | Limit          | Value                     | Bounds                                      |
+//! |----------------|---------------------------|---------------------------------------------|
+//! | [`MAX_FRAME`]  | `96 << 20` = 100,663,296  | bytes of a whole frame, header included     |
+//! | `MAX_TEXT`     | 256                       | bytes of every `text` field                 |
+//! | `MAX_HOLDINGS` | `1 << 20` = 1,048,576     | items of one `experts` list                 |
+//! | `MAX_SESSIONS` | `1 << 16` = 65,536        | entries of a directory                      |
+//! | `MAX_HIDDEN`   | `1 << 16` = 65,536        | a request's `hidden` (which is at least 1)  |
+//! | `MAX_ROWS`     | `1 << 16` = 65,536        | a request's `rows`                          |
+//! | (unnamed)      | `1 << 16` = 65,536        | experts of one request                      |
+//! | (unnamed)      | 25,165,824 / `hidden`     | row indices listed by all of a request's    |
+//! |                |                           | experts together (`MAX_FRAME / 4 / hidden`) |
+//! | (unnamed)      | 25,165,824                | values of a response (`MAX_FRAME / 4`)      |
+//!
+//! The listed-rows bound keeps a small request from asking for an answer larger than a
+//! frame. Only `MAX_FRAME` is public; the others are private constants of this file.
+//!
+//! # Messages
+//!
+//! | Kind | Message         | Direction                                                  |
+//! |-----:|-----------------|------------------------------------------------------------|
+//! | 1    | [`Challenge`]   | hub → client: the first frame on every link                |
+//! | 2    | [`Hello`]       | worker or backbone → hub: the answer to the challenge      |
+//! | 3    | [`Welcome`]     | hub → client, after a good hello                           |
+//! | 4    | [`Directory`]   | hub → backbone                                             |
+//! | 5    | [`Request`]     | backbone → hub → worker, relayed unchanged                 |
+//! | 6    | [`Response`]    | worker → hub → backbone, relayed unchanged                 |
+//! | 7    | [`Failure`]     | worker → hub → backbone; hub → backbone; hub → client      |
+//!
+//! Bodies, field by field in order (offsets from the start of the body where they are fixed):
+//!
+//! **1 Challenge**: `nonce` (32 fresh random bytes per connection), `hub: address` (the hub's
+//! key), `chain_id: text` (the chain's id).
+//!
+//! **2 Hello**:
+//!
+//! | Field       | Type      | Meaning                                                       |
+//! |-------------|-----------|---------------------------------------------------------------|
+//! | `role`      | `u8`      | 1 worker, 2 backbone ([`Role`]); any other value is refused   |
+//! | `key`       | `address` | the client's key, which signs below (a worker is paid to it)  |
+//! | `model_id`  | `text`    | the model served or run ([`model_id()`])                      |
+//! | `backend`   | `text`    | worker: `cpu` or `cuda` (others refused); backbone: `cpu`     |
+//! | `experts`   | `experts` | worker: the experts it holds; backbone: empty                 |
+//! | `order`     | `u64`     | backbone: the market order it acts for, 0 for none; worker: 0 |
+//! | `signature` | `sig`     | see [Hello signature](#the-hello-signature)                   |
+//!
+//! **3 Welcome**: `session: u64`, the session the hub assigned: at least 1 for a worker,
+//! 0 for the backbone.
+//!
+//! **4 Directory**: `u32` count (at most `MAX_SESSIONS`), then per entry
+//! ([`DirectoryEntry`]): `session: u64`, `worker: address`, `model_id: text` (its hello's),
+//! `experts: experts` (its hello's claims, deduplicated and sorted by the hub).
+//!
+//! **5 Request** (one layer step's rows for one worker):
+//!
+//! | Offset | Type           | Field                                                    |
+//! |-------:|----------------|----------------------------------------------------------|
+//! | 0      | `u64`          | `session`: the worker's session; the hub routes by it    |
+//! | 8      | `u64`          | `id`: the request id                                     |
+//! | 16     | `u16`          | `layer`                                                  |
+//! | 18     | `u8`           | row dtype: 0 = `f32`, the only one defined               |
+//! | 19     | `u32`          | `hidden`: values per row, 1 to `MAX_HIDDEN`              |
+//! | 23     | `u32`          | `rows`: number of rows, at most `MAX_ROWS` (0 is valid)  |
+//! | 27     | `f32` × r·h    | the rows, row-major: row `i` is values `i·hidden ..`     |
+//! |        | `u32`          | expert count, at most 65,536                             |
+//! |        | `u16`          | per expert, in order: its number,                        |
+//! |        | `u32`          | then n, how many rows it lists (at most `rows`),         |
+//! |        | `u32` × n      | then those rows' indices                                 |
+//!
+//! The decoder also requires: experts strictly ascending (no repeats); every row index below
+//! `rows`; no row index twice for one expert (two experts may list the same row; indices
+//! need not ascend, and a row may be listed by none); the listed-rows bound above. Frame
+//! length: [`Request::frame_len`] = 10 + 27 + 4·rows·hidden + 4 + Σ(6 + 4·n).
+//!
+//! **6 Response**:
+//!
+//! | Offset      | Type          | Field                                                 |
+//! |------------:|---------------|-------------------------------------------------------|
+//! | 0           | `u64`         | `id`: the id of the request it answers                |
+//! | 8           | `u32`         | value count c, at most 25,165,824                     |
+//! | 12          | `f32` × c     | the partials (see [Dispatch](#dispatch))              |
+//! | 12 + 4·c    | `sig`         | the worker's answer signature                         |
+//!
+//! Frame length: [`Response::frame_len`] = 10 + 12 + 4·c + 64 ([`SIGNATURE`]).
+//!
+//! **7 Failure**: `id: u64` (the request that could not be served, or 0: see
+//! [Failures](#request-ids-and-failures)), `message: text` (why, for a log; [`Failure::new`]
+//! cuts it to 256 bytes at a character boundary).
+//!
+//! # Handshake
+//!
+//! 1. The client opens the WebSocket. The hub sends a [`Challenge`] at once: a fresh random
+//!    nonce, its key, its chain id.
+//! 2. The client answers with a [`Hello`] signed for that challenge
+//!    ([`Hello::answer_for_order`]). The WebSocket handshake and the hello must complete
+//!    within 10 s of the connection (the hub's `HANDSHAKE_TIMEOUT`).
+//! 3. The hub checks the signature ([`Hello::verify`]). A hello that does not verify, a frame
+//!    other than a hello, or a backbone hello from a key other than the hub's `--backbone`
+//!    ends the link with no reply: the client sees the link close.
+//! 4. Worker: the hub refuses a backend other than `cpu` or `cuda`, a key that is not bonded
+//!    or is jailed (with `--ledger`), more than 16,384 distinct experts, or claims the hub or
+//!    the key has no room for, by a [`Failure`] with id 0 saying why, then closes. Otherwise
+//!    it sends [`Welcome`] with a new session id (at least 1); no request precedes it.
+//!    Backbone with `order` ≠ 0: the hub must read the order on its ledger, live (neither
+//!    closed nor paused), with the key its buyer or delegate, else a `Failure` with id 0.
+//!    Otherwise the backbone gets `Welcome { session: 0 }` and at once the whole
+//!    [`Directory`]; a newer backbone connection replaces an older one.
+//! 5. Then the link carries dispatch frames until either end closes it. The challenge's chain
+//!    id and hub key and the welcome's session stay part of every answer signed on it.
+//!
+//! [`link::connect`] is the client's side of all this.
+//!
+//! # Dispatch
+//!
+//! - The backbone sends, per layer step, a [`Request`] to each worker session that holds
+//!   experts routed to in that step: each token's row **once**, and per expert the indices
+//!   of the rows routed to it ([`Request::from_expert_requests`]). A share too large to be
+//!   quoted in one Evidence transaction is split into several requests, so a worker may get
+//!   more than one request for a step; each is answered on its own.
+//! - The worker answers each request with one [`Response`] carrying the same `id`: per expert
+//!   in request order, per listed row index in listed order, `hidden` values, the expert's
+//!   output for that row. Its size is therefore fixed by the request: exactly
+//!   Σ n × `hidden` values ([`Request::response_values`]); the hub refuses any other count,
+//!   which is how it refuses padding. [`answer()`] is the reference: it refuses a request
+//!   whose `hidden` is not the model's, or that names an expert the worker does not hold,
+//!   and the worker then sends a [`Failure`] with the request's id instead.
+//! - Partials are checked bit for bit (the backbone's audits and a validator judging
+//!   evidence recompute them with the reference kernels): every NaN must be the canonical
+//!   `f32::NAN`, bits `0x7FC00000` (`kvasir_inference::moe::canonical_nans`), and -0.0 is
+//!   not 0.0.
+//! - A worker sends nothing but responses and failures. The hub drops a worker that sends
+//!   another message or a frame that does not decode, answers an id its session was not
+//!   sent (or that was forgotten, or with id 0), sends the wrong number of values, or signs
+//!   badly; the backbone then gets a failure for that id and computes those experts itself.
+//!   A backbone sends nothing but requests.
+//! - The hub holds at most 64 unanswered requests per session (past that the backbone gets
+//!   a failure at once). A request still unanswered 4 s after it reached the hub
+//!   (`--answer-deadline-ms`) is failed to the backbone; a correct answer in the next 60 s
+//!   is late: neither paid nor relayed, and the worker is not dropped (a wrong-sized or
+//!   badly signed one is refused however late). The backbone gives up after its own
+//!   `--dispatch-timeout-ms` (5 s).
+//! - The hub sends the backbone the [`Directory`] on attach and whenever it changes, at most
+//!   every 100 ms; workers never get one.
+//!
+//! # Request ids and failures
+//!
+//! The backbone chooses request ids; the hub keys what is outstanding by (session, id) and a
+//! repeated id replaces the earlier one. The backbone starts at a random id below 2^63 and
+//! counts up, so that a late answer to a restarted backbone matches nothing new. A response
+//! or failure carries the id of the request it answers.
+//!
+//! Id 0 answers no request: it is the hub telling a link why it is refused or ends (a refused
+//! hello, a worker dropped because its key may no longer serve, a backbone whose order
+//! closed); the link closes after it. The decoder itself gives 0 no meaning. Every other
+//! failure the backbone gets names a request: the worker's own, or the hub's (session not
+//! connected, leaving or left, too many unanswered, no answer in time, answer refused).
+//!
+//! # Signatures
+//!
+//! Every signature is ed25519 (RFC 8032, no prehash) over an intent-prefixed message
+//! (`kvasir_primitives::intent::signing_message`):
+//!
+//! | Bytes   | Content                                                                  |
+//! |---------|--------------------------------------------------------------------------|
+//! | 13      | the domain tag, ASCII `KVASIR-SIG-V1`                                    |
+//! | 1       | the intent: 4 `SwarmHello`, 5 `Answer` (1-3 and 6-9 are the ledger's)   |
+//! | 4 + len | the chain id, borsh: `u32` byte length, then its UTF-8 bytes             |
+//! | ...     | the borsh encoding of the payload                                        |
+//!
+//! Borsh: integers little-endian, a fixed array or a 32-byte key or hash as its raw bytes, a
+//! string or a list as a `u32` count then its items (note: `u32`, unlike the frame's `u16`
+//! text length), a tuple or struct as its fields in order. Signatures verify under ZIP-215
+//! and never for a small-order key (`kvasir_primitives::keys`).
+//!
+//! ## The hello signature
+//!
+//! Intent `SwarmHello` (4), chain id of the challenge, payload `HelloClaims`, in order:
+//! the challenge's `nonce` (32 bytes) and `hub` (32), then the hello's `role` (`u8`), `key`
+//! (32), `model_id` (string), `backend` (string), `experts` (`u32` count, then `u16` layer,
+//! `u16` expert each, exactly as in the hello), `order` (`u64`). A hello is thus good for one
+//! challenge only, and every claim in it is signed.
+//!
+//! ## The answer signature
+//!
+//! Signed answers (since version 2). Every response ends with the worker's answer signature:
+//! intent `Answer` (5), chain id of the challenge, payload
+//! [`kvasir_primitives::answer::AnswerClaim`], in order: `hub` (32 bytes, the challenge's),
+//! `session` (`u64`, the welcome's), `request_id` (`u64`), `model_id` (string, the worker's
+//! hello's), `request_hash` (32), `response_hash` (32), where
+//! - `request_hash` is the blake3 of the **request body**: the request frame's bytes after the
+//!   10-byte header, exactly as the worker received them (the hub relays the backbone's frame
+//!   unchanged, so the backbone's bytes as sent are the same bytes; see [`request_body`]);
+//! - `response_hash` is the blake3 of the **response body**: the response frame's bytes after
+//!   the 10-byte header and before the trailing 64-byte signature, i.e. request id, value
+//!   count and partials ([`response_body`]).
+//!
+//! Each body enters the claim as its plain blake3, 32 bytes, unkeyed
+//! (`kvasir_primitives::answer::body_hash`). Worker (signing), hub (paying only what
+//! verifies) and backbone (using only what verifies, keeping the bytes for an audit) all
+//! build the claim with [`AnswerScope::claim`], so they cannot drift. The worker signs with
+//! the session of its welcome, the backbone checks with the request's `session` and the hub
+//! with the session the answer came on: the same number. The nonce is not part of it. An
+//! Evidence transaction quotes both bodies and the signature ([`decode_request_body`]
+//! decodes a quoted request exactly as the worker did).
+//!
+//! # Keepalive
+//!
+//! The hub pings every link (empty WebSocket ping) every `--ping-interval-ms` (15 s by
+//! default) and drops a link from which nothing at all arrived, no frame, pong or ping, for
+//! `--idle-timeout-ms` ([`link::DEFAULT_IDLE_TIMEOUT_MS`], 45 s), or to which a write does
+//! not complete within that time ([`link::Keepalive`], [`link::Idle`]). A client never needs
+//! to ping; it must answer pings with pongs, as any WebSocket library does while it reads.
+//! The worker takes a hub from which nothing arrived for its own `--idle-timeout-ms`
+//! (default 45 s) for dead and redials; that time also bounds its dial and handshake.
+//!
+//! # Versions
+//!
+//! [`VERSION`] 2: responses carry the answer signature. 3: a hello carries `order`. There is
+//! no negotiation: a frame of another version is refused as [`WireError::Version`]
+//! ("protocol version 2, this node speaks 3") before its kind or body is looked at, so a
+//! peer left on another release is told exactly that. Since the hub speaks first, such a
+//! client fails on the challenge, sending no hello, and logs "the hub's challenge: protocol
+//! version H, this node speaks C" (H the hub's version, C its own); a hello of another
+//! version that does reach the hub is logged there as a warning naming the peer, and the
+//! link closes without a reply.
+//!
+//! # Expert selections
+//!
+//! Which experts a worker holds (`--experts`) or a backbone sends out (`--remote`) is written
+//! `LAYERS:EXPERTS[,LAYERS:EXPERTS...]`, each side a number, an inclusive range `a-b` or `*`
+//! (every layer or expert of the model): `0:*` is every expert of layer 0, `*:0-7,3:9`
+//! experts 0 to 7 of every layer and expert 9 of layer 3. See [`spec`] ([`spec::ExpertSpec`],
+//! the grammar of `kvasir_primitives::selection::Pattern`). It is resolved against the
+//! checkpoint's config (only MoE layers hold experts) and a hello carries the resulting
+//! list, in (layer, expert) order; the grammar never travels on the wire.
+//!
+//! # This crate
+//!
+//! `translate` turns the engine's expert requests into a request frame and back, and partials
+//! into a response and back ([`split_partials`]): the backbone and the worker both go through
+//! it. [`answer()`] is what a correct worker answers; [`link`] is the WebSocket link, handshake
+//! and keepalive; [`tls`] the TLS configurations; [`spec`] the command-line selections.
 
 #![forbid(unsafe_code)]
 

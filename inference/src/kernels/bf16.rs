@@ -30,7 +30,7 @@
 
 use rayon::prelude::*;
 
-use crate::weights::widen_bf16;
+use crate::weights::{widen_bf16, Exponents};
 
 /// Lanes of the reduction, as for f32 weights; each takes a pair of elements a step.
 pub(super) const LANES: usize = 16;
@@ -52,69 +52,6 @@ pub fn round_bf16(v: f32) -> u16 {
 #[inline(always)]
 pub(super) fn lane_end(k: usize) -> usize {
     k / CHUNK * CHUNK
-}
-
-/// The range of binary exponents (the stored, biased field) of a set of bf16 values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Exponents {
-    /// Smallest and largest exponent of a nonzero value (`min > max` when all are zero).
-    min: u8,
-    max: u8,
-    /// Every value is zero or a finite normal number.
-    normal: bool,
-}
-
-impl Exponents {
-    pub const NONE: Exponents = Exponents {
-        min: u8::MAX,
-        max: 0,
-        normal: true,
-    };
-
-    /// The range over `bits`: branch-free over runs of 64, so that it vectorizes (a
-    /// checkpoint's tensors are scanned once each, gigabytes in all).
-    pub fn of(bits: &[u16]) -> Exponents {
-        bits.chunks(64).fold(Exponents::NONE, |seen, run| {
-            let (mut min, mut max, mut abnormal) = (u16::MAX, 0u16, 0u16);
-            for &b in run {
-                let exponent = (b >> 7) & 0xff;
-                let nonzero = u16::from(b & 0x7fff != 0);
-                // A zero counts as neither the smallest exponent nor the largest.
-                min = min.min(exponent | (nonzero.wrapping_sub(1) & 0xff));
-                max = max.max(exponent * nonzero);
-                abnormal |= nonzero & u16::from(exponent == 0 || exponent == 0xff);
-            }
-            seen.union(Exponents {
-                min: min.min(0xff) as u8,
-                max: max as u8,
-                normal: abnormal == 0,
-            })
-        })
-    }
-
-    pub fn union(self, other: Exponents) -> Exponents {
-        Exponents {
-            min: self.min.min(other.min),
-            max: self.max.max(other.max),
-            normal: self.normal && other.normal,
-        }
-    }
-
-    /// Whether `vdpbf16ps` gives the reference bits for every `k`-long product of a value
-    /// from `self` with one from `other` (the module's header): both sets normal; the
-    /// smallest product a multiple of 2^-126, since a value with stored exponent `e` is a
-    /// multiple of `2^(e - 134)` and every partial sum is then a multiple too, so never
-    /// subnormal; and `k` of the largest products summed stay below 2^127.
-    pub fn dpbf16_exact(self, other: Exponents, k: usize) -> bool {
-        if self.min > self.max || other.min > other.max {
-            return self.normal && other.normal;
-        }
-        let log2_k = usize::BITS - k.max(1).saturating_sub(1).leading_zeros();
-        self.normal
-            && other.normal
-            && u32::from(self.min) + u32::from(other.min) >= 142
-            && log2_k + u32::from(self.max) + u32::from(other.max) <= 378
-    }
 }
 
 /// The input rows of a product with bf16 weights, rounded to bf16 once for every column.
@@ -223,45 +160,12 @@ mod tests {
         assert!(half::bf16::from_bits(round_bf16(f32::from_bits(0x7f80_0001))).is_nan());
     }
 
-    #[test]
-    fn exponent_bounds_exclude_what_the_instruction_would_flush() {
-        let one = Exponents::of(&[0x3f80]); // 1.0: stored exponent 127
-        assert!(one.dpbf16_exact(one, 4096));
-        assert!(Exponents::NONE.dpbf16_exact(one, 8));
-        // A subnormal value, an infinity, a NaN: never.
-        for odd in [0x0001u16, 0x7f80, 0x7fc0] {
-            assert!(
-                !Exponents::of(&[0x3f80, odd]).dpbf16_exact(one, 8),
-                "{odd:#x}"
-            );
-        }
-        // Products of exponents summing to 142 are multiples of 2^-126; 141, not.
-        let (e71, e70) = (Exponents::of(&[71 << 7]), Exponents::of(&[70 << 7]));
-        assert!(e71.dpbf16_exact(e71, 8) && !e71.dpbf16_exact(e70, 8));
-        // Sums that might overflow: stored exponents 250 and 128 allow one term, not two.
-        let (huge, two) = (Exponents::of(&[250 << 7]), Exponents::of(&[128 << 7]));
-        assert!(huge.dpbf16_exact(two, 1) && !huge.dpbf16_exact(two, 2));
-    }
-
     proptest! {
         #[test]
         fn rounding_agrees_with_the_half_crate(bits in any::<u32>()) {
             let v = f32::from_bits(bits);
             let (ours, theirs) = (round_bf16(v), half::bf16::from_f32(v));
             prop_assert!(ours == theirs.to_bits() || (v.is_nan() && theirs.is_nan() && half::bf16::from_bits(ours).is_nan()));
-        }
-
-        #[test]
-        fn the_exponent_scan_is_the_plain_definition(bits in proptest::collection::vec(any::<u16>(), 0..300), zeros in any::<bool>()) {
-            // With `zeros`, most values are zeros of either sign, which the range skips.
-            let bits: Vec<u16> = bits.iter().map(|b| if zeros && b % 4 != 0 { b & 0x8000 } else { *b }).collect();
-            let nonzero: Vec<u16> = bits.iter().map(|b| (b >> 7) & 0xff).zip(&bits).filter(|(_, b)| *b & 0x7fff != 0).map(|(e, _)| e).collect();
-            let want = Exponents {
-                min: nonzero.iter().copied().min().map_or(u8::MAX, |e| e as u8),
-                max: nonzero.iter().copied().max().map_or(0, |e| e as u8),
-                normal: nonzero.iter().all(|e| *e != 0 && *e != 0xff),
-            };
-            prop_assert_eq!(Exponents::of(&bits), want);
         }
 
         #[test]

@@ -8,8 +8,9 @@
 
 use std::arch::x86_64::*;
 
-use super::bf16::{self, lane_end, Exponents, CHUNK};
+use super::bf16::{self, lane_end, CHUNK};
 use super::cpu::{fold_lanes, Input, FUSED_BF16_MAX_ROWS, LANES};
+use crate::weights::Exponents;
 use crate::weights::{widen_bf16, Weight};
 
 /// The 16 lanes of the reference order, in registers.

@@ -6,47 +6,15 @@
 //! the gateway's crediting need not treat it as an error. Its three stages, as `tx`
 //! dispatches them, and the receipt itself.
 
-use borsh::{BorshDeserialize, BorshSerialize};
-
 use crate::amount::Amount;
 use crate::genesis::Genesis;
 use crate::intent::{self, Intent};
-use crate::keys::{Address, Keypair, Signature, SignatureCheck};
+use crate::keys::{Address, SignatureCheck};
 use crate::market::{Placement, PlacementState};
+use crate::receipt::{Receipt, SignedReceipt};
 use crate::state::{MeterKey, ReceiptMark, SessionKey, Staged, State};
 
 use super::{TxError, TxSignature};
-
-/// A hub's signed statement that `worker`'s session has relayed `cumulative_bytes` of
-/// well-formed dispatch traffic so far. Cumulative, so replays and duplicates pay nothing.
-#[derive(Clone, Debug, PartialEq, Eq, BorshSerialize, BorshDeserialize)]
-pub struct Receipt {
-    pub chain_id: String,
-    pub hub: Address,
-    pub session_id: u64,
-    pub worker: Address,
-    /// The order the traffic was for (its backbone's), zero for none; each order of a
-    /// session has its own cumulative count.
-    pub order: u64,
-    pub cumulative_bytes: u64,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, BorshSerialize, BorshDeserialize)]
-pub struct SignedReceipt {
-    pub receipt: Receipt,
-    pub signature: Signature,
-}
-
-impl Receipt {
-    /// Signs with the hub's key. The caller must be that hub (`receipt.hub`).
-    pub fn sign(self, hub: &Keypair) -> SignedReceipt {
-        let signature = intent::sign(hub, Intent::Receipt, &self.chain_id, &self);
-        SignedReceipt {
-            receipt: self,
-            signature,
-        }
-    }
-}
 
 /// Format: the receipt is for this chain, does not pay the pool, and carries the hub's
 /// signature (returned, to verify with the rest of the batch).
