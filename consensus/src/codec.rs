@@ -9,6 +9,7 @@ use std::ops::RangeInclusive;
 use bytes::Bytes;
 use kvasir_ledger::keys::Signature;
 use kvasir_ledger::Hash;
+use kvasir_primitives::codec::{self, ReadError};
 use malachitebft_app_channel::app::consensus::LivenessMsg;
 use malachitebft_app_channel::app::streaming::{StreamContent, StreamId, StreamMessage};
 use malachitebft_app_channel::app::types::codec::{Codec, HasEncodedLen};
@@ -357,66 +358,60 @@ fn encode_with(write: impl FnOnce(&mut Vec<u8>) -> Encoded) -> Result<Bytes, Cod
     Ok(Bytes::from(out))
 }
 
-/// Reads one message, every length checked before anything is allocated for it.
-struct Reader {
-    bytes: Bytes,
-    at: usize,
+/// Reads one message, every length checked before anything is allocated for it: the shared
+/// bounded reader (`kvasir_primitives::codec`) over the message's bytes, which a field of
+/// bytes is sliced from without a copy.
+struct Reader<'a> {
+    source: &'a Bytes,
+    inner: codec::Reader<'a>,
 }
 
-impl Reader {
-    fn new(bytes: Bytes) -> Reader {
-        Reader { bytes, at: 0 }
+impl<'a> std::ops::Deref for Reader<'a> {
+    type Target = codec::Reader<'a>;
+    fn deref(&self) -> &codec::Reader<'a> {
+        &self.inner
     }
+}
 
-    fn remaining(&self) -> usize {
-        self.bytes.len() - self.at
+impl std::ops::DerefMut for Reader<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.inner
     }
+}
 
-    fn take(&mut self, n: usize) -> Result<&[u8], CodecError> {
-        if self.remaining() < n {
-            return Err(CodecError::Truncated);
+impl From<ReadError> for CodecError {
+    fn from(error: ReadError) -> CodecError {
+        match error {
+            ReadError::Truncated { .. } => CodecError::Truncated,
+            ReadError::TooLarge { what, got, max } => CodecError::TooLong {
+                what,
+                len: got,
+                max,
+            },
+            ReadError::Trailing(extra) => CodecError::Trailing(extra),
         }
-        let slice = &self.bytes[self.at..self.at + n];
-        self.at += n;
-        Ok(slice)
     }
+}
 
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], CodecError> {
-        let mut array = [0u8; N];
-        array.copy_from_slice(self.take(N)?);
-        Ok(array)
-    }
-
-    fn u8(&mut self) -> Result<u8, CodecError> {
-        Ok(self.array::<1>()?[0])
-    }
-
-    fn u32(&mut self) -> Result<u32, CodecError> {
-        Ok(u32::from_le_bytes(self.array()?))
-    }
-
-    fn u64(&mut self) -> Result<u64, CodecError> {
-        Ok(u64::from_le_bytes(self.array()?))
+impl<'a> Reader<'a> {
+    fn new(source: &'a Bytes) -> Reader<'a> {
+        Reader {
+            source,
+            inner: codec::Reader::new(source),
+        }
     }
 
     /// A list length: at most `max`, and no more items of `item_size` bytes than remain.
     fn len(&mut self, what: &'static str, max: u64, item_size: usize) -> Result<usize, CodecError> {
-        let len = u64::from(self.u32()?);
-        if len > max {
-            return Err(CodecError::TooLong { what, len, max });
-        }
-        let len = len as usize;
-        if len.saturating_mul(item_size) > self.remaining() {
-            return Err(CodecError::Truncated);
-        }
-        Ok(len)
+        let max = usize::try_from(max).unwrap_or(usize::MAX);
+        Ok(self.inner.count(what, max, item_size)?)
     }
 
     fn bytes(&mut self, what: &'static str, max: u64) -> Result<Bytes, CodecError> {
         let len = self.len(what, max, 1)?;
-        let slice = self.bytes.slice(self.at..self.at + len);
-        self.at += len;
-        Ok(slice)
+        let start = self.position();
+        self.take(len)?;
+        Ok(self.source.slice(start..start + len))
     }
 
     fn tag(&mut self, what: &'static str, max: u8) -> Result<u8, CodecError> {
@@ -428,10 +423,8 @@ impl Reader {
     }
 
     fn finish<T>(self, value: T) -> Result<T, CodecError> {
-        match self.remaining() {
-            0 => Ok(value),
-            n => Err(CodecError::Trailing(n)),
-        }
+        self.inner.finish()?;
+        Ok(value)
     }
 
     fn height(&mut self) -> Result<Height, CodecError> {
@@ -655,7 +648,7 @@ fn decode_with<T>(
     bytes: Bytes,
     read: impl FnOnce(&mut Reader) -> Result<T, CodecError>,
 ) -> Result<T, CodecError> {
-    let mut reader = Reader::new(bytes);
+    let mut reader = Reader::new(&bytes);
     let value = read(&mut reader)?;
     reader.finish(value)
 }
@@ -664,7 +657,7 @@ impl Codec<ProposalPart> for LedgerCodec {
     type Error = CodecError;
 
     fn decode(&self, bytes: Bytes) -> Result<ProposalPart, CodecError> {
-        decode_with(bytes, Reader::part)
+        decode_with(bytes, |r| r.part())
     }
 
     fn encode(&self, part: &ProposalPart) -> Result<Bytes, CodecError> {
@@ -676,7 +669,7 @@ impl Codec<SignedConsensusMsg<LedgerContext>> for LedgerCodec {
     type Error = CodecError;
 
     fn decode(&self, bytes: Bytes) -> Result<SignedConsensusMsg<LedgerContext>, CodecError> {
-        decode_with(bytes, Reader::consensus_msg)
+        decode_with(bytes, |r| r.consensus_msg())
     }
 
     fn encode(&self, msg: &SignedConsensusMsg<LedgerContext>) -> Result<Bytes, CodecError> {
@@ -688,7 +681,7 @@ impl Codec<LivenessMsg<LedgerContext>> for LedgerCodec {
     type Error = CodecError;
 
     fn decode(&self, bytes: Bytes) -> Result<LivenessMsg<LedgerContext>, CodecError> {
-        decode_with(bytes, Reader::liveness)
+        decode_with(bytes, |r| r.liveness())
     }
 
     fn encode(&self, msg: &LivenessMsg<LedgerContext>) -> Result<Bytes, CodecError> {
@@ -700,7 +693,7 @@ impl Codec<StreamMessage<ProposalPart>> for LedgerCodec {
     type Error = CodecError;
 
     fn decode(&self, bytes: Bytes) -> Result<StreamMessage<ProposalPart>, CodecError> {
-        decode_with(bytes, Reader::stream)
+        decode_with(bytes, |r| r.stream())
     }
 
     fn encode(&self, msg: &StreamMessage<ProposalPart>) -> Result<Bytes, CodecError> {
@@ -800,7 +793,7 @@ impl Codec<ProposedValue<LedgerContext>> for LedgerCodec {
     type Error = CodecError;
 
     fn decode(&self, bytes: Bytes) -> Result<ProposedValue<LedgerContext>, CodecError> {
-        decode_with(bytes, Reader::proposed_value)
+        decode_with(bytes, |r| r.proposed_value())
     }
 
     fn encode(&self, value: &ProposedValue<LedgerContext>) -> Result<Bytes, CodecError> {
@@ -812,7 +805,7 @@ impl Codec<PolkaCertificate<LedgerContext>> for LedgerCodec {
     type Error = CodecError;
 
     fn decode(&self, bytes: Bytes) -> Result<PolkaCertificate<LedgerContext>, CodecError> {
-        decode_with(bytes, Reader::polka)
+        decode_with(bytes, |r| r.polka())
     }
 
     fn encode(&self, cert: &PolkaCertificate<LedgerContext>) -> Result<Bytes, CodecError> {

@@ -10,10 +10,7 @@
 //! (`kvasir-wire`), the dev chain and the process launcher (`kvasir-devnet`). The
 //! `kvasir-node` binary is a thin command line over this library, and holds the benches.
 
-// No unsafe code in the production build; the `bench-reference` build allows it in its one
-// call into the `gemm` crate (`bench::decode`).
-#![cfg_attr(not(feature = "bench-reference"), forbid(unsafe_code))]
-#![cfg_attr(feature = "bench-reference", deny(unsafe_code))]
+#![forbid(unsafe_code)]
 // Without its consensus engine (the fuzz targets' build) the ledger role cannot run, so its
 // service and REST API are unused there.
 #![cfg_attr(not(feature = "consensus"), allow(dead_code, unused_imports))]

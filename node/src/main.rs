@@ -1,6 +1,9 @@
 //! `kvasir-node`: one binary, one subcommand per role.
 
-#![forbid(unsafe_code)]
+// No unsafe code in the production build; the `bench-reference` build allows it in its one
+// call into the `gemm` crate (`bench::decode`).
+#![cfg_attr(not(feature = "bench-reference"), forbid(unsafe_code))]
+#![cfg_attr(feature = "bench-reference", deny(unsafe_code))]
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod answer;
+pub mod codec;
 pub mod hash;
 pub mod intent;
 pub mod keys;

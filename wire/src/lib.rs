@@ -313,6 +313,7 @@ pub use answer::{answer, model_id, AnswerError};
 pub use translate::{split_partials, TranslateError};
 
 use kvasir_primitives::answer::{body_hash, AnswerClaim};
+use kvasir_primitives::codec::{self, ReadError};
 use kvasir_primitives::hash::Hash;
 use kvasir_primitives::intent::{self, Intent};
 use kvasir_primitives::keys::{Address, BadSignature, Keypair, Signature};
@@ -969,9 +970,31 @@ impl Writer {
     }
 }
 
-struct Reader<'a> {
-    buf: &'a [u8],
-    at: usize,
+/// A frame being read: the shared bounded reader (`kvasir_primitives::codec`), and the
+/// protocol's own fields on top.
+struct Reader<'a>(codec::Reader<'a>);
+
+impl<'a> std::ops::Deref for Reader<'a> {
+    type Target = codec::Reader<'a>;
+    fn deref(&self) -> &codec::Reader<'a> {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Reader<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl From<ReadError> for WireError {
+    fn from(error: ReadError) -> WireError {
+        match error {
+            ReadError::Truncated { at, needed } => WireError::Truncated { at, needed },
+            ReadError::TooLarge { what, got, max } => WireError::TooLarge { what, got, max },
+            ReadError::Trailing(extra) => WireError::Trailing(extra),
+        }
+    }
 }
 
 impl<'a> Reader<'a> {
@@ -984,7 +1007,7 @@ impl<'a> Reader<'a> {
                 max: MAX_FRAME as u64,
             });
         }
-        let mut r = Reader { buf: frame, at: 0 };
+        let mut r = Reader(codec::Reader::new(frame));
         if r.take(4)? != MAGIC {
             return Err(WireError::BadMagic);
         }
@@ -1001,66 +1024,6 @@ impl<'a> Reader<'a> {
             });
         }
         Ok((kind, r))
-    }
-    fn finish(&self) -> Result<(), WireError> {
-        match self.buf.len() - self.at {
-            0 => Ok(()),
-            extra => Err(WireError::Trailing(extra)),
-        }
-    }
-    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
-        let left = self.buf.len() - self.at;
-        if n > left {
-            return Err(WireError::Truncated {
-                at: self.at,
-                needed: n - left,
-            });
-        }
-        let bytes = &self.buf[self.at..self.at + n];
-        self.at += n;
-        Ok(bytes)
-    }
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
-        let mut out = [0u8; N];
-        out.copy_from_slice(self.take(N)?);
-        Ok(out)
-    }
-    fn u8(&mut self) -> Result<u8, WireError> {
-        Ok(self.array::<1>()?[0])
-    }
-    fn u16(&mut self) -> Result<u16, WireError> {
-        Ok(u16::from_le_bytes(self.array()?))
-    }
-    fn u32(&mut self) -> Result<u32, WireError> {
-        Ok(u32::from_le_bytes(self.array()?))
-    }
-    fn u64(&mut self) -> Result<u64, WireError> {
-        Ok(u64::from_le_bytes(self.array()?))
-    }
-    /// A count of items at least `item_bytes` each: bounded by `max` and by the bytes left,
-    /// so no allocation is ever sized by an unchecked number.
-    fn count(
-        &mut self,
-        what: &'static str,
-        max: usize,
-        item_bytes: usize,
-    ) -> Result<usize, WireError> {
-        let n = self.u32()? as usize;
-        if n > max {
-            return Err(WireError::TooLarge {
-                what,
-                got: n as u64,
-                max: max as u64,
-            });
-        }
-        let left = self.buf.len() - self.at;
-        if n * item_bytes > left {
-            return Err(WireError::Truncated {
-                at: self.at,
-                needed: n * item_bytes - left,
-            });
-        }
-        Ok(n)
     }
     fn text(&mut self) -> Result<String, WireError> {
         let len = self.u16()? as usize;
@@ -1108,10 +1071,10 @@ impl<'a> Reader<'a> {
             });
         }
         let values = rows as usize * hidden as usize;
-        if values * 4 > self.buf.len() - self.at {
+        if values * 4 > self.remaining() {
             return Err(WireError::Truncated {
-                at: self.at,
-                needed: values * 4 - (self.buf.len() - self.at),
+                at: self.position(),
+                needed: values * 4 - self.remaining(),
             });
         }
         let data = if keep_rows {
