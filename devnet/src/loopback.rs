@@ -93,6 +93,12 @@ impl Loopback {
         })
     }
 
+    /// As `start` for this executable's roles, on the dev chain (installed in `dir/chain`),
+    /// without a ledger: the swarm the benches measure.
+    pub fn on_dev_chain(dir: &Path) -> Result<Loopback> {
+        Loopback::start(&crate::current_exe()?, dir, &dir.join("chain"), None)
+    }
+
     /// Every validator's REST API, comma-separated, as clients take it (they fail over from
     /// one to the next); none without a ledger.
     pub fn ledger_url(&self) -> Option<String> {

@@ -80,7 +80,7 @@ pub enum SelectionError {
     TooManyExperts(u64),
     #[error("range {0}-{1} runs backwards")]
     Backwards(u16, u16),
-    #[error("{0:?} is not LAYERS:EXPERTS, each side a number or a range a-b (e.g. 0-3:0-7)")]
+    #[error("{0:?} is not LAYERS:EXPERTS items, each side a number or a range a-b (e.g. 0-3:0-7)")]
     Syntax(String),
     #[error("{0:?}: `*` needs the model's shape; name the layers and experts (e.g. 0-47:0-255)")]
     Star(String),

@@ -17,7 +17,7 @@ use kvasir_inference::moe::LocalExperts;
 use kvasir_inference::synth::{preset, synthesize};
 
 use super::decode::decode_rate;
-use kvasir_devnet::{current_exe, Loopback};
+use kvasir_devnet::Loopback;
 use kvasir_node::backbone::dispatch::{Auditor, RemoteExperts};
 
 #[derive(clap::Args)]
@@ -53,7 +53,7 @@ fn swarm_with_worker(
     lie: Option<f64>,
     auditor: Auditor,
 ) -> Result<(Loopback, RemoteExperts, tokio::runtime::Runtime)> {
-    let mut swarm = Loopback::start(&current_exe()?, dir, &dir.join("chain"), None)?;
+    let mut swarm = Loopback::on_dev_chain(dir)?;
     let extra: Vec<String> = match lie {
         Some(fraction) => ["--dishonest-fraction", &fraction.to_string()]
             .map(String::from)

@@ -32,7 +32,7 @@ use kvasir_inference::synth::{preset, synthesize};
 use std::io::{Read, Write};
 
 use super::decode::{best_of, best_run_of, decode_rate, timed_decode, RUNS};
-use kvasir_devnet::{current_exe, Loopback};
+use kvasir_devnet::Loopback;
 use kvasir_node::backbone::dispatch::RemoteExperts;
 use kvasir_wire::spec::ExpertSpec;
 
@@ -272,12 +272,7 @@ pub fn run(args: Args) -> Result<()> {
     }
 
     let runtime = tokio::runtime::Runtime::new()?;
-    let mut swarm = Loopback::start(
-        &current_exe()?,
-        scratch.path(),
-        &scratch.path().join("chain"),
-        None,
-    )?;
+    let mut swarm = Loopback::on_dev_chain(scratch.path())?;
     let rtt = Duration::from_secs_f64(args.rtt_ms / 1e3);
     let proxy = std::net::TcpListener::bind("127.0.0.1:0")?;
     let proxy_port = proxy.local_addr()?.port();

@@ -19,7 +19,7 @@ use kvasir_ledger::keys::Keypair;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use kvasir_devnet::{current_exe, Loopback};
+use kvasir_devnet::Loopback;
 use kvasir_wire::link::{
     connect, dial, next_frame, next_message, ws_config, Connected, Dialed, Identity,
 };
@@ -244,12 +244,7 @@ pub fn run(args: Args) -> Result<()> {
         bail!("--frames and --rows must be positive");
     }
     let scratch = tempfile::tempdir()?;
-    let swarm = Loopback::start(
-        &current_exe()?,
-        scratch.path(),
-        &scratch.path().join("chain"),
-        None,
-    )?;
+    let swarm = Loopback::on_dev_chain(scratch.path())?;
     let runtime = tokio::runtime::Runtime::new()?;
     let cert = swarm.cert.clone();
     let (relay, direct, wss) = runtime.block_on(async {

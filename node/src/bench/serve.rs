@@ -204,12 +204,7 @@ pub fn run(args: Args) -> Result<()> {
         }
     };
     let model = model_dir.display().to_string();
-    let mut swarm = Loopback::start(
-        &current_exe()?,
-        scratch.path(),
-        &scratch.path().join("chain"),
-        None,
-    )?;
+    let mut swarm = Loopback::on_dev_chain(scratch.path())?;
     let rtt = Duration::from_secs_f64(args.rtt_ms / 1e3);
     let proxy = std::net::TcpListener::bind("127.0.0.1:0")?;
     let proxy_port = proxy.local_addr()?.port();

@@ -9,7 +9,7 @@ mod inference;
 mod proxy;
 mod splice;
 mod stall;
-pub(crate) mod stats;
+mod stats;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
