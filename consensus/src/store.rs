@@ -26,6 +26,8 @@ pub const MAX_UNDECIDED: usize = 32;
 pub enum StoreError {
     #[error("proposal store: {0}")]
     Sled(#[from] sled::Error),
+    #[error("proposal store: {0}")]
+    Open(#[from] kvasir_ledger::StoreError),
     #[error("proposal store holds an unreadable record: {0}")]
     Corrupt(#[from] std::io::Error),
 }
@@ -70,7 +72,8 @@ fn value_key(height: Height, round: u32, id: &BlockId) -> [u8; 44] {
 
 impl Proposals {
     pub fn open(path: &Path) -> Result<Proposals, StoreError> {
-        let db = sled::open(path)?;
+        // Opened as the ledger opens its own store, so it reopens after a kill the same way.
+        let db = kvasir_ledger::store::open_sled(path)?;
         let undecided = db.open_tree("undecided")?;
         let own = db.open_tree("own")?;
         Ok(Proposals { db, undecided, own })

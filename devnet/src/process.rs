@@ -1,9 +1,8 @@
 //! A role as a child process: what `dev`, the benches and the test scenarios all start. Its
 //! stdout lines are read as they come (a role says where it listens with `<role> listening on
-//! ADDR`); its stderr is kept, so that a child that exits when it should not
-//! can be named with its last words, and is passed through to ours when asked. A child is
-//! stopped when its handle drops (SIGTERM, then SIGKILL if it lingers), and it stops by itself
-//! when its parent dies (`follow_parent`).
+//! ADDR`); its stderr is kept, so that a child that exits when it should not can be named
+//! with its last words. See `Mode` for what differs between a role the product starts
+//! (passed through to our stderr, stopped cleanly, following its parent) and one a test starts.
 
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
@@ -22,7 +21,7 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(120);
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Set in a child's environment to the pid of the process that started it.
 const PARENT_ENV: &str = "KVASIR_PARENT_PID";
-/// Stderr kept per `Mode::Product` child, its latest bytes.
+/// Stderr kept per `Mode::Product` child: at least its latest 64 KiB, at most twice that.
 const KEPT_STDERR: usize = 64 * 1024;
 
 /// Called first thing in every `kvasir-node` process: a role started by `Process` gets
@@ -50,11 +49,12 @@ pub fn current_exe() -> Result<std::path::PathBuf> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     /// A role `kvasir-node` starts (`dev`, benches): its stderr written to ours as it comes,
-    /// at warning level unless RUST_LOG says otherwise, its last 64 KiB kept; it stops when
-    /// its parent dies (`follow_parent`).
+    /// at warning level unless RUST_LOG says otherwise, its latest 64 KiB kept; dropping its
+    /// handle stops it cleanly (SIGTERM, then SIGKILL if it lingers); it stops when its
+    /// parent dies (`follow_parent`).
     Product,
     /// A process a test starts: its stderr kept whole, at the role's own log level, for the
-    /// test to read and print on failure; the test's handle stops it.
+    /// test to read and print on failure; dropping its handle kills it (SIGKILL) at once.
     Test,
 }
 
@@ -66,6 +66,7 @@ pub struct Process {
     /// The latest of what it wrote to stderr.
     stderr: Arc<Mutex<String>>,
     what: String,
+    mode: Mode,
 }
 
 impl Process {
@@ -132,6 +133,7 @@ impl Process {
             seen: Vec::new(),
             stderr: kept,
             what,
+            mode,
         })
     }
 
@@ -168,16 +170,38 @@ impl Process {
     /// The rest of the next stdout line (after those already returned) that starts with
     /// `prefix`; an error naming what it printed if none comes within `timeout`.
     pub fn line_within(&mut self, prefix: &str, timeout: Duration) -> Result<String> {
-        let deadline = Instant::now() + timeout;
+        self.next_line(prefix, timeout, false)
+    }
+
+    /// As `line_within`, for as long as the child goes on printing: an error only once
+    /// `START_TIMEOUT` passes without a line (a worker loading a large slice prints as it
+    /// goes).
+    pub fn line(&mut self, prefix: &str) -> Result<String> {
+        self.next_line(prefix, START_TIMEOUT, true)
+    }
+
+    /// `timeout` from now, or from each line that comes (`each_line`).
+    fn next_line(&mut self, prefix: &str, timeout: Duration, each_line: bool) -> Result<String> {
+        let mut deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
                 Ok(line) => {
-                    self.seen.push(line.clone());
                     if let Some(rest) = line.strip_prefix(prefix) {
-                        return Ok(rest.trim().to_string());
+                        let rest = rest.trim().to_string();
+                        self.seen.push(line);
+                        return Ok(rest);
+                    }
+                    self.seen.push(line);
+                    if each_line {
+                        deadline = Instant::now() + timeout;
                     }
                 }
+                // What a product's child wrote is on our stderr already.
+                Err(_) if self.mode == Mode::Product => bail!(
+                    "{} did not print {prefix:?} (see its messages above)",
+                    self.what
+                ),
                 Err(_) => bail!(
                     "{} did not print {prefix:?} within {timeout:?}; its stdout {:?}; its stderr:\n{}",
                     self.what,
@@ -186,11 +210,6 @@ impl Process {
                 ),
             }
         }
-    }
-
-    /// As `line_within`, within `START_TIMEOUT`.
-    pub fn line(&mut self, prefix: &str) -> Result<String> {
-        self.line_within(prefix, START_TIMEOUT)
     }
 
     /// The address of its `<role> listening on ADDR` line.
@@ -260,7 +279,7 @@ impl Drop for Process {
             return;
         }
         #[cfg(unix)]
-        if self.signal(nix::sys::signal::Signal::SIGTERM).is_ok() {
+        if self.mode == Mode::Product && self.signal(nix::sys::signal::Signal::SIGTERM).is_ok() {
             let deadline = Instant::now() + STOP_TIMEOUT;
             while Instant::now() < deadline {
                 if matches!(self.child.try_wait(), Ok(Some(_))) {
@@ -309,9 +328,36 @@ mod tests {
 
     #[test]
     fn a_dropped_child_is_stopped() {
-        let child = sh("sleep 60");
-        let pid = child.pid();
-        drop(child);
-        assert!(!Path::new(&format!("/proc/{pid}")).exists());
+        for mode in [Mode::Test, Mode::Product] {
+            let child = Process::start(Path::new("sh"), &["-c", "sleep 60"], mode).unwrap();
+            let pid = child.pid();
+            drop(child);
+            assert!(!Path::new(&format!("/proc/{pid}")).exists(), "{mode:?}");
+        }
+    }
+
+    #[test]
+    fn a_product_child_is_waited_for_while_it_prints() {
+        let mut child = Process::start(
+            Path::new("sh"),
+            &["-c", "echo a; sleep 1; echo b; sleep 1; echo done"],
+            Mode::Product,
+        )
+        .unwrap();
+        // Each line within 1.5 s, the whole longer than that.
+        assert_eq!(
+            child
+                .next_line("done", Duration::from_millis(1500), true)
+                .unwrap(),
+            ""
+        );
+        let mut child = Process::start(Path::new("sh"), &["-c", "sleep 5"], Mode::Product).unwrap();
+        let error = child
+            .line_within("x", Duration::from_millis(100))
+            .unwrap_err();
+        assert!(
+            error.to_string().contains("see its messages above"),
+            "{error}"
+        );
     }
 }

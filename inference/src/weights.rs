@@ -223,7 +223,7 @@ impl Exponents {
     }
 
     /// Whether `vdpbf16ps` gives the reference bits for every `k`-long product of a value
-    /// from `self` with one from `other` (the module's header): both sets normal; the
+    /// from `self` with one from `other` (see `kernels::bf16`'s header): both sets normal; the
     /// smallest product a multiple of 2^-126, since a value with stored exponent `e` is a
     /// multiple of `2^(e - 134)` and every partial sum is then a multiple too, so never
     /// subnormal; and `k` of the largest products summed stay below 2^127.

@@ -193,7 +193,23 @@ fn sigkill_at_random_instants_loses_no_committed_block() {
                 );
                 continue;
             }
-            Err(e) => panic!("iteration {iteration}: reopening failed: {e}"),
+            Err(e) => {
+                // Kept, with what it holds, so that the cause can be read.
+                let kept = dir.keep();
+                let files: Vec<String> = std::fs::read_dir(kept.join("ledger"))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(|f| {
+                        let size = f.metadata().map_or(0, |m| m.len());
+                        format!("{} ({size} bytes)", f.file_name().to_string_lossy())
+                    })
+                    .collect();
+                panic!(
+                    "iteration {iteration}: reopening failed: {e}; the store is kept in {} and holds {files:?}",
+                    kept.display()
+                )
+            }
         };
         let head = store.head().unwrap();
         for (height, root) in &reported {

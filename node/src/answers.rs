@@ -2,7 +2,7 @@
 //! compares a worker's answer with. `ModelAnswers` holds every expert of a checkpoint whose
 //! identity (`engine::model_pin`) is the one a genesis pins, and turns a dispatch request
 //! body into the exact response body a correct worker sends, through the same translation
-//! the worker uses (`wire::translate`), so correct means bit for bit. `PinnedAnswers` is
+//! the worker uses (`kvasir_wire::translate`), so correct means bit for bit. `PinnedAnswers` is
 //! one of them for each model the genesis pins: what a ledger node judges evidence with.
 //!
 //! The room: the engine's experts and the wire format; it answers the ledger's

@@ -1,6 +1,7 @@
 //! What every role that runs the model shares: loading a checkpoint (every expert, or a
-//! slice on a chosen backend), the model id the swarm agrees on, the sampling flags, and one
-//! generation with its printable result.
+//! slice on a chosen backend), the pin a genesis names a checkpoint by, the sampling flags,
+//! and one generation with its printable result. (The model id the swarm agrees on is the
+//! protocol's: `kvasir_wire::model_id`.)
 
 use std::path::Path;
 use std::time::Instant;

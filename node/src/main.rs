@@ -12,8 +12,8 @@ use clap::{Parser, Subcommand};
 use kvasir_node::commands::{genesis, model, verify};
 use kvasir_node::{backbone, dev, gateway, hub, ledger, worker};
 
-// Benches live in the binary: they reach the roles through the library's public API, and no
-// test links them.
+// Benches live in the binary, not the library every test links: they reach the roles through
+// the library's public API. (The binary's own tests are the benches' arithmetic.)
 mod bench;
 
 #[derive(Parser)]

@@ -82,6 +82,8 @@ pub enum SelectionError {
     Backwards(u16, u16),
     #[error("{0:?} is not LAYERS:EXPERTS items, each side a number or a range a-b (e.g. 0-3:0-7)")]
     Syntax(String),
+    #[error("{0:?} is not a number from 0 to 65535 or a range a-b")]
+    Number(String),
     #[error("{0:?}: `*` needs the model's shape; name the layers and experts (e.g. 0-47:0-255)")]
     Star(String),
 }
@@ -135,7 +137,7 @@ impl FromStr for Pattern {
             let number = |n: &str| {
                 n.trim()
                     .parse::<u16>()
-                    .map_err(|_| SelectionError::Syntax(text.to_string()))
+                    .map_err(|_| SelectionError::Number(t.trim().to_string()))
             };
             match t.trim() {
                 "*" => Ok(Side::All),

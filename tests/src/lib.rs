@@ -66,14 +66,27 @@ pub fn start<S: AsRef<std::ffi::OsStr>>(name: &str, args: &[S]) -> Process {
     Process::start(&bin(name), args, Mode::Test).expect("starting a process")
 }
 
-/// The `preset` checkpoint (`model synth --preset`), synthesized once per test run and
-/// shared read-only by every scenario that asks for it: under `target/<profile>/scenario-models`,
-/// emptied by the run's first call so that no run uses an older synthesis.
+/// The `preset` checkpoint (`model synth --preset`), synthesized once per test process and
+/// shared read-only by every scenario that asks for it: under
+/// `target/<profile>/scenario-models/<pid>`, so that no run uses an older synthesis nor
+/// another run's. The first call also removes what processes no longer running left there.
 pub fn model(preset: &str) -> PathBuf {
     static MODELS: Mutex<Option<std::collections::HashMap<String, PathBuf>>> = Mutex::new(None);
     let mut models = MODELS.lock().unwrap_or_else(|p| p.into_inner());
     let models = models.get_or_insert_with(|| {
-        let _ = std::fs::remove_dir_all(models_dir());
+        let parent = models_dir().parent().map(Path::to_path_buf);
+        for entry in parent
+            .iter()
+            .flat_map(std::fs::read_dir)
+            .flatten()
+            .flatten()
+        {
+            let name = entry.file_name();
+            let pid = name.to_str().and_then(|n| n.parse::<u32>().ok());
+            if pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
         std::collections::HashMap::new()
     });
     if let Some(path) = models.get(preset) {
@@ -101,6 +114,7 @@ fn models_dir() -> PathBuf {
         .parent()
         .expect("the profile directory")
         .join("scenario-models")
+        .join(std::process::id().to_string())
 }
 
 /// A fresh chain from the built-in template (`genesis init`) in `chain`.

@@ -34,6 +34,8 @@
 //! A decoder checks, in this order: the whole frame is at most [`MAX_FRAME`] bytes; the
 //! magic ([`WireError::BadMagic`]); the version ([`WireError::Version`]); the body length
 //! against the bytes present ([`WireError::Length`]); the kind ([`WireError::UnknownKind`]).
+//! A frame that ends inside the header fails at the first field it lacks
+//! ([`WireError::Truncated`]).
 //! It then reads the body field by field, checking every count against its limit and against
 //! the bytes left *before* allocating anything, and refuses a byte left after the last field
 //! ([`WireError::Trailing`]). Every failure is a typed [`WireError`]; decoding never panics.

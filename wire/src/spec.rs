@@ -34,9 +34,17 @@ impl ExpertSpec {
 }
 
 impl FromStr for ExpertSpec {
-    type Err = SelectionError;
-    fn from_str(s: &str) -> Result<ExpertSpec, SelectionError> {
-        s.parse().map(ExpertSpec)
+    type Err = String;
+    /// The grammar's errors, worded for the command line, where `*` is allowed.
+    fn from_str(s: &str) -> Result<ExpertSpec, String> {
+        s.parse().map(ExpertSpec).map_err(|e| match e {
+            SelectionError::Number(side) => format!("{side:?} is not a number, a range a-b or *"),
+            SelectionError::Syntax(item) => {
+                format!("{item:?} is not LAYERS:EXPERTS (e.g. 0:* or 1:0-7)")
+            }
+            SelectionError::Backwards(a, b) => format!("range {a}-{b} runs backwards"),
+            other => other.to_string(),
+        })
     }
 }
 
@@ -62,8 +70,12 @@ mod tests {
 
     #[test]
     fn bad_specs_say_why() {
-        for bad in ["", "0", "x:1", "1:2-1", "1:-", "0:1,", ":"] {
+        for bad in ["", "0", "x:1", "1:2-1", "1:-", "0:1,", ":", "70000:1"] {
             assert!(bad.parse::<ExpertSpec>().is_err(), "{bad:?}");
         }
+        let said = |bad: &str| bad.parse::<ExpertSpec>().unwrap_err();
+        assert_eq!(said("x:1"), "\"x\" is not a number, a range a-b or *");
+        assert_eq!(said("0"), "\"0\" is not LAYERS:EXPERTS (e.g. 0:* or 1:0-7)");
+        assert_eq!(said("1:2-1"), "range 2-1 runs backwards");
     }
 }

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use borsh::BorshDeserialize;
 
 pub use self::memory::MemoryStore;
-pub use self::sled::SledStore;
+pub use self::sled::{open_sled, SledStore};
 use crate::block::{genesis_block, Block};
 use crate::certificate::Certificate;
 use crate::genesis::Genesis;

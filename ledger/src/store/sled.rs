@@ -23,10 +23,33 @@ pub struct SledStore {
     db: sled::Db,
 }
 
-/// Opens the sled database. sled releases its file lock from a background thread shortly
-/// after the last handle is dropped, so a lock that is still held is retried briefly before
-/// the ledger is reported as in use.
-fn open_db(path: &Path) -> Result<sled::Db, StoreError> {
+/// Opens a sled database: the ledger's, and every other store of the node's (the consensus
+/// engine's proposals, the hub's registry), so that all reopen after a crash the same way.
+///
+/// - sled releases its file lock from a background thread shortly after the last handle is
+///   dropped, so a lock that is still held is retried briefly before the store is reported
+///   as in use.
+/// - A process killed while sled wrote a snapshot leaves `snap.<LSN>.generating` half
+///   written. sled writes and syncs that file before renaming it `snap.<LSN>`, and its reader
+///   takes the highest-named `snap.*` file, the unfinished one included, so the next open
+///   fails as corrupt (sled issues 1527 and 1533). Such a file holds nothing the store
+///   needs: when an open fails as corrupt (sled checks the snapshot after taking the lock, so
+///   no other process holds the store), unfinished snapshots are removed and the open
+///   tried once more.
+pub fn open_sled(path: &Path) -> Result<sled::Db, StoreError> {
+    match open_locked(path) {
+        Err(StoreError::Engine(e))
+            if matches!(e.downcast_ref(), Some(sled::Error::Corruption { .. }))
+                && remove_unfinished_snapshots(path)? > 0 =>
+        {
+            open_locked(path)
+        }
+        other => other,
+    }
+}
+
+/// `sled::open`, retried while the lock is still held (see `open_sled`).
+fn open_locked(path: &Path) -> Result<sled::Db, StoreError> {
     const ATTEMPTS: u32 = 40;
     let locked = |e: &sled::Error| matches!(e, sled::Error::Io(io) if io.to_string().contains("could not acquire lock"));
     for _ in 1..ATTEMPTS {
@@ -44,10 +67,28 @@ fn open_db(path: &Path) -> Result<sled::Db, StoreError> {
     })
 }
 
+/// Removes the `snap.*.generating` files in `path` (see `open_sled`); how many there were.
+fn remove_unfinished_snapshots(path: &Path) -> Result<usize, StoreError> {
+    let io = |e: std::io::Error| StoreError::Engine(Box::new(e));
+    let mut removed = 0;
+    for entry in std::fs::read_dir(path).map_err(io)? {
+        let entry = entry.map_err(io)?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("snap.") && name.ends_with(".generating") {
+            std::fs::remove_file(entry.path()).map_err(io)?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
 impl SledStore {
     /// Creates a new ledger at `path` holding `genesis` and block 0.
     pub fn create(path: &Path, genesis: &Genesis) -> Result<SledStore, StoreError> {
-        let store = SledStore { db: open_db(path)? };
+        let store = SledStore {
+            db: open_sled(path)?,
+        };
         if holds_chain(&store)? {
             return Err(StoreError::AlreadyInitialised(path.display().to_string()));
         }
@@ -61,7 +102,9 @@ impl SledStore {
         if !path.exists() {
             return Err(not_there());
         }
-        let store = SledStore { db: open_db(path)? };
+        let store = SledStore {
+            db: open_sled(path)?,
+        };
         if !holds_chain(&store)? {
             return Err(not_there());
         }
@@ -134,6 +177,25 @@ mod tests {
         let loaded = store.load_state().unwrap();
         assert_eq!(loaded.root(), state.root());
         assert!(loaded.accounts().eq(state.accounts()));
+    }
+
+    /// What a kill while sled writes a snapshot leaves: a half-written `snap.*.generating`
+    /// named after every finished one, which sled alone cannot open past.
+    #[test]
+    fn a_store_reopens_past_a_snapshot_left_half_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let (genesis, keys) = test_genesis();
+        let store = SledStore::create(dir.path(), &genesis).unwrap();
+        let state = commit_blocks(&store, &keys, &three_blocks(&keys));
+        drop(store);
+        let unfinished = dir.path().join("snap.FFFFFFFFFFFFFFFF.generating");
+        std::fs::write(&unfinished, vec![0x5a; 4096]).unwrap();
+        let refused = open_locked(dir.path()).map(drop).unwrap_err();
+        assert!(refused.to_string().contains("corrupt"), "{refused}");
+        let store = SledStore::open(dir.path()).unwrap();
+        assert!(!unfinished.exists());
+        assert_eq!(store.head().unwrap(), 3);
+        assert_eq!(store.load_state().unwrap().root(), state.root());
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! Metering: a request's bytes and its response's bytes count when, and only when, the
 //! response decodes, answers a request this hub relayed to that session, carries exactly
 //! the values the request implies, and carries the worker's answer signature over exactly
-//! that request and response (`wire::AnswerScope`: this hub's chain id and key, the session,
+//! that request and response (`kvasir_wire::AnswerScope`: this hub's chain id and key, the session,
 //! the model of its hello). Anything else drops the worker and counts nothing; a wrong-sized
 //! or badly signed answer is also reported to the backbone as a failure at once, so it
 //! computes those experts locally.

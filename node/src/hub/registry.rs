@@ -94,7 +94,8 @@ fn decode(session: u64, bytes: &[u8]) -> Result<SessionRecord, RecordError> {
 
 impl Registry {
     pub fn open(dir: &Path) -> Result<Registry> {
-        let db = sled::open(dir)
+        // Opened as the ledger opens its store, so it reopens after a kill the same way.
+        let db = kvasir_ledger::store::open_sled(dir)
             .with_context(|| format!("opening the registry in {}", dir.display()))?;
         let meta = db.open_tree("meta")?;
         let id_base = match meta.get(ID_BASE)? {

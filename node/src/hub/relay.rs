@@ -195,10 +195,6 @@ impl Links {
         worker
     }
 
-    /// Backbone connection `connection` has ended: what it asked is past its deadline at
-    /// `now`. Nobody waits for those answers any more, and nobody would audit them: an
-    /// answer that comes is late (not paid, not relayed; the worker is not blamed), and no
-    /// failure goes to a backbone that did not ask.
     /// Attaches a backbone connection acting for market `order` (zero: none), replacing any
     /// other, whose frames go to `tx` and which `stop` ends; sends it the directory. Returns
     /// the connection's number, which tags the requests it sends.
@@ -217,8 +213,8 @@ impl Links {
         connection
     }
 
-    /// Backbone connection `connection` has ended: what it asked is past its deadline, and
-    /// it is detached unless a newer connection replaced it.
+    /// Backbone connection `connection` has ended (see `orphan`), and it is detached unless
+    /// a newer connection replaced it.
     pub fn detach_backbone(&mut self, connection: u64, now: Instant) {
         self.orphan(connection, now);
         if self
@@ -259,6 +255,10 @@ impl Links {
         true
     }
 
+    /// Backbone connection `connection` has ended: what it asked is past its deadline at
+    /// `now`. Nobody waits for those answers any more, and nobody would audit them: an
+    /// answer that comes is late (not paid, not relayed; the worker is not blamed), and no
+    /// failure goes to a backbone that did not ask.
     fn orphan(&mut self, connection: u64, now: Instant) {
         for waiting in self.outstanding.values_mut() {
             if waiting.connection == connection {

@@ -2,7 +2,7 @@
 //! It opens one outbound `wss://` connection to the gateway and listens on no socket; it
 //! answers the hub's challenge with its wallet key, announces what it holds, then serves
 //! requests until the link drops, and reconnects with backoff. Every response carries its
-//! answer signature (`wire::AnswerScope`): over the request body exactly as received and the
+//! answer signature (`kvasir_wire::AnswerScope`): over the request body exactly as received and the
 //! response body it sends, for this link's chain, hub and session and its own model; the hub
 //! pays nothing unsigned. It answers the hub's pings, and takes a hub from which nothing (not
 //! even a ping) arrived for `--idle-timeout-ms` for dead: it drops that link and redials.

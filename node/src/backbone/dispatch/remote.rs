@@ -1,7 +1,7 @@
 //! The network executor: per layer step it sends one request per worker first, computes the
 //! local experts while those are in flight, then collects the answers. A worker that fails,
 //! leaves or stalls past the timeout, or whose answer is of the wrong size or not signed by
-//! the worker the directory names for exactly the request sent (`wire::AnswerScope`), has its
+//! the worker the directory names for exactly the request sent (`kvasir_wire::AnswerScope`), has its
 //! experts computed locally instead (every expert is also held locally), so the output never
 //! changes and nothing hangs; a stalled session is not used again, and a worker that
 //! reconnects is a new session and is used again. Each answer used comes with what an audit
@@ -103,12 +103,12 @@ impl SignedAnswer {
         &self.challenge.chain_id
     }
 
-    /// The request body exactly as sent (see `wire::request_body`).
+    /// The request body exactly as sent (see `kvasir_wire::request_body`).
     pub fn request_body(&self) -> &[u8] {
         request_body(&self.request)
     }
 
-    /// The signed response body exactly as received (see `wire::response_body`).
+    /// The signed response body exactly as received (see `kvasir_wire::response_body`).
     pub fn response_body(&self) -> &[u8] {
         response_body(&self.response)
     }
