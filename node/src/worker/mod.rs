@@ -214,48 +214,44 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvasir_inference::moe::{ExpertError, ExpertRequest};
+    use kvasir_inference::checkpoint::Checkpoint;
+    use kvasir_inference::moe::LocalExperts;
     use kvasir_wire::{response_body, Relayed};
 
-    /// Doubles every row value: a stand-in for the expert kernels.
-    struct Doubling;
-
-    impl ExpertExecutor for Doubling {
-        fn holds(&self, _: usize, _: usize) -> bool {
-            true
-        }
-        fn evaluate(
-            &self,
-            _: usize,
-            requests: &[ExpertRequest],
-        ) -> Result<Vec<Vec<f32>>, ExpertError> {
-            let double = |r: &ExpertRequest| r.rows.iter().map(|v| v * 2.0).collect();
-            Ok(requests.iter().map(double).collect())
-        }
-    }
+    use crate::engine::tiny_checkpoint;
 
     #[test]
     fn every_response_is_signed_for_the_request_exactly_as_it_came() {
+        let dir = tiny_checkpoint();
+        let config = Config::load(&dir).unwrap();
+        let hidden = config.hidden_size;
+        let experts = LocalExperts::load(&Checkpoint::open(&dir).unwrap(), &config, |l, e| {
+            (l, e) == (0, 1)
+        })
+        .unwrap();
+        let request = Request {
+            session: 6,
+            id: 9,
+            layer: 0,
+            hidden: hidden as u32,
+            rows: (0..2 * hidden)
+                .map(|i| (i % 7) as f32 * 0.25 - 0.5)
+                .collect(),
+            experts: vec![(1, vec![1])],
+        };
+        let want = kvasir_wire::answer(&request, hidden, &experts).unwrap();
         let worker = Worker {
             key: Keypair::from_seed(&[4; 32]),
             model_id: "m".into(),
             backend: "cpu".into(),
-            hidden: 2,
+            hidden,
             held: vec![(0, 1)],
-            experts: Box::new(Doubling),
+            experts: Box::new(experts),
         };
         let challenge = Challenge {
             nonce: [1; 32],
             hub: Keypair::from_seed(&[5; 32]).address(),
             chain_id: "kvasir-test".into(),
-        };
-        let request = Request {
-            session: 6,
-            id: 9,
-            layer: 0,
-            hidden: 2,
-            rows: vec![1.0, 2.0, 3.0, 4.0],
-            experts: vec![(1, vec![1])],
         };
         let frame = Message::Request(request.clone()).encode();
         let answer = worker.answer(&challenge, 6, &request, &frame);
@@ -266,7 +262,8 @@ mod tests {
         let Ok(Message::Response(response)) = Message::decode(&answer) else {
             panic!("a response decodes");
         };
-        assert_eq!(response.partials, vec![6.0, 8.0]);
+        let bits = |p: &[f32]| p.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&response.partials), bits(&want.partials));
         let scope = AnswerScope::new(&challenge, 6, "m");
         let me = worker.key.address();
         let body = response_body(&answer);
@@ -274,7 +271,7 @@ mod tests {
         assert!(scope.verify(&me, 9, asked, body, &signature).is_ok());
 
         let wide = Request {
-            hidden: 4,
+            hidden: hidden as u32 * 2,
             ..request
         };
         let frame = Message::Request(wide.clone()).encode();

@@ -57,6 +57,11 @@ impl Choice {
         }
     }
 
+    /// The experts sent out at all.
+    pub fn remote(&self) -> &ExpertSpec {
+        &self.remote
+    }
+
     pub fn model_id(&self) -> &str {
         &self.model_id
     }

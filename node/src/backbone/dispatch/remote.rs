@@ -38,7 +38,6 @@ use kvasir_wire::{
 /// An expert executor that sends the `remote` experts to workers through the hub.
 pub struct RemoteExperts {
     local: LocalExperts,
-    remote: ExpertSpec,
     hidden: usize,
     timeout: Duration,
     link: HubLink,
@@ -176,8 +175,7 @@ impl RemoteExperts {
     ) -> RemoteExperts {
         RemoteExperts {
             local,
-            choice: Choice::new(remote.clone(), model_id),
-            remote,
+            choice: Choice::new(remote, model_id),
             hidden,
             timeout,
             link: HubLink::new(),
@@ -271,7 +269,7 @@ impl RemoteExperts {
 
     fn covered(&self, config: &Config) -> bool {
         self.link.read_directory(|directory| {
-            self.remote.resolve(config).iter().all(|(l, e)| {
+            self.choice.remote().resolve(config).iter().all(|(l, e)| {
                 self.choice
                     .session_for(directory, *l as usize, *e as usize)
                     .is_some()
