@@ -67,7 +67,7 @@ pub enum StoreError {
     CertificateMismatch { height: u64, certified: Hash },
     #[error("storage is corrupt: {0}")]
     Corrupt(String),
-    #[error("ledger at {0} is in use by another process")]
+    #[error("the store at {0} is in use by another process")]
     InUse(String),
     #[error("ledger at {path} was written by an older Kvasir (store format {found}; this one reads {FORMAT_VERSION}): its blocks follow other rules and cannot be replayed here; start a new data directory (for dev: another --data-dir)")]
     OldFormat { path: String, found: u8 },

@@ -68,8 +68,19 @@ fn open_locked(path: &Path) -> Result<sled::Db, StoreError> {
 }
 
 /// Removes the `snap.*.generating` files in `path` (see `open_sled`); how many there were.
+/// Done holding the lock sled takes on the store's `db` file (the failed open has let it go),
+/// so that no process can open the store and begin a snapshot meanwhile; one holding it
+/// already makes this an `InUse`.
 fn remove_unfinished_snapshots(path: &Path) -> Result<usize, StoreError> {
     let io = |e: std::io::Error| StoreError::Engine(Box::new(e));
+    let db = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path.join("db"))
+        .map_err(io)?;
+    if db.try_lock().is_err() {
+        return Err(StoreError::InUse(path.display().to_string()));
+    }
     let mut removed = 0;
     for entry in std::fs::read_dir(path).map_err(io)? {
         let entry = entry.map_err(io)?;

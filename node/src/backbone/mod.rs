@@ -17,15 +17,12 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use kvasir_api::generation::GenerationReport;
-use kvasir_inference::checkpoint::Checkpoint;
-use kvasir_inference::config::Config;
 use kvasir_inference::generate::Sampling;
 use kvasir_inference::model::qwen_moe::Model;
-use kvasir_inference::moe::LocalExperts;
 use kvasir_inference::tokenizer::Tokenizer;
 
 use crate::bonds::BondCheck;
-use crate::engine::{run_generation, SamplingArgs};
+use crate::engine::{load_local, run_generation, SamplingArgs};
 use crate::listen::Limits;
 use dispatch::{Auditor, Placements, RemoteExperts, Reporting};
 use kvasir_wire::model_id;
@@ -134,11 +131,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 pub fn run(args: Args) -> Result<()> {
     let loading = || format!("loading {}", args.model.display());
-    let config = Config::load(&args.model).with_context(loading)?;
-    let checkpoint = Checkpoint::open(&args.model).with_context(loading)?;
-    let local = LocalExperts::load(&checkpoint, &config, |_, _| true).with_context(loading)?;
-    let model = Model::load(&checkpoint, config.clone()).with_context(loading)?;
-    let tokenizer = Tokenizer::load(&args.model).with_context(loading)?;
+    let (model, local, tokenizer) = load_local(&args.model).with_context(loading)?;
+    let config = model.config().clone();
     let key = kvasir_keyfile::open(&args.key)?;
     let runtime = tokio::runtime::Runtime::new()?;
     let reporting = args.ledger.as_deref().map(|url| Reporting {
