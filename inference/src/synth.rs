@@ -441,6 +441,16 @@ pub fn synthesize(
     preset: &Preset,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<(), SynthError> {
+    write_checkpoint(out, preset, &mut progress)
+}
+
+/// `synthesize`'s body, not generic, so it is compiled (and optimized) in this crate rather
+/// than in each caller's: the node's debug build once spent 17 s here per dev run.
+fn write_checkpoint(
+    out: &Path,
+    preset: &Preset,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<(), SynthError> {
     let io = |path: &Path, e| SynthError::Io(path.display().to_string(), e);
     std::fs::create_dir_all(out).map_err(|e| io(out, e))?;
     let text_json = (preset.config)();
@@ -448,13 +458,15 @@ pub fn synthesize(
     let tokenizer = train_tokenizer(config.vocab_size)?;
     let zero_centered = config.family() == Family::Qwen35Moe;
     let encode = |data: Vec<f32>| -> Vec<u8> {
-        if preset.bf16 {
-            data.iter()
-                .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
-                .collect()
-        } else {
-            data.iter().flat_map(|v| v.to_le_bytes()).collect()
+        let mut bytes = Vec::with_capacity(data.len() * if preset.bf16 { 2 } else { 4 });
+        for v in data {
+            if preset.bf16 {
+                bytes.extend_from_slice(&bf16::from_f32(v).to_le_bytes());
+            } else {
+                bytes.extend_from_slice(&v.to_le_bytes());
+            }
         }
+        bytes
     };
     let specs = tensor_specs(&config);
     let mut tensors = Tensors::new();

@@ -1240,8 +1240,29 @@ mod tests {
     }
     const MAX_NEW: usize = 8;
 
+    /// The tiny checkpoint with a context of 16,384 positions instead of 512, so that
+    /// `long_job` runs for seconds, not the tenth of one that 512 tokens of the optimized
+    /// tiny take.
+    fn long_context_tiny() -> std::path::PathBuf {
+        static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+        let dir = DIR.get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            for entry in std::fs::read_dir(tiny_checkpoint()).unwrap() {
+                let from = entry.unwrap().path();
+                std::fs::copy(&from, dir.path().join(from.file_name().unwrap())).unwrap();
+            }
+            let path = dir.path().join("config.json");
+            let mut config: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            config["max_position_embeddings"] = 16_384.into();
+            std::fs::write(&path, config.to_string()).unwrap();
+            dir
+        });
+        dir.path().to_path_buf()
+    }
+
     fn tiny_engine() -> Arc<Engine> {
-        let (model, experts, tokenizer) = load_local(&tiny_checkpoint()).unwrap();
+        let (model, experts, tokenizer) = load_local(&long_context_tiny()).unwrap();
         let hidden = model.config().hidden_size;
         Arc::new(Engine {
             model,
