@@ -85,6 +85,8 @@ pub struct ErrorBody {
 /// `GET /head`: the head block.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Head {
+    /// What transactions, receipts and blocks name as their chain, and what every signature
+    /// commits to: `NAME:GENESIS_HASH` on a format-2 chain, the name alone on a format-1 one.
     pub chain_id: String,
     pub height: u64,
     #[schema(value_type = HashText)]
@@ -136,7 +138,11 @@ pub struct CommitSignatureView {
 /// must be, how long unbonding takes and what evidence costs without the genesis file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ParamsView {
+    /// What transactions, receipts and blocks name as their chain, and what every signature
+    /// commits to: `NAME:GENESIS_HASH` on a format-2 chain, the name alone on a format-1 one.
     pub chain_id: String,
+    /// The chain's format (`genesis.json`'s `format`): 2 for new chains.
+    pub format: u8,
     #[schema(value_type = HashText)]
     pub genesis_hash: Hash,
     /// Bytes of metered dispatch traffic in one reward unit.

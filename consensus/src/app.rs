@@ -81,7 +81,7 @@ impl<C: Chain> App<C> {
             params,
             me: key.as_ref().map(|k| Address(k.address())),
             key,
-            chain_id: genesis.params.chain_id.clone(),
+            chain_id: genesis.chain_id(),
             max_block_bytes,
             proposals,
             streams: Streams::new(max_block_bytes),

@@ -88,7 +88,7 @@ mod tests {
         let (genesis, keys) = genesis_with(4);
         let block = Hash([5; 32]);
         let signers: Vec<_> = keys.iter().rev().take(3).collect();
-        let ours = Certificate::signed_by(&genesis.params.chain_id, 9, 2, block, &signers);
+        let ours = Certificate::signed_by(&genesis.chain_id(), 9, 2, block, &signers);
         assert_eq!(ours.verify(&genesis, 9, &block), Ok(3));
 
         let mut engine = commit_certificate(&ours);

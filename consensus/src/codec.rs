@@ -871,7 +871,7 @@ mod tests {
     fn response() -> Response<LedgerContext> {
         let (genesis, keys) = genesis_with(4);
         let signers: Vec<_> = keys.iter().take(3).collect();
-        let cert = Certificate::signed_by(&genesis.params.chain_id, 12, 1, Hash([8; 32]), &signers);
+        let cert = Certificate::signed_by(&genesis.chain_id(), 12, 1, Hash([8; 32]), &signers);
         let mut synced = synced_certificate(&cert);
         synced.commit_signatures[1].extension = Some(SignedMessage::new((), signature(9)));
         Response::ValueResponse(ValueResponse::new(

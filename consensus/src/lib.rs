@@ -35,6 +35,7 @@ mod tests {
             genesis_time_ms: 1_764_000_000_000,
             params: ChainParams {
                 chain_id: "kvasir-test".into(),
+                format: kvasir_ledger::genesis::FORMAT,
                 unit_bytes: 1_000_000,
                 reward_per_unit: Amount::ZERO,
                 challenge_window: 3,

@@ -197,7 +197,7 @@ pub async fn start<C: Chain>(
         .with_context(|| format!("creating {}", settings.home.display()))?;
     let proposals = Proposals::open(&settings.home.join("proposals"))?;
     let key = validator.clone();
-    let chain_id = genesis.params.chain_id.clone();
+    let chain_id = genesis.chain_id();
     let codec = LedgerCodec::new(genesis.params.max_block_bytes);
     let p2p_key = network_key(validator.as_ref())?;
     let verifier = Box::new(LedgerVerifier::new(chain_id.clone()));

@@ -202,7 +202,79 @@ fn decode(height: Height, round: Round, key: &[u8], bytes: &[u8]) -> Result<Stor
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvasir_devnet::crash::{self, Kills};
     use kvasir_ledger::Keypair;
+
+    /// The block the crash test's child builds for `height`: its id and bytes, of a size
+    /// that varies so that sled's segments fill unevenly.
+    fn built(height: u64) -> (BlockId, Vec<u8>) {
+        let block = vec![height as u8; 1000 + (height % 7) as usize * 3000];
+        (BlockId(Hash(*blake3::hash(&block).as_bytes())), block)
+    }
+
+    /// The child of the crash test: from height 1, builds its own block for each height,
+    /// keeps it and a proposal received at the same height durably, reports `HEIGHT`, then
+    /// prunes three heights behind, as a node committing every height does; until killed.
+    #[test]
+    #[ignore = "the child half of sigkill_at_random_instants_loses_no_durable_proposal"]
+    fn crash_child_proposes_forever() {
+        let Some(dir) = crash::child_dir() else {
+            return;
+        };
+        let store = Proposals::open(&dir).unwrap();
+        for height in 1u64.. {
+            let (id, block) = built(height);
+            store.put_own(Height(height), id, &block).unwrap();
+            let mut received = stored(height, 0, height as u8);
+            received.block = block;
+            received.value.value = id;
+            assert!(store.put(&received).unwrap());
+            crash::report_durable(format_args!("{height}"));
+            store.prune(Height(height.saturating_sub(3))).unwrap();
+        }
+    }
+
+    /// Killed at random instants (`kvasir_devnet::crash`; 100 kills here), the proposal
+    /// store reopens every time, and the blocks of the last heights the child reported (those
+    /// it had not pruned yet) are the very blocks it built, its own and received.
+    #[test]
+    fn sigkill_at_random_instants_loses_no_durable_proposal() {
+        let mut kills = Kills::from_env("consensus proposals", 100);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("proposals");
+        for iteration in 0..kills.iterations {
+            let reported = kills.kill_child("store::tests::crash_child_proposes_forever", &path);
+            let store = match Proposals::open(&path) {
+                Ok(store) => store,
+                Err(e) => {
+                    let kept = dir.keep().join("proposals");
+                    panic!(
+                        "iteration {iteration}: reopening failed: {e}; {}",
+                        crash::listing(&kept)
+                    )
+                }
+            };
+            let Some(last) = reported.last() else {
+                continue;
+            };
+            let last: u64 = last.parse().unwrap();
+            for height in last.saturating_sub(2).max(1)..=last {
+                let (id, block) = built(height);
+                assert_eq!(
+                    store.own(Height(height)).unwrap(),
+                    Some((id, block.clone())),
+                    "iteration {iteration}: own block at {height}"
+                );
+                let found = store.find(Height(height), &id).unwrap();
+                assert_eq!(
+                    found.map(|stored| stored.block),
+                    Some(block),
+                    "iteration {iteration}: received block at {height}"
+                );
+            }
+        }
+        kills.assert_enough_after_writes();
+    }
 
     fn stored(height: u64, round: u32, id: u8) -> Stored {
         Stored {

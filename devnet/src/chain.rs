@@ -38,6 +38,23 @@ pub const DEV_KEYS: [(&str, &str); 4] = [
     ("faucet", include_str!("../../genesis/dev/keys/faucet.key")),
 ];
 
+/// The published dev chain's name, which no new chain may take.
+pub const DEV_CHAIN_ID: &str = "kvasir-dev";
+
+/// The name of a new chain: `requested`, or else `PREFIX-` and eight random hex digits, so
+/// that two chains made with the defaults never share a name. The published dev chain's name
+/// is refused: its keys are public.
+pub fn new_chain_id(requested: Option<&str>, prefix: &str) -> Result<String> {
+    let name = match requested {
+        Some(name) => name.to_string(),
+        None => format!("{prefix}-{:08x}", rand::random::<u32>()),
+    };
+    if name == DEV_CHAIN_ID {
+        bail!("{DEV_CHAIN_ID} is the published dev chain's name, whose keys anyone has; choose another --chain-id");
+    }
+    Ok(name)
+}
+
 /// The published dev chain's genesis hash.
 pub fn dev_genesis_hash() -> Result<Hash> {
     Ok(Genesis::from_json(DEV_GENESIS)?.hash())
@@ -128,7 +145,9 @@ pub fn init(out: &Path, template: &Template) -> Result<Genesis> {
 }
 
 /// `init`, with every key file sealed under `passphrase` when one is given, pinning `models`
-/// (the checkpoints evidence will be recomputed with), with `validators` validator keys.
+/// (the checkpoints evidence will be recomputed with), with `validators` validator keys. The
+/// chain takes the template's name (see `new_chain_id`), never the dev chain's, and the
+/// newest format.
 pub fn init_sealed(
     out: &Path,
     template: &Template,
@@ -139,6 +158,7 @@ pub fn init_sealed(
     if !(1..=MAX_VALIDATORS).contains(&validators) {
         bail!("a chain has 1 to {MAX_VALIDATORS} validators, not {validators}");
     }
+    let name = new_chain_id(Some(&template.params.chain_id), "")?;
     let genesis_file = genesis_path(out);
     if genesis_file.exists() {
         bail!(
@@ -164,7 +184,11 @@ pub fn init_sealed(
         .map_or(0, |d| d.as_millis() as u64);
     let genesis = Genesis {
         genesis_time_ms,
-        params: template.params.clone(),
+        params: ChainParams {
+            chain_id: name,
+            format: kvasir_ledger::genesis::FORMAT,
+            ..template.params.clone()
+        },
         allocations: vec![Allocation {
             address: faucet,
             amount: template.faucet,
@@ -213,7 +237,7 @@ mod tests {
         let genesis = Genesis::from_json(DEV_GENESIS).unwrap();
         assert_eq!(
             genesis.hash().to_string(),
-            "a461b6b850f20b5f4a37698db85377845e8ccff9823b33b02180a6fef4567616"
+            "0030308e1aefd83184fbf07359d3cfb6cb136b73d6cb8c641c69ccae697661a2"
         );
         let roles: Vec<_> = DEV_KEYS.iter().map(|(role, _)| *role).collect();
         assert_eq!(roles, ROLES);

@@ -7,12 +7,16 @@
 //! - `roles`: each role's command line, written once.
 //! - `loopback`: hub, gateway, validators and workers together on loopback.
 //! - `funding`: funding and bonding worker keys before a hub admits them.
+//! - `crash`: SIGKILL at random instants, for the stores' crash tests.
+//! - `measure`: the arithmetic of the dispatch bench's figures.
 
 #![forbid(unsafe_code)]
 
 pub mod chain;
+pub mod crash;
 pub mod funding;
 pub mod loopback;
+pub mod measure;
 pub mod process;
 pub mod roles;
 

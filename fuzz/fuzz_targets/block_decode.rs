@@ -19,7 +19,7 @@ fuzz_target!(|bytes: &[u8]| {
     assert_eq!(block.to_bytes(), bytes, "non-canonical block accepted");
     let _ = apply_block(state, &block);
     let header = &mut block.header;
-    header.chain_id = genesis.params.chain_id.clone();
+    header.chain_id = genesis.chain_id();
     header.height = state.height() + 1;
     header.prev_hash = state.block_hash();
     header.proposer = chain.validator.address();
@@ -27,7 +27,7 @@ fuzz_target!(|bytes: &[u8]| {
     block.signature = intent::sign(
         &chain.validator,
         Intent::Block,
-        &genesis.params.chain_id,
+        &genesis.chain_id(),
         &block.header,
     );
     if let Ok((after, _)) = apply_block(state, &block) {

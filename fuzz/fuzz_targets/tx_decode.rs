@@ -18,7 +18,7 @@ fuzz_target!(|bytes: &[u8]| {
     assert_eq!(signed.to_bytes(), bytes);
     let chain = dev_chain();
     let state = &chain.state;
-    let chain_id = state.genesis().params.chain_id.clone();
+    let chain_id = state.chain_id().to_string();
     // As sent: its signature is checked like any other.
     let _ = check_stateless(state.genesis(), vec![signed.clone()]);
     let (sender, kind) = match signed.tx.kind {

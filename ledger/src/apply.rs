@@ -98,9 +98,9 @@ fn finish(state: &mut State, height: u64) -> Result<ChangeSet, TxError> {
 pub fn apply_block(parent: &State, block: &Block) -> Result<(State, ChangeSet), BlockError> {
     let genesis = parent.genesis();
     let header = &block.header;
-    if header.chain_id != genesis.params.chain_id {
+    if header.chain_id != parent.chain_id() {
         return Err(BlockError::WrongChain {
-            expected: genesis.params.chain_id.clone(),
+            expected: parent.chain_id().to_string(),
             got: header.chain_id.clone(),
         });
     }
@@ -123,7 +123,7 @@ pub fn apply_block(parent: &State, block: &Block) -> Result<(State, ChangeSet), 
     intent::verify(
         &header.proposer,
         Intent::Block,
-        &genesis.params.chain_id,
+        parent.chain_id(),
         header,
         &block.signature,
     )
@@ -688,7 +688,7 @@ pub(crate) mod tests {
                         let sender = users[from];
                         let nonce = state.account(&sender.address()).nonce.wrapping_add_signed(nonce_skew.into());
                         let to = users.get(to).map_or(pool, |k| k.address());
-                        Tx { chain_id: g.params.chain_id.clone(), sender: sender.address(), nonce,
+                        Tx { chain_id: g.chain_id(), sender: sender.address(), nonce,
                              kind: TxKind::Transfer { to, amount: Amount::from_base_units(units) } }.sign(sender)
                     }
                     Op::Credit { by_gateway, real_hub, session, worker, bytes } => {
@@ -700,13 +700,13 @@ pub(crate) mod tests {
                     Op::Bond { who, units, unbond } => {
                         let amount = Amount::from_base_units(units);
                         let kind = if unbond { TxKind::Unbond { amount } } else { TxKind::Bond { amount } };
-                        kind.signed(&g.params.chain_id, users[who], state.account(&users[who].address()).nonce)
+                        kind.signed(&g.chain_id(), users[who], state.account(&users[who].address()).nonce)
                     }
                     Op::Evidence { reporter, worker, session, wrong } => {
                         let answer = if wrong { vec![0; 32] } else { blake3::hash(b"rows").as_bytes().to_vec() };
-                        let evidence = crate::tx::evidence::tests::evidence(&keys, users[worker], session, 7, answer, &g.params.chain_id);
+                        let evidence = crate::tx::evidence::tests::evidence(&keys, users[worker], session, 7, answer, &g.chain_id());
                         let reporter = users[reporter];
-                        TxKind::Evidence(Box::new(evidence)).signed(&g.params.chain_id, reporter, state.account(&reporter.address()).nonce)
+                        TxKind::Evidence(Box::new(evidence)).signed(&g.chain_id(), reporter, state.account(&reporter.address()).nonce)
                     }
                 };
                 let before_root = { let mut s = state.clone(); s.commit_dirty(); s.root() };

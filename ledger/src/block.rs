@@ -75,7 +75,7 @@ impl Block {
         proposer: &Keypair,
     ) -> Block {
         let header = BlockHeader {
-            chain_id: parent.genesis().params.chain_id.clone(),
+            chain_id: parent.chain_id().to_string(),
             height: parent.height() + 1,
             prev_hash: parent.block_hash(),
             timestamp_ms,
@@ -101,7 +101,7 @@ pub fn genesis_block(genesis: &Genesis) -> Block {
 pub(crate) fn genesis_block_with_root(genesis: &Genesis, state_root: Hash) -> Block {
     Block {
         header: BlockHeader {
-            chain_id: genesis.params.chain_id.clone(),
+            chain_id: genesis.chain_id(),
             height: 0,
             prev_hash: genesis.hash(),
             timestamp_ms: genesis.genesis_time_ms,

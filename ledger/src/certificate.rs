@@ -233,7 +233,7 @@ impl Certificate {
             round: self.round,
             block: Some(self.block),
         };
-        let chain_id = &genesis.params.chain_id;
+        let chain_id = &genesis.chain_id();
         let mut signed = 0u64;
         let mut previous: Option<Address> = None;
         for CommitSignature {
@@ -310,7 +310,7 @@ pub(crate) mod tests {
     }
 
     fn certify(genesis: &Genesis, signers: &[&Keypair], height: u64, block: Hash) -> Certificate {
-        Certificate::signed_by(&genesis.params.chain_id, height, 0, block, signers)
+        Certificate::signed_by(&genesis.chain_id(), height, 0, block, signers)
     }
 
     #[test]
@@ -381,7 +381,7 @@ pub(crate) mod tests {
                 round: 0,
                 block: Some(block),
             };
-            sig.signature = vote.sign(&genesis.params.chain_id, key);
+            sig.signature = vote.sign(&genesis.chain_id(), key);
         }
         assert!(matches!(
             prevotes.verify(&genesis, 5, &block),

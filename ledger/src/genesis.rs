@@ -54,7 +54,16 @@ pub struct ModelPin {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, BorshSerialize)]
 #[serde(deny_unknown_fields)]
 pub struct ChainParams {
+    /// The chain's name. Signatures commit to `Genesis::chain_id`, which on a format-2 chain
+    /// adds the genesis hash to it.
     pub chain_id: String,
+    /// The chain's format: 1 for the chains made before format 2 (a genesis without
+    /// `format`), 2 for every new one. On a format-2 chain every signature commits to the
+    /// genesis hash too (`Genesis::chain_id`), so that no two chains share a signature
+    /// however alike their names.
+    #[serde(default = "format_1", skip_serializing_if = "is_format_1")]
+    #[borsh(skip)]
+    pub format: u8,
     /// Bytes of metered dispatch traffic in one reward unit.
     pub unit_bytes: u64,
     /// KVR paid per unit of metered traffic.
@@ -96,6 +105,18 @@ pub struct ChainParams {
     pub jail_blocks: u64,
 }
 
+/// The format a genesis without `format` has: the one chains were made with before format 2.
+fn format_1() -> u8 {
+    1
+}
+
+fn is_format_1(format: &u8) -> bool {
+    *format == 1
+}
+
+/// The newest chain format, what every new chain is made with.
+pub const FORMAT: u8 = 2;
+
 /// A later parameter left at zero is left out of the file, as it is of the hash.
 fn is_zero<T: Default + PartialEq>(value: &T) -> bool {
     *value == T::default()
@@ -128,6 +149,8 @@ pub enum GenesisError {
     Json(#[from] serde_json::Error),
     #[error("genesis chain_id must be 1..={MAX_CHAIN_ID_LEN} characters of [a-z0-9-]")]
     BadChainId,
+    #[error("genesis format {0} is not one this node knows (1 or {FORMAT})")]
+    UnknownFormat(u8),
     #[error("genesis {0} must be greater than zero")]
     Zero(&'static str),
     #[error("genesis allocates to {0} twice")]
@@ -185,6 +208,9 @@ impl Genesis {
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
         if !id_ok {
             return Err(GenesisError::BadChainId);
+        }
+        if !(1..=FORMAT).contains(&self.params.format) {
+            return Err(GenesisError::UnknownFormat(self.params.format));
         }
         if self.genesis_time_ms > MAX_TIMESTAMP_MS {
             return Err(GenesisError::TimeOutOfRange(self.genesis_time_ms));
@@ -274,6 +300,18 @@ impl Genesis {
         }
     }
 
+    /// What every signature on this chain commits to (`intent::signing_message`), and what
+    /// its transactions, receipts and block headers name as their chain: on a format-1 chain
+    /// its name; on a format-2 chain its name and genesis hash, `NAME:HASH`, so that a
+    /// signature made for one chain is refused by every other, even one of the same name.
+    pub fn chain_id(&self) -> String {
+        if self.params.format == 1 {
+            self.params.chain_id.clone()
+        } else {
+            format!("{}:{}", self.params.chain_id, self.hash())
+        }
+    }
+
     /// The parameters added after the first chains, as (name, canonical value) for each one
     /// set away from its default, in a fixed order.
     fn later_params(&self) -> Vec<(&'static str, Vec<u8>)> {
@@ -310,6 +348,7 @@ impl Genesis {
                 p.jail_blocks != 0,
                 p.jail_blocks.to_le_bytes().to_vec(),
             ),
+            ("format", p.format != 1, vec![p.format]),
             (
                 "models",
                 !self.models.is_empty(),
@@ -394,6 +433,10 @@ pub(crate) mod tests {
             genesis_time_ms: 1_764_000_000_000,
             params: ChainParams {
                 chain_id: "kvasir-test".into(),
+                // Format 1, whose chain id is its name alone: the tests name the chain
+                // `kvasir-test` whatever else they change in their genesis. Format 2's own
+                // rules are tested on `test_genesis_v2`.
+                format: 1,
                 unit_bytes: 1_000_000,
                 reward_per_unit: Amount::parse("0.007").unwrap(),
                 challenge_window: 3,
@@ -425,6 +468,13 @@ pub(crate) mod tests {
             },
             models: Vec::new(),
         };
+        (genesis, keys)
+    }
+
+    /// `test_genesis` in format 2, as every new chain is.
+    pub fn test_genesis_v2() -> (Genesis, TestKeys) {
+        let (mut genesis, keys) = test_genesis();
+        genesis.params.format = FORMAT;
         (genesis, keys)
     }
 
@@ -492,6 +542,38 @@ pub(crate) mod tests {
         let mut other = genesis.clone();
         other.params.challenge_window += 1;
         assert_ne!(other.hash(), genesis.hash());
+    }
+
+    /// A format-1 chain's id is its name, and its file and hash are as before format 2
+    /// existed (`a_later_parameter_changes_the_hash_only_when_set` pins that hash); a format-2
+    /// chain's id carries its genesis hash, so two chains of one name have two ids. A format
+    /// this node does not know is refused.
+    #[test]
+    fn format_2_binds_the_chain_id_to_the_genesis_hash() {
+        let (v1, _) = test_genesis();
+        assert_eq!(v1.chain_id(), "kvasir-test");
+        assert!(!v1.to_json().contains("format"));
+        let (v2, _) = test_genesis_v2();
+        assert_eq!(v2.chain_id(), format!("kvasir-test:{}", v2.hash()));
+        assert_ne!(v2.hash(), v1.hash());
+        let reloaded = Genesis::from_json(&v2.to_json()).unwrap();
+        assert!(v2.to_json().contains("\"format\": 2"));
+        assert_eq!(
+            (reloaded.hash(), reloaded.chain_id()),
+            (v2.hash(), v2.chain_id())
+        );
+        let mut twin = v2.clone();
+        twin.genesis_time_ms += 1;
+        assert_eq!(twin.params.chain_id, v2.params.chain_id);
+        assert_ne!(twin.chain_id(), v2.chain_id());
+        for format in [0, FORMAT + 1] {
+            let mut unknown = v2.clone();
+            unknown.params.format = format;
+            assert!(matches!(
+                unknown.validate(),
+                Err(GenesisError::UnknownFormat(f)) if f == format
+            ));
+        }
     }
 
     /// The hash of `test_genesis` as it was before `min_new_account` existed: a genesis that

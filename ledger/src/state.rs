@@ -206,6 +206,8 @@ pub struct ChangeSet {
 #[derive(Clone)]
 pub struct State {
     genesis: Arc<Genesis>,
+    /// `genesis.chain_id()`, kept: on a format-2 chain it hashes the genesis.
+    chain_id: Arc<str>,
     pool: Address,
     height: u64,
     block_hash: Hash,
@@ -289,6 +291,7 @@ impl State {
     ) -> State {
         let pool = genesis.rewards_pool_address();
         let mut state = State {
+            chain_id: genesis.chain_id().into(),
             genesis,
             pool,
             height,
@@ -328,6 +331,11 @@ impl State {
 
     pub fn genesis(&self) -> &Genesis {
         &self.genesis
+    }
+
+    /// The chain's `Genesis::chain_id`: what its signatures commit to.
+    pub fn chain_id(&self) -> &str {
+        &self.chain_id
     }
 
     /// This state, able to check evidence with `check`. Not part of the state (it commits to
@@ -753,7 +761,7 @@ impl<'a> Staged<'a> {
 impl std::fmt::Debug for State {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("State")
-            .field("chain_id", &self.genesis.params.chain_id)
+            .field("chain_id", &self.chain_id)
             .field("height", &self.height)
             .field("block_hash", &self.block_hash)
             .field("root", &self.root())

@@ -160,6 +160,39 @@ mod tests {
         assert!(verify(&forged).unwrap_err().contains("does not verify"));
     }
 
+    /// A format-1 chain verifies by its rules (blocks signed under its name, as every test
+    /// on `test_genesis` does), a format-2 chain by its own: a block signed under the name
+    /// alone does not verify there.
+    #[test]
+    fn a_format_2_block_is_signed_for_the_name_and_genesis_hash() {
+        let (genesis, keys) = crate::genesis::tests::test_genesis_v2();
+        let state = State::from_genesis(genesis.clone());
+        let produced = crate::apply::produce_block(&state, &[], &keys.validator, 10).unwrap();
+        assert_eq!(produced.block.header.chain_id, genesis.chain_id());
+        let verify = |block: &crate::Block| {
+            let store = MemoryStore::new(&genesis).unwrap();
+            let certificate = Certificate::for_block(block, 0, &[&keys.validator]);
+            store
+                .commit(block, &produced.changes, &certificate)
+                .unwrap();
+            verify_chain(&store, Some(&genesis), None, |_, _| {})
+        };
+        assert_eq!(verify(&produced.block).unwrap().blocks, 1);
+        let mut by_name = produced.block.clone();
+        by_name.signature = crate::intent::sign(
+            &keys.validator,
+            crate::intent::Intent::Block,
+            &genesis.params.chain_id,
+            &by_name.header,
+        );
+        match verify(&by_name) {
+            Err(VerifyError::BadBlock { height: 1, reason }) => {
+                assert!(reason.contains("signature"), "{reason}")
+            }
+            other => panic!("expected a bad signature, got {other:?}"),
+        }
+    }
+
     #[test]
     fn a_store_of_another_genesis_is_refused_when_one_is_given() {
         let (genesis, _) = test_genesis();

@@ -13,7 +13,7 @@ use kvasir_node::commands::{genesis, model, verify};
 use kvasir_node::{backbone, dev, gateway, hub, ledger, worker};
 
 // Benches live in the binary, not the library every test links: they reach the roles through
-// the library's public API. (The binary's own tests are the benches' arithmetic.)
+// the library's public API. Their arithmetic is tested in kvasir-devnet (`measure`).
 mod bench;
 
 #[derive(Parser)]
@@ -68,6 +68,11 @@ enum GenesisCommand {
         /// Chain parameters (default: the built-in genesis/template.json).
         #[arg(long)]
         template: Option<PathBuf>,
+        /// The chain's name, [a-z0-9-] (default: the template's `chain_id`, a dash and eight
+        /// random hex digits). The published dev chain's, kvasir-dev, is refused. Signatures
+        /// commit to the name and the genesis hash, so no other chain takes them.
+        #[arg(long)]
+        chain_id: Option<String>,
         /// Pin this checkpoint in genesis (repeatable): evidence of wrong answers is
         /// recomputed with it, and ledger nodes must be started with it (`--model`).
         #[arg(long)]
@@ -111,6 +116,7 @@ fn main() -> ExitCode {
         Command::Genesis(GenesisCommand::Init {
             out,
             template,
+            chain_id,
             model,
             encrypt,
             validators,
@@ -118,6 +124,7 @@ fn main() -> ExitCode {
         }) => genesis::init_command(
             &out,
             template.as_deref(),
+            chain_id.as_deref(),
             &model,
             encrypt,
             validators.into(),

@@ -1,7 +1,8 @@
 //! Every signature commits to an intent prefix: a domain tag, the intent (what is being
 //! signed) and the chain id, followed by the canonical borsh encoding of the payload. A
 //! transaction signature therefore never verifies as a receipt or a block signature, nor on
-//! another chain.
+//! another chain. The chain id is the ledger's `Genesis::chain_id`: on a format-2 chain the
+//! chain's name and genesis hash (`NAME:HASH`), so that two chains of one name differ too.
 
 use borsh::BorshSerialize;
 

@@ -1,10 +1,12 @@
 //! `kvasir-wallet`: your KVR account from the command line. Keys live in a key file
 //! (mode 0600, optionally sealed under a passphrase); `balance`, `transfer`, `bond`, `unbond`,
 //! `history` and the market verbs (`offer`, `order`, `market`) talk to the ledger REST API at
-//! `--url`: a ledger node, or a gateway over HTTPS.
+//! `--url`: a ledger node, or a gateway over HTTPS. Each node URL's chain is remembered at
+//! first use (`chains`), and a node that later serves another is refused.
 
 #![forbid(unsafe_code)]
 
+mod chains;
 mod market;
 
 use std::path::{Path, PathBuf};
@@ -36,7 +38,8 @@ struct Cli {
     /// Print one JSON object instead of text.
     #[arg(long, global = true)]
     json: bool,
-    /// The ledger's REST API (a ledger node, or the gateway in front of one).
+    /// The ledger's REST API (a ledger node, or the gateway in front of one). Without a
+    /// scheme, https:// unless the host is this machine.
     #[arg(
         long,
         global = true,
@@ -44,6 +47,10 @@ struct Cli {
         default_value = "http://127.0.0.1:7200"
     )]
     url: String,
+    /// The genesis hash of the chain the node at --url must serve. Without it, the one the
+    /// node reported at first use (kept in known-chains.json beside the key file).
+    #[arg(long, global = true, env = "KVASIR_GENESIS")]
+    genesis: Option<Hash>,
     /// Trust this PEM certificate for an https:// URL, in place of the web's roots (a gateway
     /// with a self-signed certificate, like the one `kvasir-node dev` starts).
     #[arg(long, global = true, env = "KVASIR_CA")]
@@ -130,7 +137,24 @@ fn run(cli: Cli) -> Result<()> {
         Some(path) => path.clone(),
         None => default_keyfile()?,
     };
-    let client = Client::with_ca(&cli.url, cli.ca.as_deref())?;
+    let url = chains::node_url(&cli.url);
+    let client = Client::with_ca(&url, cli.ca.as_deref())?;
+    // Every command but these two talks to the node, which must serve the expected chain.
+    let checked = match cli.command {
+        Command::New { .. } | Command::Address => None,
+        _ => Some(chains::check(
+            &client,
+            &url,
+            &chains::known_chains_path(&keyfile),
+            cli.genesis,
+        )?),
+    };
+    let chain_id = checked.as_ref().map_or("", |c| &c.chain_id);
+    let signer = Signer {
+        client: &client,
+        keyfile: &keyfile,
+        chain_id,
+    };
     match cli.command {
         Command::New { encrypt } => {
             if let Some(parent) = keyfile.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -170,8 +194,8 @@ fn run(cli: Cli) -> Result<()> {
                 }
             }
         }
-        Command::Offer(command) => market::offer(command, &client, &keyfile, cli.json)?,
-        Command::Order(command) => market::order(command, &client, &keyfile, cli.json)?,
+        Command::Offer(command) => market::offer(command, &signer, cli.json)?,
+        Command::Order(command) => market::order(command, &signer, cli.json)?,
         Command::Market(MarketCommand::Coverage { model, layer }) => {
             market::coverage(&model, layer, &client, cli.json)?
         }
@@ -181,8 +205,7 @@ fn run(cli: Cli) -> Result<()> {
             print_report(cli.json, &account, || account.summary())?;
         }
         Command::Transfer { to, amount } => {
-            let Committed { hash, height } =
-                commit(&client, &keyfile, TxKind::Transfer { to, amount })?;
+            let Committed { hash, height } = signer.commit(TxKind::Transfer { to, amount })?;
             let report = TransferReport {
                 hash,
                 height,
@@ -194,7 +217,7 @@ fn run(cli: Cli) -> Result<()> {
             })?;
         }
         Command::Bond { amount } => {
-            let Committed { hash, height } = commit(&client, &keyfile, TxKind::Bond { amount })?;
+            let Committed { hash, height } = signer.commit(TxKind::Bond { amount })?;
             let report = BondReport {
                 hash,
                 height,
@@ -207,7 +230,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Unbond { amount } => {
             // Read before signing, so that a failure here leaves nothing submitted.
             let unbonding_blocks = client.params()?.unbonding_blocks;
-            let Committed { hash, height } = commit(&client, &keyfile, TxKind::Unbond { amount })?;
+            let Committed { hash, height } = signer.commit(TxKind::Unbond { amount })?;
             // The ledger releases an unbonding started in block H at H + unbonding_blocks.
             let release_height = height
                 .checked_add(unbonding_blocks)
@@ -226,6 +249,9 @@ fn run(cli: Cli) -> Result<()> {
             })?;
         }
     }
+    if let Some(line) = checked.and_then(|c| c.first_use) {
+        eprintln!("{line}");
+    }
     Ok(())
 }
 
@@ -235,16 +261,26 @@ struct Committed {
     height: u64,
 }
 
-/// Signs `kind` with the key file for the chain at `client` (its chain id from the head, the
-/// next nonce from the account), submits it and waits until it is committed: what every
-/// command that moves money does. A refusal is the ledger's own reason, in one line.
-fn commit(client: &Client, keyfile: &Path, kind: TxKind) -> Result<Committed> {
-    let key = kvasir_keyfile::open(keyfile)?;
-    let chain_id = client.head()?.chain_id;
-    let nonce = client.account(&key.address())?.nonce;
-    let hash = client.submit(&kind.signed(&chain_id, &key, nonce))?;
-    let height = client.wait_committed(&hash, COMMIT_TIMEOUT)?;
-    Ok(Committed { hash, height })
+/// The key file, and the node of the chain it signs for (checked by `chains::check`).
+struct Signer<'a> {
+    client: &'a Client,
+    keyfile: &'a Path,
+    chain_id: &'a str,
+}
+
+impl Signer<'_> {
+    /// Signs `kind` with the key file for the checked chain (the next nonce from the
+    /// account), submits it and waits until it is committed: what every command that moves
+    /// money does. A refusal is the ledger's own reason, in one line.
+    fn commit(&self, kind: TxKind) -> Result<Committed> {
+        let key = kvasir_keyfile::open(self.keyfile)?;
+        let nonce = self.client.account(&key.address())?.nonce;
+        let hash = self
+            .client
+            .submit(&kind.signed(self.chain_id, &key, nonce))?;
+        let height = self.client.wait_committed(&hash, COMMIT_TIMEOUT)?;
+        Ok(Committed { hash, height })
+    }
 }
 
 /// `report` as one JSON object with `--json`, else the line `text` makes.

@@ -3,8 +3,6 @@
 //! sees how a model is served (`market coverage`). Amounts and prices are exact KVR
 //! decimals; prices are per reward unit (the chain's `unit_bytes` of metered traffic).
 
-use std::path::Path;
-
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use kvasir_api::market::{MarketQuery, OfferView, OrderView, PlacementView};
@@ -14,7 +12,7 @@ use kvasir_ledger::market::Selection;
 use kvasir_ledger::tx::{NewOffer, NewOrder};
 use kvasir_ledger::{Address, Amount, TxKind};
 
-use crate::{address_or_own, commit, print_report, Committed};
+use crate::{address_or_own, print_report, Committed, Signer};
 
 /// Blocks an offer or order lasts unless told otherwise (about a day at one block a second).
 const DEFAULT_BLOCKS: u64 = 86_400;
@@ -151,7 +149,8 @@ fn placement_line(p: &PlacementView) -> String {
     )
 }
 
-pub fn offer(command: OfferCommand, client: &Client, keyfile: &Path, json: bool) -> Result<()> {
+pub fn offer(command: OfferCommand, signer: &Signer, json: bool) -> Result<()> {
+    let (client, keyfile) = (signer.client, signer.keyfile);
     let (Committed { hash, height }, id) = match command {
         OfferCommand::Create {
             model,
@@ -166,7 +165,7 @@ pub fn offer(command: OfferCommand, client: &Client, keyfile: &Path, json: bool)
                 price,
                 expiry_height: height_after(client, blocks)?,
             };
-            let committed = commit(client, keyfile, TxKind::OfferCreate(new))?;
+            let committed = signer.commit(TxKind::OfferCreate(new))?;
             let offer = created_at(
                 |after| {
                     let query = MarketQuery {
@@ -184,7 +183,7 @@ pub fn offer(command: OfferCommand, client: &Client, keyfile: &Path, json: bool)
             (committed, offer.id)
         }
         OfferCommand::Withdraw { id } => {
-            let committed = commit(client, keyfile, TxKind::OfferWithdraw { offer: id })?;
+            let committed = signer.commit(TxKind::OfferWithdraw { offer: id })?;
             (committed, id)
         }
         OfferCommand::List {
@@ -231,7 +230,8 @@ pub fn offer(command: OfferCommand, client: &Client, keyfile: &Path, json: bool)
     })
 }
 
-pub fn order(command: OrderCommand, client: &Client, keyfile: &Path, json: bool) -> Result<()> {
+pub fn order(command: OrderCommand, signer: &Signer, json: bool) -> Result<()> {
+    let (client, keyfile) = (signer.client, signer.keyfile);
     let (hash, height, id) = match command {
         OrderCommand::Create {
             model,
@@ -253,7 +253,7 @@ pub fn order(command: OrderCommand, client: &Client, keyfile: &Path, json: bool)
                 end_height,
                 delegate,
             };
-            let Committed { hash, height } = commit(client, keyfile, TxKind::OrderCreate(new))?;
+            let Committed { hash, height } = signer.commit(TxKind::OrderCreate(new))?;
             let order = created_at(
                 |after| {
                     let query = MarketQuery {
@@ -271,12 +271,11 @@ pub fn order(command: OrderCommand, client: &Client, keyfile: &Path, json: bool)
         }
         OrderCommand::Deposit { id, amount } => {
             let Committed { hash, height } =
-                commit(client, keyfile, TxKind::OrderDeposit { order: id, amount })?;
+                signer.commit(TxKind::OrderDeposit { order: id, amount })?;
             (hash, height, id)
         }
         OrderCommand::Close { id } => {
-            let Committed { hash, height } =
-                commit(client, keyfile, TxKind::OrderClose { order: id })?;
+            let Committed { hash, height } = signer.commit(TxKind::OrderClose { order: id })?;
             (hash, height, id)
         }
         OrderCommand::Show { id } => {

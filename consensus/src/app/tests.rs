@@ -175,7 +175,7 @@ fn a_streamed_block_is_validated_committed_and_served_to_sync() {
     assert_eq!(value.value, id);
     assert_eq!(value.validity, Validity::Valid);
 
-    let certificate = Certificate::signed_by(&genesis.params.chain_id, 1, 0, id.0, &[&keys[0]]);
+    let certificate = Certificate::signed_by(&genesis.chain_id(), 1, 0, id.0, &[&keys[0]]);
     decided(&mut follower, commit_certificate(&certificate)).unwrap();
     assert_eq!(follower.chain.blocks.len(), 1);
     assert_eq!(follower.chain.blocks[0].1, certificate);
@@ -234,8 +234,7 @@ fn a_decision_this_node_cannot_commit_stops_it() {
     let (genesis, keys) = genesis_with(1);
     let home = tempfile::tempdir().unwrap();
     let mut follower = app(&genesis, None, home.path());
-    let unknown =
-        Certificate::signed_by(&genesis.params.chain_id, 1, 0, Hash([7; 32]), &[&keys[0]]);
+    let unknown = Certificate::signed_by(&genesis.chain_id(), 1, 0, Hash([7; 32]), &[&keys[0]]);
     assert!(decided(&mut follower, commit_certificate(&unknown)).is_err());
     assert!(follower.chain.blocks.is_empty());
 }

@@ -154,6 +154,7 @@ pub fn genesis_with(n: u8) -> (Genesis, Vec<Keypair>) {
         genesis_time_ms: 1_764_000_000_000,
         params: ChainParams {
             chain_id: "kvasir-consensus-test".into(),
+            format: kvasir_ledger::genesis::FORMAT,
             unit_bytes: 1_000_000,
             reward_per_unit: Amount::ZERO,
             challenge_window: 3,

@@ -50,11 +50,13 @@ pub fn open_sled(path: &Path) -> Result<sled::Db, StoreError> {
 
 /// `sled::open`, retried while the lock is still held (see `open_sled`).
 fn open_locked(path: &Path) -> Result<sled::Db, StoreError> {
-    const ATTEMPTS: u32 = 40;
+    // Two seconds in all, in short steps: a store reopened at once (a role restarted, a
+    // crash test's next child) gets it within a few milliseconds of its release.
+    const ATTEMPTS: u32 = 200;
     let locked = |e: &sled::Error| matches!(e, sled::Error::Io(io) if io.to_string().contains("could not acquire lock"));
     for _ in 1..ATTEMPTS {
         match sled::open(path) {
-            Err(e) if locked(&e) => std::thread::sleep(std::time::Duration::from_millis(50)),
+            Err(e) if locked(&e) => std::thread::sleep(std::time::Duration::from_millis(10)),
             other => return Ok(other?),
         }
     }

@@ -20,12 +20,13 @@ use super::{TxError, TxSignature};
 /// signature (returned, to verify with the rest of the batch).
 pub(super) fn check_stateless(
     genesis: &Genesis,
+    chain_id: &str,
     signed: &SignedReceipt,
 ) -> Result<Vec<TxSignature>, TxError> {
     let r = &signed.receipt;
-    if r.chain_id != genesis.params.chain_id {
+    if r.chain_id != chain_id {
         return Err(TxError::ReceiptWrongChain {
-            expected: genesis.params.chain_id.clone(),
+            expected: chain_id.to_string(),
             got: r.chain_id.clone(),
         });
     }

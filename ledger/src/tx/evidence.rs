@@ -65,6 +65,7 @@ impl Evidence {
 /// these bodies (returned, to verify with the rest of the batch).
 pub(super) fn check_stateless(
     genesis: &Genesis,
+    chain_id: &str,
     evidence: &Evidence,
 ) -> Result<Vec<TxSignature>, TxError> {
     if genesis.model(&evidence.model_id).is_none() {
@@ -74,7 +75,7 @@ pub(super) fn check_stateless(
         return Err(TxError::NotAHub(evidence.hub));
     }
     let claim = evidence.claim();
-    let message = intent::signing_message(Intent::Answer, &genesis.params.chain_id, &claim);
+    let message = intent::signing_message(Intent::Answer, chain_id, &claim);
     let check = SignatureCheck::new(&evidence.worker, &message, &evidence.signature)
         .map_err(|_| TxError::BadAnswerSignature)?;
     Ok(vec![TxSignature {

@@ -190,15 +190,19 @@ struct TxSignature {
 
 /// Format checks; on success, the signatures still to verify: the sender's, then any its
 /// action carries.
-fn check_format(genesis: &Genesis, tx: &SignedTx) -> Result<Vec<TxSignature>, TxError> {
+fn check_format(
+    genesis: &Genesis,
+    chain_id: &str,
+    tx: &SignedTx,
+) -> Result<Vec<TxSignature>, TxError> {
     let t = &tx.tx;
-    if t.chain_id != genesis.params.chain_id {
+    if t.chain_id != chain_id {
         return Err(TxError::WrongChain {
-            expected: genesis.params.chain_id.clone(),
+            expected: chain_id.to_string(),
             got: t.chain_id.clone(),
         });
     }
-    let message = intent::signing_message(Intent::Transaction, &genesis.params.chain_id, t);
+    let message = intent::signing_message(Intent::Transaction, chain_id, t);
     let sender = SignatureCheck::new(&t.sender, &message, &tx.signature)
         .map_err(|_| TxError::BadSenderKey(t.sender))?;
     let mut signatures = vec![TxSignature {
@@ -207,9 +211,9 @@ fn check_format(genesis: &Genesis, tx: &SignedTx) -> Result<Vec<TxSignature>, Tx
     }];
     let carried = match &t.kind {
         TxKind::Transfer { to, amount } => transfer::check_stateless(t, to, *amount)?,
-        TxKind::Credit(signed) => credit::check_stateless(genesis, signed)?,
+        TxKind::Credit(signed) => credit::check_stateless(genesis, chain_id, signed)?,
         TxKind::Bond { amount } | TxKind::Unbond { amount } => bond::check_stateless(*amount)?,
-        TxKind::Evidence(evidence) => evidence::check_stateless(genesis, evidence)?,
+        TxKind::Evidence(evidence) => evidence::check_stateless(genesis, chain_id, evidence)?,
         TxKind::OfferCreate(new) => offer::check_stateless_create(new)?,
         TxKind::OrderCreate(new) => order::check_stateless_create(new)?,
         TxKind::OrderDeposit { amount, .. } => bond::check_stateless(*amount)?,
@@ -239,14 +243,17 @@ pub(crate) fn stateless_results(genesis: &Genesis, txs: &[SignedTx]) -> Vec<Resu
     // busy, and a capped chunk bounds the one-by-one retry a bad signature forces.
     let threads = rayon::current_num_threads().max(1);
     let chunk = (txs.len() / (4 * threads)).clamp(64, 1024);
+    let chain_id = genesis.chain_id();
     txs.par_chunks(chunk)
-        .flat_map_iter(|chunk| check_chunk(genesis, chunk))
+        .flat_map_iter(|chunk| check_chunk(genesis, &chain_id, chunk))
         .collect()
 }
 
-fn check_chunk(genesis: &Genesis, chunk: &[SignedTx]) -> Vec<Result<(), TxError>> {
-    let checks: Vec<Result<Vec<TxSignature>, TxError>> =
-        chunk.iter().map(|tx| check_format(genesis, tx)).collect();
+fn check_chunk(genesis: &Genesis, chain_id: &str, chunk: &[SignedTx]) -> Vec<Result<(), TxError>> {
+    let checks: Vec<Result<Vec<TxSignature>, TxError>> = chunk
+        .iter()
+        .map(|tx| check_format(genesis, chain_id, tx))
+        .collect();
     let mut batch = SignatureBatch::default();
     for signature in checks.iter().flatten().flatten() {
         batch.queue(&signature.check);
@@ -375,6 +382,32 @@ pub(crate) mod tests {
         let results = stateless_results(&genesis, &many);
         assert_eq!(results.iter().filter(|r| r.is_err()).count(), 1);
         assert_eq!(results[137], Err(TxError::BadSignature));
+    }
+
+    /// On format 2, a transaction signed for one chain is refused by another of the same
+    /// name: as naming another chain, or, renamed, as a bad signature.
+    #[test]
+    fn a_transaction_for_one_chain_is_refused_by_its_twin() {
+        let (chain, keys) = crate::genesis::tests::test_genesis_v2();
+        let mut twin = chain.clone();
+        twin.genesis_time_ms += 1;
+        let to = keys.bob.address();
+        let amount = Amount::parse("1").unwrap();
+        let signed = TxKind::Transfer { to, amount }.signed(&chain.chain_id(), &keys.alice, 0);
+        assert_eq!(
+            stateless_results(&chain, std::slice::from_ref(&signed)),
+            vec![Ok(())]
+        );
+        assert!(matches!(
+            stateless_results(&twin, std::slice::from_ref(&signed))[0],
+            Err(TxError::WrongChain { .. })
+        ));
+        let mut renamed = signed;
+        renamed.tx.chain_id = twin.chain_id();
+        assert_eq!(
+            stateless_results(&twin, &[renamed])[0],
+            Err(TxError::BadSignature)
+        );
     }
 
     #[test]

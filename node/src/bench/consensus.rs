@@ -151,7 +151,7 @@ fn measure(validators: usize, args: &Args) -> Result<Figures> {
         })
     };
     let started = Instant::now();
-    let latencies = load(&urls, &genesis.params.chain_id, senders, &stop)?;
+    let latencies = load(&urls, &genesis.chain_id(), senders, &stop)?;
     let elapsed = started.elapsed();
     let _ = timer.join();
     let blocks = first.head()?.height.saturating_sub(start_height);

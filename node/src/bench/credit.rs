@@ -163,7 +163,7 @@ pub fn run(args: Args) -> Result<()> {
 
     let registry = Arc::new(Registry {
         hub: key("hub")?,
-        chain_id: genesis.params.chain_id.clone(),
+        chain_id: genesis.chain_id(),
         sessions: Mutex::new(Vec::new()),
     });
     let workers: Vec<Address> = (0..100).map(|_| Keypair::generate().address()).collect();
@@ -260,7 +260,7 @@ pub fn run(args: Args) -> Result<()> {
         .map(|i| {
             let receipt =
                 registry.receipt(i as u64 + 1, workers[i % workers.len()], 1_000 + i as u64);
-            TxKind::Credit(receipt).signed(&genesis.params.chain_id, &gateway, i as u64)
+            TxKind::Credit(receipt).signed(&genesis.chain_id(), &gateway, i as u64)
         })
         .collect();
     let start = Instant::now();

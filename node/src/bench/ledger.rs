@@ -62,6 +62,7 @@ pub(super) fn bench_genesis(validator: &Keypair, senders: &[Keypair], filler: us
         genesis_time_ms: 0,
         params: ChainParams {
             chain_id: CHAIN_ID.into(),
+            format: kvasir_ledger::genesis::FORMAT,
             unit_bytes: 1_000_000,
             reward_per_unit: Amount::from_base_units(7_000_000),
             challenge_window: 10,

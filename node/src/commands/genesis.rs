@@ -6,23 +6,26 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use kvasir_api::reports::GenesisReport;
 use kvasir_devnet::chain::{
-    genesis_path, init_sealed, key_path, load_template, validator_role, ROLES,
+    genesis_path, init_sealed, key_path, load_template, new_chain_id, validator_role, ROLES,
 };
 
 use crate::engine::model_pin;
 
-/// `genesis init`: a fresh chain in `out` pinning the checkpoints in `models`, its keys
+/// `genesis init`: a fresh chain named `chain_id` (else a random name on the template's) in
+/// `out` pinning the checkpoints in `models`, its keys
 /// sealed under a passphrase with `encrypt` (`KVASIR_PASSPHRASE`, or typed twice),
 /// reported as text or one JSON object.
 pub fn init_command(
     out: &Path,
     template: Option<&Path>,
+    chain_id: Option<&str>,
     models: &[PathBuf],
     encrypt: bool,
     validators: usize,
     json: bool,
 ) -> Result<()> {
-    let template = load_template(template)?;
+    let mut template = load_template(template)?;
+    template.params.chain_id = new_chain_id(chain_id, &template.params.chain_id)?;
     let pins = models
         .iter()
         .map(|dir| {

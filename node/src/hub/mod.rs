@@ -194,7 +194,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     let hub = Arc::new(Hub {
         key,
-        chain_id: genesis.params.chain_id.clone(),
+        chain_id: genesis.chain_id(),
         backbone: args.backbone,
         registry: Registry::open(&args.data_dir.join("registry"))?,
         links: Mutex::new(Links::default()),

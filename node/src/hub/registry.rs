@@ -323,7 +323,93 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvasir_devnet::crash::{self, Kills};
     use kvasir_ledger::keys::Keypair;
+
+    /// The child of the crash test: opens new sessions, meters each five times, makes the
+    /// counts durable as a receipt listing does, and reports `SESSION COUNT`, until killed.
+    #[test]
+    #[ignore = "the child half of sigkill_at_random_instants_loses_no_durable_count"]
+    fn crash_child_meters_forever() {
+        let Some(dir) = crash::child_dir() else {
+            return;
+        };
+        let registry = Registry::open(&dir).unwrap();
+        let worker = Keypair::from_seed(&[7; 32]).address();
+        let mut mark = 0;
+        loop {
+            let session = registry.new_session().unwrap();
+            let mut count = 0;
+            for bytes in 1..=5u64 {
+                count = registry.meter(session, worker, 0, bytes * 1000).unwrap();
+            }
+            mark = registry.changed(mark, 1000).unwrap().mark;
+            crash::report_durable(format_args!("{session} {count}"));
+        }
+    }
+
+    /// Killed at random instants (`kvasir_devnet::crash`; 100 kills here), the registry
+    /// reopens every time with every count made durable, each listed as changed, no record
+    /// unreadable, and a new session id above all the old ones.
+    #[test]
+    fn sigkill_at_random_instants_loses_no_durable_count() {
+        let mut kills = Kills::from_env("hub registry", 100);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("registry");
+        let mut durable = std::collections::BTreeMap::new();
+        for iteration in 0..kills.iterations {
+            for line in kills.kill_child("hub::registry::tests::crash_child_meters_forever", &path)
+            {
+                let (session, count) = line.split_once(' ').unwrap();
+                durable.insert(
+                    session.parse::<u64>().unwrap(),
+                    count.parse::<u64>().unwrap(),
+                );
+            }
+            let registry = match Registry::open(&path) {
+                Ok(registry) => registry,
+                Err(e) => {
+                    let kept = dir.keep().join("registry");
+                    panic!(
+                        "iteration {iteration}: reopening failed: {e:#}; {}",
+                        crash::listing(&kept)
+                    )
+                }
+            };
+            let recorded: std::collections::BTreeMap<u64, u64> = registry
+                .sessions()
+                .unwrap_or_else(|e| panic!("iteration {iteration}: {e:#}"))
+                .into_iter()
+                .map(|(session, record)| (session, record.cumulative_bytes))
+                .collect();
+            for (session, count) in &durable {
+                assert_eq!(
+                    recorded.get(session),
+                    Some(count),
+                    "iteration {iteration}: session {session}"
+                );
+            }
+            let changed = registry.changed(0, usize::MAX).unwrap();
+            let listed: std::collections::BTreeSet<u64> = changed
+                .sessions
+                .iter()
+                .map(|(session, _)| *session)
+                .collect();
+            assert!(
+                durable.keys().all(|session| listed.contains(session)),
+                "iteration {iteration}: a durable count is missing from the change log"
+            );
+            let newest = durable.keys().next_back().copied().unwrap_or(0);
+            assert!(
+                registry.new_session().unwrap() > newest,
+                "iteration {iteration}"
+            );
+            drop(registry);
+            // Sled's flusher lets go of the file lock in its own time; the next child waits
+            // for it in `open_sled`.
+        }
+        kills.assert_enough_after_writes();
+    }
 
     #[test]
     fn counts_and_session_ids_survive_a_reopen() {

@@ -187,7 +187,7 @@ async fn head(State(ledger): State<Arc<Ledger>>) -> Reply<Head> {
     let state = ledger.state();
     let certificate = ledger.store.certificate(state.height()).map_err(internal)?;
     Ok(Json(Head {
-        chain_id: state.genesis().params.chain_id.clone(),
+        chain_id: state.chain_id().to_string(),
         height: state.height(),
         hash: state.block_hash(),
         state_root: state.root(),
@@ -223,7 +223,8 @@ async fn params(State(ledger): State<Arc<Ledger>>) -> Json<ParamsView> {
     let genesis = state.genesis();
     let p = &genesis.params;
     Json(ParamsView {
-        chain_id: p.chain_id.clone(),
+        chain_id: state.chain_id().to_string(),
+        format: p.format,
         genesis_hash: genesis.hash(),
         unit_bytes: p.unit_bytes,
         reward_per_unit: p.reward_per_unit.into(),

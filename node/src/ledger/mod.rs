@@ -596,7 +596,7 @@ mod tests {
     }
 
     fn transfers(ledger: &Ledger, from: &Keypair, nonces: std::ops::Range<u64>) {
-        let chain_id = ledger.state().genesis().params.chain_id.clone();
+        let chain_id = ledger.state().chain_id().to_string();
         let to = Keypair::generate().address();
         let txs = nonces
             .map(|n| {
@@ -644,7 +644,7 @@ mod tests {
         let (mut ledger, faucet) = ledger_with(dir.path(), |_| {});
         let (peer, seen) = recording_peer();
         ledger.forwarder = Some(Forwarder::start(&[peer]));
-        let chain_id = ledger.state().genesis().params.chain_id.clone();
+        let chain_id = ledger.state().chain_id().to_string();
         let pay = |nonce| {
             let (to, amount) = (Keypair::generate().address(), Amount::parse("1").unwrap());
             TxKind::Transfer { to, amount }.signed(&chain_id, &faucet, nonce)
@@ -676,7 +676,7 @@ mod tests {
         };
         let (ledger, faucet) = ledger_with(dir.path(), |genesis| genesis.models.push(pin));
         let genesis = ledger.state().genesis().clone();
-        let chain_id = genesis.params.chain_id.clone();
+        let chain_id = genesis.chain_id();
         let worker = Keypair::generate();
         let mut evidence = Evidence {
             worker: worker.address(),
@@ -752,7 +752,7 @@ mod tests {
         let key = ledger.validator.clone().unwrap();
         let me = key.address();
         let state = ledger.state();
-        let chain_id = state.genesis().params.chain_id.clone();
+        let chain_id = state.chain_id().to_string();
         let made = |at| produce_block(&state, &[], &key, at).unwrap().block;
         let resealed = |mut block: Block, change: &dyn Fn(&mut Block)| {
             change(&mut block);
@@ -818,7 +818,7 @@ mod tests {
     fn a_flood_from_one_key_is_refused_and_keeps_no_one_out() {
         let dir = tempfile::tempdir().unwrap();
         let (ledger, faucet) = small_blocks(dir.path());
-        let chain_id = ledger.state().genesis().params.chain_id.clone();
+        let chain_id = ledger.state().chain_id().to_string();
         let pay = |from: &Keypair, nonce, to, amount| {
             let amount = Amount::parse(amount).unwrap();
             TxKind::Transfer { to, amount }.signed(&chain_id, from, nonce)

@@ -11,6 +11,100 @@ use kvasir_keyfile::{Problem, PASSPHRASE_ENV};
 use kvasir_ledger::{Address, Genesis, SledStore, Storage};
 use kvasir_tests::{bin, path_str, run, stderr, stdout};
 
+/// Two chains made alike, down to their name, do not take each other's signatures: a
+/// transfer signed for one is refused by the other's ledger, under its own name or the
+/// other's. The wallet remembers the chain a node URL served and refuses that URL serving
+/// another, or a chain other than `--genesis` names; the dev chain's name is refused.
+#[test]
+fn chains_made_alike_refuse_each_others_signatures_and_the_wallet_its_node_of_another_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let init = |name: &str| {
+        let out = dir.path().join(name);
+        let output = run(
+            "kvasir-node",
+            &[
+                "genesis",
+                "init",
+                "--out",
+                path_str(&out),
+                "--chain-id",
+                "twin",
+            ],
+        );
+        assert!(output.status.success(), "{}", stderr(&output));
+        (Genesis::load(&out.join("genesis.json")).unwrap(), out)
+    };
+    let ((first, _), (second, second_dir)) = (init("first"), init("second"));
+    assert_eq!(first.params.chain_id, second.params.chain_id);
+    assert_ne!(first.chain_id(), second.chain_id());
+    let taken = run(
+        "kvasir-node",
+        &[
+            "genesis",
+            "init",
+            "--out",
+            path_str(&dir.path().join("dev")),
+            "--chain-id",
+            "kvasir-dev",
+        ],
+    );
+    kvasir_tests::wallet::one_line_error(&taken, "published dev chain");
+
+    let node = kvasir_tests::wallet::Node::start(&second_dir, &dir.path().join("ledger"));
+    let client = kvasir_api::Client::new(&node.url);
+    let faucet = kvasir_keyfile::parse(
+        &std::fs::read_to_string(second_dir.join("keys/faucet.key")).unwrap(),
+        None,
+    )
+    .unwrap();
+    let transfer = || kvasir_ledger::TxKind::Transfer {
+        to: Address::from_bytes([9; 32]),
+        amount: kvasir_ledger::Amount::parse("1").unwrap(),
+    };
+    // Signed for the first chain: refused, whether it names that chain or this one.
+    let signed = transfer().signed(&first.chain_id(), &faucet, 0);
+    let refused = client.submit(&signed).unwrap_err().to_string();
+    assert!(refused.contains("chain"), "{refused}");
+    let mut renamed = signed.clone();
+    renamed.tx.chain_id = second.chain_id();
+    let refused = client.submit(&renamed).unwrap_err().to_string();
+    assert!(refused.contains("signature"), "{refused}");
+    // Signed for this one: taken.
+    client
+        .submit(&transfer().signed(&second.chain_id(), &faucet, 0))
+        .unwrap();
+
+    let key = dir.path().join("wallet/wallet.key");
+    let created = kvasir_tests::wallet::wallet(&["new", "--keyfile", path_str(&key)], None);
+    assert!(created.status.success(), "{}", stderr(&created));
+    // `--genesis` of the other chain: refused, naming both.
+    let other = first.hash().to_string();
+    let refused = node.wallet(&key, &["balance", "--genesis", &other]);
+    kvasir_tests::wallet::one_line_error(&refused, &second.hash().to_string());
+    // First use: remembered beside the key file; then a node of another chain at that URL
+    // (as the file says it was) is refused.
+    let first_use = node.wallet(&key, &["balance"]);
+    assert!(first_use.status.success(), "{}", stderr(&first_use));
+    assert!(
+        stderr(&first_use).contains("first use"),
+        "{}",
+        stderr(&first_use)
+    );
+    let known = dir.path().join("wallet/known-chains.json");
+    let remembered = std::fs::read_to_string(&known).unwrap();
+    assert!(
+        remembered.contains(&second.hash().to_string()),
+        "{remembered}"
+    );
+    std::fs::write(
+        &known,
+        remembered.replace(&second.hash().to_string(), &other),
+    )
+    .unwrap();
+    let refused = node.wallet(&key, &["balance"]);
+    kvasir_tests::wallet::one_line_error(&refused, &other);
+}
+
 #[test]
 fn genesis_init_writes_a_chain_and_refuses_to_overwrite() {
     let dir = tempfile::tempdir().unwrap();
@@ -23,7 +117,14 @@ fn genesis_init_writes_a_chain_and_refuses_to_overwrite() {
     let report: GenesisReport = serde_json::from_str(&stdout(&output)).unwrap();
     let genesis = Genesis::load(&out.join("genesis.json")).unwrap();
     assert_eq!(report.genesis_hash, genesis.hash());
-    assert_eq!(report.chain_id, "kvasir-dev");
+    // Without --chain-id, a fresh random name on the template's; format 2.
+    let random = report.chain_id.strip_prefix("kvasir-").unwrap();
+    assert!(
+        random.len() == 8 && random.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{}",
+        report.chain_id
+    );
+    assert_eq!(genesis.params.format, kvasir_ledger::genesis::FORMAT);
     assert_eq!(report.keys.len(), 4);
     for role in ["validator", "gateway", "hub", "faucet"] {
         let key = out.join("keys").join(format!("{role}.key"));

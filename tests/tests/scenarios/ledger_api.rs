@@ -55,7 +55,7 @@ impl Chain {
     }
 
     fn chain_id(&self) -> String {
-        self.genesis.params.chain_id.clone()
+        self.genesis.chain_id()
     }
 
     /// Submits `tx` and waits until it is committed; its hash.
