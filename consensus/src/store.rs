@@ -212,9 +212,11 @@ mod tests {
         (BlockId(Hash(*blake3::hash(&block).as_bytes())), block)
     }
 
-    /// The child of the crash test: from height 1, builds its own block for each height,
-    /// keeps it and a proposal received at the same height durably, reports `HEIGHT`, then
-    /// prunes three heights behind, as a node committing every height does; until killed.
+    /// The child of the crash test: builds its own block for each height, keeps it and a
+    /// proposal received at the same height durably, reports `HEIGHT`, then prunes three
+    /// heights behind, as a node committing every height does; until killed. It starts at
+    /// the clock's microseconds, above every height an earlier child reached, as a node's
+    /// heights only rise (the store's bound evicts the lowest first).
     #[test]
     #[ignore = "the child half of sigkill_at_random_instants_loses_no_durable_proposal"]
     fn crash_child_proposes_forever() {
@@ -222,7 +224,11 @@ mod tests {
             return;
         };
         let store = Proposals::open(&dir).unwrap();
-        for height in 1u64.. {
+        let start = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64;
+        for height in start.. {
             let (id, block) = built(height);
             store.put_own(Height(height), id, &block).unwrap();
             let mut received = stored(height, 0, height as u8);
@@ -235,8 +241,8 @@ mod tests {
     }
 
     /// Killed at random instants (`kvasir_devnet::crash`; 100 kills here), the proposal
-    /// store reopens every time, and the blocks of the last heights the child reported (those
-    /// it had not pruned yet) are the very blocks it built, its own and received.
+    /// store reopens every time, and the blocks of the last three heights the child reported
+    /// (those it had not pruned yet) are the very blocks it built, its own and received.
     #[test]
     fn sigkill_at_random_instants_loses_no_durable_proposal() {
         let mut kills = Kills::from_env("consensus proposals", 100);
@@ -254,22 +260,22 @@ mod tests {
                     )
                 }
             };
-            let Some(last) = reported.last() else {
+            let reported: Vec<u64> = reported.iter().map(|h| h.parse().unwrap()).collect();
+            let Some(&last) = reported.last() else {
                 continue;
             };
-            let last: u64 = last.parse().unwrap();
-            for height in last.saturating_sub(2).max(1)..=last {
+            // The last three it reported, which it had not pruned yet.
+            for &height in reported.iter().filter(|h| **h + 2 >= last) {
                 let (id, block) = built(height);
-                assert_eq!(
-                    store.own(Height(height)).unwrap(),
-                    Some((id, block.clone())),
-                    "iteration {iteration}: own block at {height}"
+                let own = store.own(Height(height)).unwrap();
+                assert!(
+                    own == Some((id, block.clone())),
+                    "iteration {iteration}: the own block at {height} is lost or changed"
                 );
                 let found = store.find(Height(height), &id).unwrap();
-                assert_eq!(
-                    found.map(|stored| stored.block),
-                    Some(block),
-                    "iteration {iteration}: received block at {height}"
+                assert!(
+                    found.is_some_and(|stored| stored.block == block),
+                    "iteration {iteration}: the received block at {height} is lost or changed"
                 );
             }
         }
