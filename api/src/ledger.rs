@@ -141,7 +141,9 @@ pub struct ParamsView {
     /// What transactions, receipts and blocks name as their chain, and what every signature
     /// commits to: `NAME:GENESIS_HASH` on a format-2 chain, the name alone on a format-1 one.
     pub chain_id: String,
-    /// The chain's format (`genesis.json`'s `format`): 2 for new chains.
+    /// The chain's format (`genesis.json`'s `format`): 2 for new chains; 1 from a node that
+    /// predates formats.
+    #[serde(default = "format_1")]
     pub format: u8,
     #[schema(value_type = HashText)]
     pub genesis_hash: Hash,
@@ -171,6 +173,29 @@ pub struct ParamsView {
     pub reporter_share: Fraction,
     /// Blocks a convicted key is barred from serving and from being paid.
     pub jail_blocks: u64,
+    /// The models the chain pins: what evidence is judged against, and what offers and
+    /// orders may name, by id or name.
+    #[serde(default)]
+    pub models: Vec<PinnedModelView>,
+}
+
+/// What a node that predates chain formats serves: format 1.
+fn format_1() -> u8 {
+    1
+}
+
+/// A model a chain pins, as offers and orders see it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PinnedModelView {
+    pub id: String,
+    /// Its short name; empty on a format-1 chain.
+    pub name: String,
+    /// Its layers, dense ones included, and experts per layer: a selection must lie within
+    /// them. Absent on a format-1 chain.
+    pub layers: Option<u16>,
+    pub experts: Option<u16>,
+    /// The version of the reference arithmetic its answers are judged by (0: not said).
+    pub arithmetic: u32,
 }
 
 /// `GET /accounts/{address}`.

@@ -11,6 +11,7 @@ use crate::ledger::{AccountView, AmountView};
 /// `kvasir-node genesis init --json`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GenesisReport {
+    /// What signatures on the chain commit to: its name and genesis hash, `NAME:HASH`.
     pub chain_id: String,
     pub genesis_hash: Hash,
     pub genesis: PathBuf,

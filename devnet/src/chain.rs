@@ -52,6 +52,9 @@ pub fn new_chain_id(requested: Option<&str>, prefix: &str) -> Result<String> {
     if name == DEV_CHAIN_ID {
         bail!("{DEV_CHAIN_ID} is the published dev chain's name, whose keys anyone has; choose another --chain-id");
     }
+    // Checked before any key is written, so a bad name leaves nothing behind.
+    kvasir_ledger::genesis::check_chain_name(&name)
+        .with_context(|| format!("--chain-id {name:?}"))?;
     Ok(name)
 }
 
@@ -237,7 +240,7 @@ mod tests {
         let genesis = Genesis::from_json(DEV_GENESIS).unwrap();
         assert_eq!(
             genesis.hash().to_string(),
-            "0030308e1aefd83184fbf07359d3cfb6cb136b73d6cb8c641c69ccae697661a2"
+            "2760a17c910fd281c64ef6d9422a80e341f0555eeedd5b9506e847945242bdc4"
         );
         let roles: Vec<_> = DEV_KEYS.iter().map(|(role, _)| *role).collect();
         assert_eq!(roles, ROLES);

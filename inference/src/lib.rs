@@ -18,6 +18,11 @@ pub mod synth;
 pub mod tokenizer;
 pub mod weights;
 
+/// The version of the reference arithmetic: the kernels' written order of every rounding,
+/// which fixes each answer's bits (the tests pin them). A change that moves any pinned bit
+/// is a new version, and a chain's model pins say which version their answers are judged by.
+pub const ARITHMETIC_VERSION: u32 = 1;
+
 use std::path::Path;
 
 /// Why a checkpoint, config or tokenizer could not be used.

@@ -102,4 +102,14 @@ pub enum TxError {
     UnknownPlacement(u64),
     #[error("{0} is not the owner of what it names")]
     NotYours(Address),
+    #[error("model {0:?} is neither the id nor the name of a model this chain pins")]
+    NotAPinnedModel(String),
+    #[error(
+        "the selection reaches past model {model}, which has {layers} layers of {experts} experts"
+    )]
+    SelectionOutsideModel {
+        model: String,
+        layers: u16,
+        experts: u16,
+    },
 }

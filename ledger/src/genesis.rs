@@ -41,14 +41,53 @@ pub struct Genesis {
 
 /// A model pinned by its identity: the id the swarm uses, the blake3 of its config.json,
 /// and a root over the hashes of every expert's weights (layer-major, ascending expert),
-/// so a validator can check that the checkpoint it recomputes with is this one.
+/// so a validator can check that the checkpoint it recomputes with is this one. On a
+/// format-2 chain it also carries what the market and later work need without the model:
+/// a short name, the model's shape and the reference arithmetic's version (a pin of a
+/// format-1 chain has none of them, and keeps its encoding).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, BorshSerialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelPin {
     pub id: String,
     pub config_hash: Hash,
     pub experts_root: Hash,
+    /// What offers and orders may name the model by instead of its id (`small`,
+    /// `qwen35-122b`): 1..=32 characters of [a-z0-9.-], unique among the chain's names and ids.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[borsh(skip)]
+    pub name: String,
+    /// Its layers and experts per layer: an offer's or order's selection must lie within.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[borsh(skip)]
+    pub shape: Option<ModelShape>,
+    /// The version of the reference arithmetic its answers are recomputed by
+    /// (`kvasir_inference::ARITHMETIC_VERSION` when it was pinned).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[borsh(skip)]
+    pub arithmetic: u32,
 }
+
+impl ModelPin {
+    /// Whether `other` pins the same checkpoint: the same id, config and expert weights,
+    /// whatever either calls it.
+    pub fn same_weights(&self, other: &ModelPin) -> bool {
+        (&self.id, self.config_hash, self.experts_root)
+            == (&other.id, other.config_hash, other.experts_root)
+    }
+}
+
+/// A model's shape, as far as expert selections go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, BorshSerialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelShape {
+    /// Layers, dense ones included (a selection names layers by their index in the model).
+    pub layers: u16,
+    /// Experts in each MoE layer.
+    pub experts: u16,
+}
+
+/// Longest short name of a pinned model.
+pub const MAX_MODEL_NAME_LEN: usize = 32;
 
 /// The rules of a chain, as a template for new chains also carries them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, BorshSerialize)]
@@ -103,6 +142,20 @@ pub struct ChainParams {
     #[serde(default, skip_serializing_if = "is_zero")]
     #[borsh(skip)]
     pub jail_blocks: u64,
+}
+
+/// A chain's name: 1..=`MAX_CHAIN_ID_LEN` characters of [a-z0-9-].
+pub fn check_chain_name(name: &str) -> Result<(), GenesisError> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_CHAIN_ID_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(GenesisError::BadChainId)
+    }
 }
 
 /// The format a genesis without `format` has: the one chains were made with before format 2.
@@ -175,6 +228,8 @@ pub enum GenesisError {
     DuplicateModel(String),
     #[error("genesis model id {0:?} must be 1..=64 characters")]
     BadModelId(String),
+    #[error("genesis model {0:?}: on a format-2 chain a pin needs a name (1..={MAX_MODEL_NAME_LEN} characters of [a-z0-9.-], unique among the pins' names and ids), a shape of at least one layer and expert, and an arithmetic version")]
+    BadModelDetails(String),
     #[error("genesis max_block_bytes ({limit}) cannot hold the largest transaction this chain takes: {needed} bytes with the block's own (evidence, when models are pinned)")]
     BlockTooSmall { limit: u64, needed: u64 },
 }
@@ -200,15 +255,7 @@ impl Genesis {
     }
 
     pub fn validate(&self) -> Result<(), GenesisError> {
-        let id = &self.params.chain_id;
-        let id_ok = !id.is_empty()
-            && id.len() <= MAX_CHAIN_ID_LEN
-            && id
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-        if !id_ok {
-            return Err(GenesisError::BadChainId);
-        }
+        check_chain_name(&self.params.chain_id)?;
         if !(1..=FORMAT).contains(&self.params.format) {
             return Err(GenesisError::UnknownFormat(self.params.format));
         }
@@ -285,6 +332,22 @@ impl Genesis {
                 return Err(GenesisError::DuplicateModel(model.id.clone()));
             }
         }
+        if self.params.format >= 2 {
+            let mut names = BTreeSet::new();
+            for model in &self.models {
+                let name_ok = !model.name.is_empty()
+                    && model.name.len() <= MAX_MODEL_NAME_LEN
+                    && model.name.bytes().all(|b| {
+                        b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.'
+                    })
+                    && (model.name == model.id || !ids.contains(&model.name))
+                    && names.insert(&model.name);
+                let shape_ok = model.shape.is_some_and(|s| s.layers > 0 && s.experts > 0);
+                if !name_ok || !shape_ok || model.arithmetic == 0 {
+                    return Err(GenesisError::BadModelDetails(model.id.clone()));
+                }
+            }
+        }
         Ok(())
     }
 
@@ -354,6 +417,22 @@ impl Genesis {
                 !self.models.is_empty(),
                 borsh::to_vec(&self.models).unwrap_or_default(),
             ),
+            // Each pin's name, shape and arithmetic, apart: a format-1 pin has none, and
+            // keeps the encoding above.
+            (
+                "model_details",
+                self.models
+                    .iter()
+                    .any(|m| !m.name.is_empty() || m.shape.is_some() || m.arithmetic != 0),
+                borsh::to_vec(
+                    &self
+                        .models
+                        .iter()
+                        .map(|m| (&m.name, m.shape, m.arithmetic))
+                        .collect::<Vec<_>>(),
+                )
+                .unwrap_or_default(),
+            ),
         ];
         candidates
             .into_iter()
@@ -369,6 +448,13 @@ impl Genesis {
 
     pub fn model(&self, id: &str) -> Option<&ModelPin> {
         self.models.iter().find(|m| m.id == id)
+    }
+
+    /// The pinned model an offer or order names, by id or by short name.
+    pub fn pinned(&self, id_or_name: &str) -> Option<&ModelPin> {
+        self.models
+            .iter()
+            .find(|m| m.id == id_or_name || (!m.name.is_empty() && m.name == id_or_name))
     }
 
     /// The rewards pool account. Its address is a hash, not a public key anyone holds, so
@@ -491,6 +577,9 @@ pub(crate) mod tests {
             id: "m".into(),
             config_hash: Hash([1; 32]),
             experts_root: Hash([2; 32]),
+            name: String::new(),
+            shape: None,
+            arithmetic: 0,
         });
         genesis.allocations.push(Allocation {
             address: keys.worker.address(),
@@ -574,6 +663,79 @@ pub(crate) mod tests {
                 Err(GenesisError::UnknownFormat(f)) if f == format
             ));
         }
+    }
+
+    /// The dev chain as published before format 2 (with its four pinned models) keeps its
+    /// hash and its name as chain id: stores made on it verify as they did.
+    #[test]
+    fn a_format_1_chain_with_pinned_models_keeps_its_hash() {
+        let old = include_str!("../tests/data/format-1-dev-genesis.json");
+        let genesis = Genesis::from_json(old).unwrap();
+        assert_eq!(genesis.params.format, 1);
+        assert_eq!(genesis.models.len(), 4);
+        assert_eq!(
+            genesis.hash().to_string(),
+            "a461b6b850f20b5f4a37698db85377845e8ccff9823b33b02180a6fef4567616"
+        );
+        assert_eq!(genesis.chain_id(), "kvasir-dev");
+    }
+
+    /// A format-2 pin carries a unique short name, a shape and an arithmetic version; they
+    /// enter the hash apart, so a format-1 pin keeps its encoding. Offers and orders find a
+    /// pin by id or name.
+    #[test]
+    fn a_format_2_pin_is_named_shaped_and_versioned() {
+        let (mut genesis, _) = bonded_genesis();
+        genesis.params.format = FORMAT;
+        assert!(matches!(
+            genesis.validate(),
+            Err(GenesisError::BadModelDetails(id)) if id == "m"
+        ));
+        let without_details = genesis.hash();
+        let pin = &mut genesis.models[0];
+        pin.name = "small".into();
+        pin.shape = Some(ModelShape {
+            layers: 4,
+            experts: 8,
+        });
+        pin.arithmetic = 1;
+        genesis.validate().unwrap();
+        assert_ne!(genesis.hash(), without_details);
+        let reloaded = Genesis::from_json(&genesis.to_json()).unwrap();
+        assert_eq!(reloaded.hash(), genesis.hash());
+        assert_eq!(
+            genesis.pinned("small").map(|p| &p.id),
+            Some(&"m".to_string())
+        );
+        assert_eq!(
+            genesis.pinned("m").map(|p| &p.name),
+            Some(&"small".to_string())
+        );
+        assert!(genesis.pinned("other").is_none());
+        let second = ModelPin {
+            id: "n".into(),
+            ..genesis.models[0].clone()
+        };
+        for (name, valid) in [
+            ("small", false),
+            ("m", false),
+            ("n", true),
+            ("Big", false),
+            ("", false),
+        ] {
+            let mut two = genesis.clone();
+            two.models.push(ModelPin {
+                name: name.into(),
+                ..second.clone()
+            });
+            assert_eq!(two.validate().is_ok(), valid, "{name:?}");
+        }
+        let mut flat = genesis.clone();
+        flat.models[0].shape = Some(ModelShape {
+            layers: 4,
+            experts: 0,
+        });
+        assert!(flat.validate().is_err());
     }
 
     /// The hash of `test_genesis` as it was before `min_new_account` existed: a genesis that

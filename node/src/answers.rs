@@ -111,7 +111,19 @@ impl PinnedAnswers {
                 .with_context(|| format!("loading the checkpoint in {}", dir.display()))?;
             let id = answers.pin.id.clone();
             match genesis.model(&id) {
-                Some(pinned) if *pinned == answers.pin => {}
+                // The arithmetic answers are judged by must be this node's (0: not said, a
+                // format-1 pin).
+                Some(pinned)
+                    if pinned.arithmetic != 0
+                        && pinned.arithmetic != kvasir_inference::ARITHMETIC_VERSION =>
+                {
+                    bail!(
+                        "this genesis judges model {id} by version {} of the reference arithmetic, and this node computes version {}: run a node of that version",
+                        pinned.arithmetic,
+                        kvasir_inference::ARITHMETIC_VERSION
+                    )
+                }
+                Some(pinned) if pinned.same_weights(&answers.pin) => {}
                 Some(pinned) => bail!(
                     "the checkpoint in {} has model id {id} but not the weights this genesis pins (config {} / experts {}, pinned {} / {})",
                     dir.display(),
@@ -191,7 +203,8 @@ impl ModelAnswers {
         request_id: u64,
         request_body: &[u8],
     ) -> Result<Request, String> {
-        if *model != self.pin {
+        // The same checkpoint, whatever the genesis or this node's directory calls it.
+        if !model.same_weights(&self.pin) {
             return Err(format!(
                 "this node recomputes model {}, the evidence names {}",
                 self.pin.id, model.id
@@ -380,6 +393,23 @@ mod tests {
         for body in [&b""[..], b"garbage", &[0xff; 64]] {
             assert!(correct(&answers, &pin, 0, 0, body).is_err());
         }
+        // The same checkpoint pinned without a name, shape or arithmetic (as a format-1
+        // genesis pins it), or under another name: judged all the same.
+        for pinned in [
+            ModelPin {
+                name: String::new(),
+                shape: None,
+                arithmetic: 0,
+                ..pin.clone()
+            },
+            ModelPin {
+                name: "renamed".into(),
+                ..pin.clone()
+            },
+        ] {
+            let error = correct(&answers, &pinned, 0, 0, b"garbage").unwrap_err();
+            assert!(!error.contains("recomputes model"), "{error}");
+        }
         let other = ModelPin {
             id: "another".into(),
             ..pin
@@ -405,6 +435,14 @@ mod tests {
         assert!(answers.response_hash(&pin, 0, 0, b"garbage").is_err());
         let missing = PinnedAnswers::for_genesis(&genesis, &[]).err().unwrap();
         assert!(missing.to_string().contains("--model"), "{missing}");
+        // Answers judged by another version of the reference arithmetic: refused.
+        let mut later = genesis.clone();
+        later.models[0].arithmetic = kvasir_inference::ARITHMETIC_VERSION + 1;
+        let version = PinnedAnswers::for_genesis(&later, &given).err().unwrap();
+        assert!(
+            version.to_string().contains("reference arithmetic"),
+            "{version}"
+        );
         let twice = PinnedAnswers::for_genesis(&genesis, &[dir.clone(), dir.clone()]);
         assert!(twice.err().unwrap().to_string().contains("twice"));
         // A second pinned model not given: the node would refuse evidence its peers take.

@@ -14,7 +14,7 @@ use kvasir_inference::generate::{generate, Sampling};
 use kvasir_inference::model::qwen_moe::Model;
 use kvasir_inference::moe::{ExpertExecutor, LocalExperts};
 use kvasir_inference::tokenizer::Tokenizer;
-use kvasir_ledger::genesis::ModelPin;
+use kvasir_ledger::genesis::{ModelPin, ModelShape};
 use kvasir_ledger::hash::{merkle_root, Hash};
 
 /// How many tokens, and how they are picked: shared by `generate` and `backbone`.
@@ -122,7 +122,37 @@ pub fn model_pin(dir: &Path) -> Result<ModelPin> {
         id: kvasir_wire::model_id(dir)?,
         config_hash: Hash(*blake3::hash(&config_bytes).as_bytes()),
         experts_root: merkle_root(&leaves),
+        name: pin_name(dir),
+        shape: Some(ModelShape {
+            layers: u16::try_from(config.num_hidden_layers).context("too many layers")?,
+            experts: u16::try_from(config.num_experts).context("too many experts")?,
+        }),
+        arithmetic: kvasir_inference::ARITHMETIC_VERSION,
     })
+}
+
+/// The short name a pin gets from its checkpoint's directory: `model-small` is `small`,
+/// `Qwen3.5-122B-A10B` is `qwen3.5-122b-a10b` (anything but [a-z0-9.-] becomes `-`; at most
+/// 32 characters). `genesis.json` may be edited to name it otherwise before the chain starts.
+fn pin_name(dir: &Path) -> String {
+    let base = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().to_lowercase())
+        .unwrap_or_default();
+    let base = base.strip_prefix("model-").unwrap_or(&base);
+    let name: String = base
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | '0'..='9' | '.' | '-' => c,
+            _ => '-',
+        })
+        .take(kvasir_ledger::genesis::MAX_MODEL_NAME_LEN)
+        .collect();
+    if name.is_empty() {
+        "model".to_string()
+    } else {
+        name
+    }
 }
 
 /// One generation from `prompt`: its report, as `generate` and `backbone` print it.

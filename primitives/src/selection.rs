@@ -119,6 +119,33 @@ impl Pattern {
             .any(|(l, e)| l.contains(layer) && e.contains(expert))
     }
 
+    /// The selection it writes for a model of `shape` (layers, experts per layer), `*` being
+    /// all of either; without a shape, a `*` is an error (`SelectionError::Star`). Bounded as
+    /// every selection is (`Selection::validate`).
+    pub fn selection(&self, shape: Option<(u16, u16)>) -> Result<Selection, SelectionError> {
+        let star = || SelectionError::Star(self.text.clone());
+        let span = |side: Side, count: Option<u16>| match side {
+            Side::Span(a, b) => Ok((a, b)),
+            Side::All => count
+                .and_then(|n| n.checked_sub(1))
+                .map(|last| (0, last))
+                .ok_or_else(star),
+        };
+        let rects = self
+            .items
+            .iter()
+            .map(|&(layers, experts)| {
+                Ok(Rect {
+                    layers: span(layers, shape.map(|s| s.0))?,
+                    experts: span(experts, shape.map(|s| s.1))?,
+                })
+            })
+            .collect::<Result<Vec<_>, SelectionError>>()?;
+        let selection = Selection(rects);
+        selection.validate()?;
+        Ok(selection)
+    }
+
     /// The experts it names among `layers` × `0..experts` (a model's expert layers and
     /// experts per layer), in (layer, expert) order.
     pub fn resolve(&self, layers: impl Iterator<Item = u16>, experts: u16) -> Vec<ExpertKey> {
@@ -252,21 +279,7 @@ impl FromStr for Selection {
 
     /// The grammar of [`Pattern`] without `*`, within the bounds of `validate`.
     fn from_str(text: &str) -> Result<Selection, SelectionError> {
-        let pattern: Pattern = text.parse()?;
-        let rects = pattern
-            .items
-            .iter()
-            .map(|item| match *item {
-                (Side::Span(l0, l1), Side::Span(e0, e1)) => Ok(Rect {
-                    layers: (l0, l1),
-                    experts: (e0, e1),
-                }),
-                _ => Err(SelectionError::Star(text.to_string())),
-            })
-            .collect::<Result<Vec<_>, SelectionError>>()?;
-        let selection = Selection(rects);
-        selection.validate()?;
-        Ok(selection)
+        text.parse::<Pattern>()?.selection(None)
     }
 }
 
@@ -292,6 +305,24 @@ impl fmt::Display for Selection {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// With a model's shape, `*` is all of its layers or experts; without one it is refused.
+    #[test]
+    fn a_star_becomes_the_whole_side_of_a_known_shape() {
+        let pattern: Pattern = "*:0-3,5:*".parse().unwrap();
+        let selection = pattern.selection(Some((48, 128))).unwrap();
+        assert_eq!(selection.to_string(), "0-47:0-3,5:0-127");
+        assert!(matches!(
+            pattern.selection(None),
+            Err(SelectionError::Star(_))
+        ));
+        assert!(matches!(
+            pattern.selection(Some((0, 128))),
+            Err(SelectionError::Star(_))
+        ));
+        let plain: Pattern = "0-3:0-7".parse().unwrap();
+        assert_eq!(plain.selection(None), "0-3:0-7".parse());
+    }
 
     #[test]
     fn parses_prints_and_refuses_what_it_cannot_bound() {

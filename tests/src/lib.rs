@@ -109,6 +109,7 @@ pub fn model(preset: &str) -> PathBuf {
     path
 }
 
+/// This test run's shared files (see `model`): checkpoints, and the HOME of `command`.
 fn models_dir() -> PathBuf {
     bin("kvasir-node")
         .parent()
@@ -132,10 +133,18 @@ pub fn genesis_init_with(chain: &Path, extra: &[&str]) {
 
 /// Runs a workspace binary to completion and returns its output.
 pub fn run(name: &str, args: &[&str]) -> Output {
-    Command::new(bin(name))
-        .args(args)
-        .output()
-        .expect("starting binary")
+    command(name).args(args).output().expect("starting binary")
+}
+
+/// A workspace binary to run, with its own HOME for this test run: the wallet remembers the
+/// chain of every node URL it used under it (beside its default key file), and a test must
+/// neither read what the user's wallet remembers nor leave anything there.
+pub fn command(name: &str) -> Command {
+    let home = models_dir().join("home");
+    let _ = std::fs::create_dir_all(&home);
+    let mut command = Command::new(bin(name));
+    command.env("HOME", home);
+    command
 }
 
 /// A temporary path as the `&str` a command line takes.

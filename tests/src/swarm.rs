@@ -677,7 +677,7 @@ pub fn start_ledger(chain: &Path, data: &Path) -> (Process, String) {
 }
 
 /// As `start_ledger`, on `listen`, checking evidence with the checkpoint in `model`.
-fn start_ledger_on(
+pub fn start_ledger_on(
     chain: &Path,
     data: &Path,
     listen: &str,

@@ -1,16 +1,16 @@
 //! The wallet as a user runs it, against a ledger node started for the scenario.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use kvasir_devnet::Process;
 
-use crate::swarm::start_ledger;
-use crate::{bin, path_str, stderr, stdout};
+use crate::swarm::{start_ledger, start_ledger_on};
+use crate::{path_str, stderr, stdout};
 
 /// Runs `kvasir-wallet` with `args`, with `passphrase` as `KVASIR_PASSPHRASE` if given.
 pub fn wallet(args: &[&str], passphrase: Option<&str>) -> Output {
-    let mut command = Command::new(bin("kvasir-wallet"));
+    let mut command = crate::command("kvasir-wallet");
     command.args(args).env_remove("KVASIR_PASSPHRASE");
     if let Some(passphrase) = passphrase {
         command.env("KVASIR_PASSPHRASE", passphrase);
@@ -36,7 +36,15 @@ pub struct Node {
 
 impl Node {
     pub fn start(chain: &Path, data: &Path) -> Node {
-        let (ledger, addr) = start_ledger(chain, data);
+        Node::of(start_ledger(chain, data))
+    }
+
+    /// As `start`, on a chain that pins the checkpoint in `model` (which judges evidence).
+    pub fn start_with_model(chain: &Path, data: &Path, model: &Path) -> Node {
+        Node::of(start_ledger_on(chain, data, "127.0.0.1:0", Some(model)))
+    }
+
+    fn of((ledger, addr): (Process, String)) -> Node {
         Node {
             _ledger: ledger,
             url: format!("http://{addr}"),

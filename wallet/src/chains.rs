@@ -1,9 +1,10 @@
 //! The chain each node URL serves, as this wallet first saw it (trust on first use), kept in
-//! `known-chains.json` beside the key file. A node that later reports another genesis (a
-//! node of another chain at the same address, or an impostor) is refused before anything is
-//! read from it or signed for it; `--genesis HASH` names the chain instead of the file.
-//! Signatures commit to the chain id the node reports, which on a format-2 chain carries the
-//! genesis hash (`NAME:HASH`), so it is checked to carry the expected one.
+//! `known-chains.json` beside the key file. A node that later reports another genesis or
+//! chain id (a node of another chain at the same address, or an impostor) is refused before
+//! anything is read from it or signed for it; `--genesis HASH` names the chain instead of the
+//! file, and is remembered in its place. Signatures commit to the chain id the node reports,
+//! which on a format-2 chain carries the genesis hash (`NAME:HASH`), so it is checked to carry
+//! the expected one.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,6 +12,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use kvasir_api::Client;
 use kvasir_ledger::Hash;
+use serde::{Deserialize, Serialize};
 
 /// The file's name, in the key file's directory.
 const FILE: &str = "known-chains.json";
@@ -24,56 +26,82 @@ pub fn known_chains_path(keyfile: &Path) -> PathBuf {
         .join(FILE)
 }
 
+/// What the wallet remembers of a node URL: the chain it served the first time.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Known {
+    genesis: Hash,
+    /// What it signed for there: `NAME:GENESIS` on a format-2 chain, a format-1 chain's name.
+    chain_id: String,
+}
+
 /// The node's chain, as checked.
 pub struct Checked {
     /// What to sign with.
     pub chain_id: String,
-    /// When `url` was seen for the first time, a line that says which chain was remembered
-    /// (said once the command succeeds, so that an error stays one line).
-    pub first_use: Option<String>,
+    /// When `url` was seen for the first time (or `--genesis` moved it to another chain), a
+    /// line that says which chain is now remembered (said once the command succeeds, so that
+    /// an error stays one line).
+    pub remembered: Option<String>,
 }
 
-/// The chain id to sign with at the node `client` serves at `url`, once its genesis hash is
-/// `expected` (`--genesis`), or else the one remembered for `url` in `known` (remembered now
-/// when none is).
+/// The chain id to sign with at the node `client` serves at `url`. Its genesis must be
+/// `expected` (`--genesis`), or else the one remembered for `url` in `known`, and its chain id
+/// the one remembered with it; the first time (or when `--genesis` names another chain) both
+/// are remembered, once checked. A chain id with a genesis hash must carry the node's; one
+/// without (a format-1 chain's bare name) is taken only from a node that says its chain is
+/// format 1, and, remembered, only from that URL.
 pub fn check(client: &Client, url: &str, known: &Path, expected: Option<Hash>) -> Result<Checked> {
     let params = client.params()?;
-    let reported = params.genesis_hash;
-    let mut chains = read(known)?;
-    let mut first_use = None;
-    let (want, from) = match (expected, chains.get(url)) {
-        (Some(hash), _) => (hash, "--genesis".to_string()),
-        (None, Some(hash)) => (*hash, format!("{} remembers for it", known.display())),
-        (None, None) => {
-            chains.insert(url.to_string(), reported);
-            write(known, &chains)?;
-            first_use = Some(format!(
-                "first use of {url}: its chain (genesis {reported}) is remembered in {}",
-                known.display()
-            ));
-            (reported, String::new())
-        }
-    };
-    if reported != want {
-        bail!("{url} serves the chain of genesis {reported}, not {want} as {from}; if that chain was really replaced, pass --genesis {reported}");
-    }
-    if params.format >= 2 && !params.chain_id.ends_with(&format!(":{reported}")) {
+    let (reported, chain_id) = (params.genesis_hash, params.chain_id);
+    let carries_hash = chain_id.ends_with(&format!(":{reported}"));
+    if !carries_hash && (params.format >= 2 || chain_id.contains(':')) {
         bail!(
-            "{url} names its chain {:?}, which does not carry its genesis hash {reported}",
-            params.chain_id
+            "{url} names its chain {chain_id:?}, which does not carry its genesis hash {reported}"
         );
     }
+    let mut chains = read(known)?;
+    let stored = chains.get(url).cloned();
+    let want = expected
+        .or(stored.as_ref().map(|k| k.genesis))
+        .unwrap_or(reported);
+    if reported != want {
+        let from = match expected {
+            Some(_) => "--genesis names".to_string(),
+            None => format!("{} remembers for it", known.display()),
+        };
+        bail!("{url} serves the chain of genesis {reported}, not {want} as {from}; if that chain was really replaced, pass --genesis {reported}");
+    }
+    let now = Known {
+        genesis: reported,
+        chain_id: chain_id.clone(),
+    };
+    let remembered = match stored {
+        Some(stored) if stored == now => None,
+        Some(stored) if stored.genesis == now.genesis => bail!(
+            "{url} now names its chain {chain_id:?}, not {:?} as {} remembers",
+            stored.chain_id,
+            known.display()
+        ),
+        _ => {
+            chains.insert(url.to_string(), now);
+            write(known, &chains)?;
+            Some(format!(
+                "{url} serves chain {chain_id} (genesis {reported}), now remembered in {}",
+                known.display()
+            ))
+        }
+    };
     Ok(Checked {
-        chain_id: params.chain_id,
-        first_use,
+        chain_id,
+        remembered,
     })
 }
 
-fn read(path: &Path) -> Result<BTreeMap<String, Hash>> {
+fn read(path: &Path) -> Result<BTreeMap<String, Known>> {
     match std::fs::read_to_string(path) {
         Ok(text) => serde_json::from_str(&text).with_context(|| {
             format!(
-                "{} is not a map of node URLs to genesis hashes",
+                "{} is not a map of node URLs to the chain each served",
                 path.display()
             )
         }),
@@ -82,24 +110,34 @@ fn read(path: &Path) -> Result<BTreeMap<String, Hash>> {
     }
 }
 
-/// Written whole to a temporary file, then renamed over the old one: never half written.
-fn write(path: &Path, chains: &BTreeMap<String, Hash>) -> Result<()> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("creating {}", parent.display()))?;
-    }
-    let temporary = path.with_extension("json.new");
+/// Written whole to a temporary file of its own, then renamed over the old one: a reader
+/// never sees it half written. (Two wallets remembering two new URLs at the same instant may
+/// keep only one; the other is remembered again at its next use.)
+fn write(path: &Path, chains: &BTreeMap<String, Known>) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut text = serde_json::to_string_pretty(chains)?;
     text.push('\n');
-    std::fs::write(&temporary, text).with_context(|| format!("writing {}", temporary.display()))?;
-    std::fs::rename(&temporary, path).with_context(|| format!("writing {}", path.display()))
+    let mut temporary = tempfile::NamedTempFile::new_in(dir)
+        .with_context(|| format!("writing in {}", dir.display()))?;
+    std::io::Write::write_all(&mut temporary, text.as_bytes())
+        .with_context(|| format!("writing in {}", dir.display()))?;
+    temporary
+        .persist(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
 }
 
 /// The URL of a node given as `text` (or of each, in a comma-separated list): as it is with a
 /// scheme; without one, `https://` unless its host is this machine (`localhost`, 127.0.0.0/8,
 /// ::1), where `http://` is what a ledger node serves.
 pub fn node_url(text: &str) -> String {
-    text.split(',').map(one_url).collect::<Vec<_>>().join(",")
+    text.split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+        .map(one_url)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn one_url(text: &str) -> String {
@@ -133,7 +171,7 @@ mod tests {
         assert_eq!(node_url("[2001:db8::1]:7200"), "https://[2001:db8::1]:7200");
         assert_eq!(node_url("http://ledger.example"), "http://ledger.example");
         assert_eq!(
-            node_url("127.0.0.1:1,ledger.example"),
+            node_url("127.0.0.1:1, ledger.example,,"),
             "http://127.0.0.1:1,https://ledger.example"
         );
     }
@@ -144,7 +182,13 @@ mod tests {
         let known = known_chains_path(&dir.path().join("wallet.key"));
         assert_eq!(known, dir.path().join(FILE));
         assert!(read(&known).unwrap().is_empty());
-        let chains = BTreeMap::from([("https://a".to_string(), Hash([7; 32]))]);
+        let chains = BTreeMap::from([(
+            "https://a".to_string(),
+            Known {
+                genesis: Hash([7; 32]),
+                chain_id: format!("x:{}", Hash([7; 32])),
+            },
+        )]);
         write(&known, &chains).unwrap();
         assert_eq!(read(&known).unwrap(), chains);
         std::fs::write(&known, "[1, 2]").unwrap();

@@ -249,7 +249,7 @@ fn run(cli: Cli) -> Result<()> {
             })?;
         }
     }
-    if let Some(line) = checked.and_then(|c| c.first_use) {
+    if let Some(line) = checked.and_then(|c| c.remembered) {
         eprintln!("{line}");
     }
     Ok(())

@@ -8,6 +8,7 @@ use clap::Subcommand;
 use kvasir_api::market::{MarketQuery, OfferView, OrderView, PlacementView};
 use kvasir_api::reports::{MarketTxReport, OrderReport};
 use kvasir_api::Client;
+use kvasir_ledger::market::selection::Pattern;
 use kvasir_ledger::market::Selection;
 use kvasir_ledger::tx::{NewOffer, NewOrder};
 use kvasir_ledger::{Address, Amount, TxKind};
@@ -22,11 +23,13 @@ pub enum OfferCommand {
     /// Offer experts of a model at a price per reward unit; the key must hold the chain's
     /// `min_bond` bonded. Prints the offer's id.
     Create {
+        /// The model's id or short name, as the chain pins it (`GET /params`).
         #[arg(long)]
         model: String,
-        /// `LAYERS:EXPERTS` items, each side a number or a range `a-b` (`0-3:0-7,5:9`).
+        /// `LAYERS:EXPERTS` items, each side a number, a range `a-b` or `*` for all the
+        /// model has (`0-3:0-7,5:9`, `*:0-63`).
         #[arg(long)]
-        experts: Selection,
+        experts: Pattern,
         /// KVR per reward unit, exact decimal (`0.007`).
         #[arg(long)]
         price: Amount,
@@ -59,11 +62,12 @@ pub enum OrderCommand {
     /// Order replicas of experts of a model, paid from an escrow funded now from your
     /// balance. Prints the order's id; the chain places it at the next block.
     Create {
+        /// The model's id or short name, as the chain pins it (`GET /params`).
         #[arg(long)]
         model: String,
-        /// `LAYERS:EXPERTS` items (`0-3:0-7,5:9`).
+        /// `LAYERS:EXPERTS` items, `*` for all the model has (`0-3:0-7,5:9`, `*:0-63`).
         #[arg(long)]
-        experts: Selection,
+        experts: Pattern,
         /// Placements of each expert, from distinct operators.
         #[arg(long, default_value_t = 1)]
         replicas: u8,
@@ -87,6 +91,20 @@ pub enum OrderCommand {
     Close { id: u64 },
     /// An order, its escrow and every placement it has had.
     Show { id: u64 },
+}
+
+/// `experts` for `model`: its `*` resolved against the shape the chain pins for the model
+/// (by id or name), when it pins one. A shape counts every layer, dense ones included, so
+/// `*` names a dense layer's experts too, which no worker holds; name the MoE layers to
+/// order only what can be placed. (The printed offer or order shows what was signed.)
+fn selection(client: &Client, model: &str, experts: &Pattern) -> Result<Selection> {
+    let params = client.params()?;
+    let shape = params
+        .models
+        .iter()
+        .find(|m| m.id == model || (!m.name.is_empty() && m.name == model))
+        .and_then(|m| m.layers.zip(m.experts));
+    Ok(experts.selection(shape)?)
 }
 
 /// The height `blocks` after the head.
@@ -159,6 +177,7 @@ pub fn offer(command: OfferCommand, signer: &Signer, json: bool) -> Result<()> {
             blocks,
         } => {
             let operator = address_or_own(None, keyfile)?;
+            let experts = selection(client, &model, &experts)?;
             let new = NewOffer {
                 model,
                 experts,
@@ -244,6 +263,7 @@ pub fn order(command: OrderCommand, signer: &Signer, json: bool) -> Result<()> {
         } => {
             let buyer = address_or_own(None, keyfile)?;
             let end_height = height_after(client, blocks)?;
+            let experts = selection(client, &model, &experts)?;
             let new = NewOrder {
                 model,
                 experts,

@@ -817,3 +817,64 @@ fn an_order_that_exhausts_its_share_of_matching_holds_up_no_other() {
     let state = until(state, &keys, later);
     assert_eq!(order_state(&state, 1), OrderState::Degraded);
 }
+
+/// On a format-2 chain an offer or order names a pinned model by its id or its short name,
+/// with a selection within the model's shape; anything else is refused with its reason
+/// before any escrow moves. The market keeps the pin's id, so an offer made by name meets
+/// an order made by id.
+#[test]
+fn on_format_2_the_market_takes_pinned_models_by_id_or_name_within_their_shape() {
+    let (mut genesis, keys) = market_genesis();
+    genesis.params.format = crate::genesis::FORMAT;
+    let pin = &mut genesis.models[0];
+    pin.name = "small".into();
+    pin.shape = Some(crate::genesis::ModelShape {
+        layers: 4,
+        experts: 8,
+    });
+    pin.arithmetic = 1;
+    genesis.validate().unwrap();
+    let signed = |state: &State, key: &Keypair, kind: TxKind| {
+        kind.signed(state.chain_id(), key, state.account(&key.address()).nonce)
+    };
+    let state = State::from_genesis(genesis);
+    let bond = TxKind::Bond { amount: kvr("10") };
+    let state = block_of(&state, &keys, vec![signed(&state, &operator(0), bond)]);
+    let by_name = NewOffer {
+        model: "small".into(),
+        experts: "0-3:0-7".parse().unwrap(),
+        price: kvr("0.001"),
+        expiry_height: 1_000_000,
+    };
+    let offer = signed(&state, &operator(0), TxKind::OfferCreate(by_name));
+    let state = block_of(&state, &keys, vec![offer]);
+    assert_eq!(state.market().offer(1).unwrap().model, "m");
+    let balance = state.account(&keys.alice.address()).balance;
+    for (model, experts, says) in [
+        ("nonsense", "0:0", "neither the id nor the name"),
+        (
+            "small",
+            "0-4:0",
+            "past model small, which has 4 layers of 8 experts",
+        ),
+        ("m", "0:0-8", "past model small"),
+    ] {
+        let new = NewOrder {
+            model: model.into(),
+            experts: experts.parse().unwrap(),
+            ..new_order("0:0", 1, "0.001", "1")
+        };
+        let tx = signed(&state, &keys.alice, TxKind::OrderCreate(new));
+        let refused = rejection(&state, &keys, tx).to_string();
+        assert!(refused.contains(says), "{model} {experts}: {refused}");
+    }
+    assert_eq!(state.account(&keys.alice.address()).balance, balance);
+    let by_id = signed(
+        &state,
+        &keys.alice,
+        TxKind::OrderCreate(new_order("0-3:0-7", 1, "0.001", "1")),
+    );
+    let state = block_of(&state, &keys, vec![by_id]);
+    assert_eq!(state.market().order(1).unwrap().model, "m");
+    assert_eq!(placed(&state, 1), vec![(1, "0-3:0-7".to_string())]);
+}

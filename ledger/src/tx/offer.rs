@@ -32,6 +32,38 @@ pub(super) fn check_model_id(model: &str) -> Result<(), TxError> {
     Ok(())
 }
 
+/// On a format-2 chain, the model an offer or order names must be pinned (by id or name)
+/// and its selection must lie within the model's shape; its pinned id is what the market
+/// then stores, so an offer by name and an order by id match. On a format-1 chain, the name
+/// as given (its market took any model id).
+pub(super) fn pinned_model(
+    state: &State,
+    model: &str,
+    experts: &Selection,
+) -> Result<String, TxError> {
+    let genesis = state.genesis();
+    if genesis.params.format < 2 {
+        return Ok(model.to_string());
+    }
+    let pin = genesis
+        .pinned(model)
+        .ok_or_else(|| TxError::NotAPinnedModel(model.chars().take(80).collect()))?;
+    if let Some(shape) = pin.shape {
+        let outside = experts
+            .0
+            .iter()
+            .any(|r| r.layers.1 >= shape.layers || r.experts.1 >= shape.experts);
+        if outside {
+            return Err(TxError::SelectionOutsideModel {
+                model: pin.name.clone(),
+                layers: shape.layers,
+                experts: shape.experts,
+            });
+        }
+    }
+    Ok(pin.id.clone())
+}
+
 /// The block being built: the one after the head.
 pub(super) fn next_height(state: &State) -> u64 {
     state.height().saturating_add(1)
@@ -78,6 +110,7 @@ pub(super) fn check_create(
     if state.market().open_offer_count(operator) >= MAX_OPEN_OFFERS_PER_OPERATOR {
         return Err(TxError::TooManyOpenOffers(MAX_OPEN_OFFERS_PER_OPERATOR));
     }
+    pinned_model(state, &new.model, &new.experts)?;
     check_future(state, new.expiry_height)
 }
 
@@ -87,10 +120,11 @@ pub(super) fn execute_create(
     new: &NewOffer,
 ) -> Result<(), TxError> {
     let state = staged.state();
+    let model = pinned_model(state, &new.model, &new.experts)?;
     staged.set_offer(Offer {
         id: state.market().next_offer_id(),
         operator: *operator,
-        model: new.model.clone(),
+        model,
         experts: new.experts.clone(),
         price: new.price,
         expiry_height: new.expiry_height,

@@ -11,7 +11,7 @@ use crate::keys::Address;
 use crate::market::{self, CloseReason, Order, OrderState, Selection, MAX_LIVE_ORDERS_PER_BUYER};
 use crate::state::{Account, Staged, State};
 
-use super::offer::{check_future, check_model_id, next_height};
+use super::offer::{check_future, check_model_id, next_height, pinned_model};
 use super::{transfer::check_funds, TxError, TxSignature};
 
 /// What a buyer orders.
@@ -67,6 +67,7 @@ pub(super) fn check_create(
     if state.market().live_order_count(buyer) >= MAX_LIVE_ORDERS_PER_BUYER {
         return Err(TxError::TooManyLiveOrders(MAX_LIVE_ORDERS_PER_BUYER));
     }
+    pinned_model(state, &new.model, &new.experts)?;
     check_future(state, new.end_height)
 }
 
@@ -77,12 +78,13 @@ pub(super) fn execute_create(
 ) -> Result<(), TxError> {
     let state = staged.state();
     let height = next_height(state);
+    let model = pinned_model(state, &new.model, &new.experts)?;
     staged.sub_balance(*buyer, new.deposit)?;
     staged.set_order(Order {
         id: state.market().next_order_id(),
         buyer: *buyer,
         delegate: new.delegate,
-        model: new.model.clone(),
+        model,
         experts: new.experts.clone(),
         replicas: new.replicas,
         max_price: new.max_price,

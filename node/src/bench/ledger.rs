@@ -62,7 +62,10 @@ pub(super) fn bench_genesis(validator: &Keypair, senders: &[Keypair], filler: us
         genesis_time_ms: 0,
         params: ChainParams {
             chain_id: CHAIN_ID.into(),
-            format: kvasir_ledger::genesis::FORMAT,
+            // Format 1: the benches sign under the bare name, as every figure before format 2
+            // was measured, and their market trades an unpinned model. A format-2 id adds 65
+            // bytes to what each signature covers, not work to check it.
+            format: 1,
             unit_bytes: 1_000_000,
             reward_per_unit: Amount::from_base_units(7_000_000),
             challenge_window: 10,

@@ -48,7 +48,7 @@ pub fn init_command(
     let keys: Vec<PathBuf> = roles.map(|role| key_path(out, &role)).collect();
     if json {
         let report = GenesisReport {
-            chain_id: genesis.params.chain_id.clone(),
+            chain_id: genesis.chain_id(),
             genesis_hash: genesis.hash(),
             genesis: genesis_path(out),
             keys,

@@ -33,9 +33,9 @@ use axum::{Json, Router};
 use kvasir_api::ledger::{
     AccountView, Batch, BatchVerdicts, BlockView, CertificateView, CommitSignatureView,
     ConvictionView, CreditedSession, Direction, ErrorBody, Head, History, HistoryEntry,
-    HistoryEvent, HubSessions, OrderQuery, PageQuery, ParamsView, PendingView, SessionMark,
-    SessionRef, Submission, Submitted, TxState, TxStatus, UnbondingView, ValidatorView,
-    ValidatorsView, Verdict,
+    HistoryEvent, HubSessions, OrderQuery, PageQuery, ParamsView, PendingView, PinnedModelView,
+    SessionMark, SessionRef, Submission, Submitted, TxState, TxStatus, UnbondingView,
+    ValidatorView, ValidatorsView, Verdict,
 };
 use kvasir_api::schema::{AddressText, HashText};
 use kvasir_api::Object;
@@ -238,6 +238,17 @@ async fn params(State(ledger): State<Arc<Ledger>>) -> Json<ParamsView> {
         slash_fraction: p.slash_fraction,
         reporter_share: p.reporter_share,
         jail_blocks: p.jail_blocks,
+        models: genesis
+            .models
+            .iter()
+            .map(|m| PinnedModelView {
+                id: m.id.clone(),
+                name: m.name.clone(),
+                layers: m.shape.map(|s| s.layers),
+                experts: m.shape.map(|s| s.experts),
+                arithmetic: m.arithmetic,
+            })
+            .collect(),
     })
 }
 

@@ -15,7 +15,7 @@ use kvasir_api::market::{
     OrderView, PlacementPage, PlacementView,
 };
 use kvasir_ledger::market::{Market, Offer, Order, Placement};
-use kvasir_ledger::{Address, Amount};
+use kvasir_ledger::{Address, Amount, Genesis};
 
 use super::api::{bad_request, decimal, not_found, path_text, Reply, U64_DIGITS};
 use super::Ledger;
@@ -67,8 +67,12 @@ impl Filter {
         })
     }
 
-    fn model(&self, model: &str) -> bool {
-        self.query.model.as_deref().is_none_or(|m| m == model)
+    /// Whether `model` (a pin's id, as the market keeps it on a format-2 chain) is the one
+    /// asked for, by id or by the short name the genesis pins it under.
+    fn model(&self, genesis: &Genesis, model: &str) -> bool {
+        self.query.model.as_deref().is_none_or(|asked| {
+            asked == model || genesis.pinned(asked).is_some_and(|pin| pin.id == model)
+        })
     }
 
     fn state(&self, name: &str) -> bool {
@@ -130,7 +134,7 @@ pub(super) async fn offers(
         market.offers_after(filter.after),
         |o: &Offer| o.id,
         |o| {
-            filter.model(&o.model)
+            filter.model(state.genesis(), &o.model)
                 && filter.operator.is_none_or(|a| a == o.operator)
                 && filter.state(OfferView::state_name(o))
         },
@@ -165,7 +169,7 @@ pub(super) async fn orders(
         market.orders_after(filter.after),
         |o: &Order| o.id,
         |o| {
-            filter.model(&o.model)
+            filter.model(state.genesis(), &o.model)
                 && filter.buyer.is_none_or(|a| a == o.buyer)
                 && filter.state(o.state.name())
         },
@@ -209,7 +213,7 @@ pub(super) async fn placements(
         items,
         |p: &Placement| p.id,
         |p| {
-            filter.model(&p.model)
+            filter.model(state.genesis(), &p.model)
                 && filter.operator.is_none_or(|a| a == p.operator)
                 && filter.query.order.is_none_or(|o| o == p.order)
                 && filter.query.offer.is_none_or(|o| o == p.offer)
@@ -246,6 +250,11 @@ pub(super) async fn coverage(
     let model = path_text(model)?;
     let Query(query) = query.map_err(bad_request)?;
     let state = ledger.state();
+    // A short name stands for its pin's id, which the market keeps.
+    let model = state
+        .genesis()
+        .pinned(&model)
+        .map_or(model.clone(), |pin| pin.id.clone());
     // Off the runtime the consensus engine shares: a large market takes a while to walk.
     let view = tokio::task::spawn_blocking(move || coverage_of(state.market(), model, query.layer))
         .await

@@ -673,6 +673,12 @@ mod tests {
             id: "m".into(),
             config_hash: Hash([1; 32]),
             experts_root: Hash([2; 32]),
+            name: "m".into(),
+            shape: Some(kvasir_ledger::genesis::ModelShape {
+                layers: 1,
+                experts: 1,
+            }),
+            arithmetic: 1,
         };
         let (ledger, faucet) = ledger_with(dir.path(), |genesis| genesis.models.push(pin));
         let genesis = ledger.state().genesis().clone();

@@ -86,10 +86,14 @@ fn chains_made_alike_refuse_each_others_signatures_and_the_wallet_its_node_of_an
     let first_use = node.wallet(&key, &["balance"]);
     assert!(first_use.status.success(), "{}", stderr(&first_use));
     assert!(
-        stderr(&first_use).contains("first use"),
+        stderr(&first_use).contains("now remembered"),
         "{}",
         stderr(&first_use)
     );
+    // Remembered: said no more.
+    let again = node.wallet(&key, &["balance"]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert!(stderr(&again).is_empty(), "{}", stderr(&again));
     let known = dir.path().join("wallet/known-chains.json");
     let remembered = std::fs::read_to_string(&known).unwrap();
     assert!(
@@ -103,6 +107,11 @@ fn chains_made_alike_refuse_each_others_signatures_and_the_wallet_its_node_of_an
     .unwrap();
     let refused = node.wallet(&key, &["balance"]);
     kvasir_tests::wallet::one_line_error(&refused, &other);
+    // `--genesis` of the chain it serves moves the URL on to it, remembered from then on.
+    let moved = node.wallet(&key, &["balance", "--genesis", &second.hash().to_string()]);
+    assert!(moved.status.success(), "{}", stderr(&moved));
+    let after = node.wallet(&key, &["balance"]);
+    assert!(after.status.success(), "{}", stderr(&after));
 }
 
 #[test]
@@ -118,7 +127,10 @@ fn genesis_init_writes_a_chain_and_refuses_to_overwrite() {
     let genesis = Genesis::load(&out.join("genesis.json")).unwrap();
     assert_eq!(report.genesis_hash, genesis.hash());
     // Without --chain-id, a fresh random name on the template's; format 2.
-    let random = report.chain_id.strip_prefix("kvasir-").unwrap();
+    // The chain id signatures commit to: the name and the genesis hash.
+    let (name, hash) = report.chain_id.split_once(':').unwrap();
+    assert_eq!(hash, genesis.hash().to_string());
+    let random = name.strip_prefix("kvasir-").unwrap();
     assert!(
         random.len() == 8 && random.bytes().all(|b| b.is_ascii_hexdigit()),
         "{}",

@@ -17,9 +17,11 @@ fn kvr(text: &str) -> Amount {
 fn operators_offer_a_buyer_orders_the_chain_places_and_closing_refunds_once() {
     let dir = tempfile::tempdir().unwrap();
     let chain = dir.path().join("chain");
-    // The template chain has bonds (min_bond 10), which offers need.
-    kvasir_tests::genesis_init(&chain);
-    let node = Node::start(&chain, &dir.path().join("ledger"));
+    // The template chain has bonds (min_bond 10), which offers need, and pins the model they
+    // offer: its short name is its directory's, `tiny`.
+    let model = kvasir_tests::model("tiny");
+    kvasir_tests::genesis_init_with(&chain, &["--model", kvasir_tests::path_str(&model)]);
+    let node = Node::start_with_model(&chain, &dir.path().join("ledger"), &model);
     let key = |name: &str| dir.path().join(format!("{name}.key"));
     let (cheap, dear, buyer) = (key("cheap"), key("dear"), key("buyer"));
     node.funded_key(&chain, &cheap, "30");
@@ -32,7 +34,7 @@ fn operators_offer_a_buyer_orders_the_chain_places_and_closing_refunds_once() {
             "offer",
             "create",
             "--model",
-            "m",
+            "tiny",
             "--experts",
             "0-1:0-3",
             "--price",
@@ -54,14 +56,16 @@ fn operators_offer_a_buyer_orders_the_chain_places_and_closing_refunds_once() {
         serde_json::from_str(&node.json(&cheap, &offer("0.001"))).unwrap();
     let cheap_offer = created.offer.unwrap();
 
-    // The buyer orders two replicas; the chain places it at once on both operators.
+    // The buyer orders two replicas, naming the model by its id where the operators named
+    // it by its short name; the chain places it at once on both operators.
+    let tiny_id = model_id(&model);
     let ordered: MarketTxReport = serde_json::from_str(&node.json(
         &buyer,
         &[
             "order",
             "create",
             "--model",
-            "m",
+            &tiny_id,
             "--experts",
             "0-1:0-3",
             "--replicas",
@@ -92,7 +96,7 @@ fn operators_offer_a_buyer_orders_the_chain_places_and_closing_refunds_once() {
     );
     assert_eq!(report.order.reserve.kvr, kvr("0.003"));
     let coverage: CoverageView =
-        serde_json::from_str(&node.json(&buyer, &["market", "coverage", "m"])).unwrap();
+        serde_json::from_str(&node.json(&buyer, &["market", "coverage", "tiny"])).unwrap();
     assert_eq!(coverage.experts.len(), 8);
     for expert in &coverage.experts {
         assert_eq!((expert.placements, expert.replicas_wanted), (2, 2));
@@ -190,9 +194,10 @@ fn the_backbone_of_an_order_dispatches_only_to_placed_workers_who_are_paid_from_
             "offer",
             "create",
             "--model",
-            &model_id(&swarm),
+            &model_id(&swarm.model),
+            // Every expert: `*` resolved by the wallet against the shape the chain pins.
             "--experts",
-            "0-63:0-255",
+            "*:*",
             "--price",
             "0.01",
         ],
@@ -212,9 +217,9 @@ fn the_backbone_of_an_order_dispatches_only_to_placed_workers_who_are_paid_from_
             "order",
             "create",
             "--model",
-            &model_id(&swarm),
+            &model_id(&swarm.model),
             "--experts",
-            "0-63:0-255",
+            "*:*",
             "--max-price",
             "0.02",
             "--deposit",
@@ -308,9 +313,9 @@ fn the_backbone_of_an_order_dispatches_only_to_placed_workers_who_are_paid_from_
     swarm.workers.clear();
 }
 
-/// The id the swarm's model has on the chain (`kvasir-node model pin`).
-fn model_id(swarm: &kvasir_tests::swarm::Swarm) -> String {
-    let model = kvasir_tests::path_str(&swarm.model);
+/// The id the checkpoint in `model` has on the chain (`kvasir-node model pin`).
+fn model_id(model: &std::path::Path) -> String {
+    let model = kvasir_tests::path_str(model);
     let out = kvasir_tests::run("kvasir-node", &["model", "pin", "--model", model]);
     assert!(out.status.success(), "{}", kvasir_tests::stderr(&out));
     let pin: serde_json::Value = serde_json::from_str(&kvasir_tests::stdout(&out)).unwrap();
