@@ -49,12 +49,14 @@ pub struct Checked {
 /// the one remembered with it; the first time (or when `--genesis` names another chain) both
 /// are remembered, once checked. A chain id with a genesis hash must carry the node's; one
 /// without (a format-1 chain's bare name) is taken only from a node that says its chain is
-/// format 1, and, remembered, only from that URL.
+/// format 1, never with `--genesis`, and, remembered, only from that URL.
 pub fn check(client: &Client, url: &str, known: &Path, expected: Option<Hash>) -> Result<Checked> {
     let params = client.params()?;
     let (reported, chain_id) = (params.genesis_hash, params.chain_id);
     let carries_hash = chain_id.ends_with(&format!(":{reported}"));
-    if !carries_hash && (params.format >= 2 || chain_id.contains(':')) {
+    // A bare name binds no signature to a genesis, and nothing here can check a node's word
+    // that its chain is format 1: with `--genesis`, only an id carrying that hash is taken.
+    if !carries_hash && (params.format >= 2 || chain_id.contains(':') || expected.is_some()) {
         bail!(
             "{url} names its chain {chain_id:?}, which does not carry its genesis hash {reported}"
         );
