@@ -49,6 +49,7 @@ mod tests {
                 slash_fraction: Default::default(),
                 reporter_share: Default::default(),
                 jail_blocks: 0,
+                fees: Some(kvasir_ledger::fees::DEFAULT_FEES),
             },
             allocations: Vec::new(),
             authorities: Authorities {

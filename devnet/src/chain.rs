@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
+use kvasir_ledger::fees::DEFAULT_FEES;
 use kvasir_ledger::genesis::{Allocation, Authorities, ChainParams, ModelPin};
 use kvasir_ledger::{Address, Amount, Genesis, Hash, Keypair};
 use serde::Deserialize;
@@ -190,6 +191,7 @@ pub fn init_sealed(
         params: ChainParams {
             chain_id: name,
             format: kvasir_ledger::genesis::FORMAT,
+            fees: template.params.fees.or(Some(DEFAULT_FEES)),
             ..template.params.clone()
         },
         allocations: vec![Allocation {
@@ -240,7 +242,7 @@ mod tests {
         let genesis = Genesis::from_json(DEV_GENESIS).unwrap();
         assert_eq!(
             genesis.hash().to_string(),
-            "2760a17c910fd281c64ef6d9422a80e341f0555eeedd5b9506e847945242bdc4"
+            "7aeb81217451ee1c759fdc77fbdcf166104db853c0d61df713b62216fa9d75a5"
         );
         let roles: Vec<_> = DEV_KEYS.iter().map(|(role, _)| *role).collect();
         assert_eq!(roles, ROLES);

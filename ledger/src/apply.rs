@@ -11,6 +11,8 @@
 //! cannot depend on when the chain is re-verified.
 
 use crate::block::{Block, BlockHeader, BLOCK_OVERHEAD_BYTES, MAX_TIMESTAMP_MS};
+use crate::fees::{self, Lane, FULL};
+use crate::genesis::Genesis;
 use crate::hash::Hash;
 use crate::intent::{self, Intent};
 use crate::keys::Keypair;
@@ -41,6 +43,13 @@ pub enum BlockError {
     TooManyTxs { limit: u32, got: usize },
     #[error("block holds {got} pieces of evidence, over the limit of {MAX_BLOCK_EVIDENCE}")]
     TooMuchEvidence { got: usize },
+    #[error("block's open lane holds {bytes} bytes in {txs} transactions, over its share of {limit_bytes} bytes and {limit_txs} transactions (the rest is kept for credits and evidence)")]
+    OpenLaneFull {
+        bytes: u64,
+        txs: u64,
+        limit_bytes: u64,
+        limit_txs: u32,
+    },
     #[error("block is {got} bytes, over the limit of {limit}")]
     TooLarge { limit: u64, got: u64 },
     #[error("transaction root {got} does not match the transactions ({computed})")]
@@ -77,6 +86,28 @@ pub fn check_clock(header: &BlockHeader, now_ms: u64) -> Result<(), BlockError> 
     Ok(())
 }
 
+/// The open lane's share of a block, bytes and transactions: all of it on a chain without
+/// fees, else what the reserved lane leaves (`fees::open_lane`).
+fn open_capacity(genesis: &Genesis) -> (u64, u32) {
+    let p = &genesis.params;
+    match &p.fees {
+        Some(fees) => fees::open_lane(fees, p.max_block_bytes, p.max_block_txs),
+        None => (p.max_block_bytes, p.max_block_txs),
+    }
+}
+
+/// Bytes and count of the open lane's transactions among `txs`, on a chain with fees (on
+/// one without, nothing is measured, as nothing depends on it).
+fn open_use<'a>(genesis: &Genesis, txs: impl Iterator<Item = &'a SignedTx>) -> (u64, u64) {
+    if genesis.params.fees.is_none() {
+        return (0, 0);
+    }
+    txs.filter(|tx| Lane::of(&tx.tx.kind) == Lane::Open)
+        .fold((0, 0), |(bytes, count), tx| {
+            (bytes + tx.to_bytes().len() as u64, count + 1)
+        })
+}
+
 /// Runs one transaction's stateful check and execution on `state`; on any error `state` is
 /// left exactly as it was.
 fn run_tx(state: &mut State, tx: &SignedTx) -> Result<(), TxError> {
@@ -86,11 +117,20 @@ fn run_tx(state: &mut State, tx: &SignedTx) -> Result<(), TxError> {
     Ok(())
 }
 
-/// Closes a block's transactions at `height`: the block-boundary settlement, then the
-/// authenticated root over everything that changed.
-fn finish(state: &mut State, height: u64) -> Result<ChangeSet, TxError> {
-    state.end_block(height)?;
+/// Closes a block's transactions at `height`, whose open lane held `open` (bytes and
+/// transactions): the block-boundary settlement, then the authenticated root over
+/// everything that changed.
+fn finish(state: &mut State, height: u64, open: (u64, u64)) -> Result<ChangeSet, TxError> {
+    state.end_block(height, fullness(state.genesis(), open))?;
     Ok(state.commit_dirty())
+}
+
+/// How full a block's open lane was, in parts per `FULL`: by bytes or by count, whichever is
+/// fuller, as a flood of small transactions fills a block by count long before its bytes.
+fn fullness(genesis: &Genesis, (bytes, txs): (u64, u64)) -> u64 {
+    let (max_bytes, max_txs) = open_capacity(genesis);
+    let share = |used: u64, of: u64| (u128::from(used) * u128::from(FULL) / u128::from(of.max(1))) as u64;
+    share(bytes, max_bytes).max(share(txs, u64::from(max_txs)))
 }
 
 /// Verifies `block` against `parent` and returns the state after it and the entries it
@@ -154,6 +194,16 @@ pub fn apply_block(parent: &State, block: &Block) -> Result<(State, ChangeSet), 
             got: size,
         });
     }
+    let (limit_bytes, limit_txs) = open_capacity(genesis);
+    let (open_bytes, open_txs) = open_use(genesis, block.txs.iter());
+    if open_bytes > limit_bytes || open_txs > u64::from(limit_txs) {
+        return Err(BlockError::OpenLaneFull {
+            bytes: open_bytes,
+            txs: open_txs,
+            limit_bytes,
+            limit_txs,
+        });
+    }
     let computed = Block::tx_root(&block.txs);
     if computed != header.tx_root {
         return Err(BlockError::TxRoot {
@@ -169,10 +219,12 @@ pub fn apply_block(parent: &State, block: &Block) -> Result<(State, ChangeSet), 
         result.map_err(|e| invalid(index, e))?;
     }
     let mut state = parent.clone();
+    state.begin_block(header.proposer);
     for (index, tx) in block.txs.iter().enumerate() {
         run_tx(&mut state, tx).map_err(|e| invalid(index, e))?;
     }
-    let changes = finish(&mut state, height).map_err(|e| invalid(block.txs.len(), e))?;
+    let changes = finish(&mut state, height, (open_bytes, open_txs))
+        .map_err(|e| invalid(block.txs.len(), e))?;
     if state.root() != header.state_root {
         return Err(BlockError::StateRoot {
             computed: state.root(),
@@ -211,13 +263,17 @@ pub fn produce_block(
     let genesis = parent.genesis_arc().clone();
     let height = parent.height() + 1;
     let mut state = parent.clone();
+    state.begin_block(proposer.address());
     let mut txs = Vec::new();
     let mut rejected = Vec::new();
     let mut size = BLOCK_OVERHEAD_BYTES;
     let mut evidence = 0;
-    // Senders with a transaction too big for what is left of this block, or evidence past
-    // its share: their later ones wait too (they would fail on the nonce), while others'
-    // still fill it.
+    let (open_limit_bytes, open_limit_txs) = open_capacity(&genesis);
+    let fees = genesis.params.fees.is_some();
+    let (mut open_bytes, mut open_txs) = (0u64, 0u32);
+    // Senders with a transaction too big for what is left of this block (or of its lane),
+    // or evidence past its share: their later ones wait too (they would fail on the nonce),
+    // while others' still fill it.
     let mut deferred = std::collections::BTreeSet::new();
     for tx in candidates.iter().map(VerifiedTx::tx) {
         if txs.len() >= genesis.params.max_block_txs as usize {
@@ -228,13 +284,20 @@ pub fn produce_block(
         }
         let tx_size = tx.to_bytes().len() as u64;
         let evidence_full = is_evidence(tx) && evidence == MAX_BLOCK_EVIDENCE;
-        if size + tx_size > genesis.params.max_block_bytes || evidence_full {
+        let open = fees && Lane::of(&tx.tx.kind) == Lane::Open;
+        let open_full = open
+            && (open_bytes + tx_size > open_limit_bytes || open_txs >= open_limit_txs);
+        if size + tx_size > genesis.params.max_block_bytes || evidence_full || open_full {
             deferred.insert(tx.tx.sender);
             continue;
         }
         match run_tx(&mut state, tx) {
             Ok(()) => {
                 size += tx_size;
+                if open {
+                    open_bytes += tx_size;
+                    open_txs += 1;
+                }
                 evidence += usize::from(is_evidence(tx));
                 txs.push(tx.clone());
             }
@@ -245,7 +308,7 @@ pub fn produce_block(
         index: txs.len(),
         error,
     };
-    let changes = finish(&mut state, height).map_err(invalid)?;
+    let changes = finish(&mut state, height, (open_bytes, u64::from(open_txs))).map_err(invalid)?;
     let block = Block::seal(parent, txs, state.root(), timestamp_ms, proposer);
     state.set_head(height, block.hash(), timestamp_ms);
     Ok(Produced {
@@ -264,6 +327,7 @@ pub(crate) mod tests {
     use crate::genesis::Genesis;
     use crate::keys::Address;
     use crate::tx::tests::transfer;
+    use crate::fees::FeeBid;
     use crate::tx::{check_stateless, Receipt, Tx};
     use proptest::prelude::*;
 
@@ -285,15 +349,30 @@ pub(crate) mod tests {
         worker: Address,
         bytes: u64,
     ) -> SignedTx {
+        credit_on("kvasir-test", None, sender, nonce, hub, session_id, worker, bytes)
+    }
+
+    /// `credit_from` on the chain `chain_id`, bidding `fee`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn credit_on(
+        chain_id: &str,
+        fee: Option<FeeBid>,
+        sender: &Keypair,
+        nonce: u64,
+        hub: &Keypair,
+        session_id: u64,
+        worker: Address,
+        bytes: u64,
+    ) -> SignedTx {
         let receipt = Receipt {
-            chain_id: "kvasir-test".into(),
+            chain_id: chain_id.into(),
             hub: hub.address(),
             session_id,
             worker,
             order: 0,
             cumulative_bytes: bytes,
         };
-        TxKind::Credit(receipt.sign(hub)).signed("kvasir-test", sender, nonce)
+        TxKind::Credit(receipt.sign(hub)).signed_paying(chain_id, fee, sender, nonce)
     }
 
     fn with_nonce(state: &State, keys: &TestKeys, mut tx: SignedTx) -> SignedTx {
@@ -361,6 +440,165 @@ pub(crate) mod tests {
         let account = state.account(&worker);
         assert_eq!(account.balance.base_units(), 8_945_664);
         assert!(account.pending.is_empty());
+    }
+
+    /// A chain with fees: alice pays a transfer's price, burned, and its tip, to the block's
+    /// proposer; her balance falls by amount and fee, and nothing else moves.
+    #[test]
+    fn a_transfer_burns_its_price_and_tips_the_proposer() {
+        let (genesis, keys) = crate::genesis::tests::test_genesis_v2();
+        let g = genesis.clone();
+        let state = State::from_genesis(genesis);
+        let amount = Amount::parse("1").unwrap();
+        let kind = TxKind::Transfer {
+            to: keys.bob.address(),
+            amount,
+        };
+        let tip = Amount::from_base_units(7);
+        let fee = state.suggested_bid(Lane::of(&kind), tip);
+        let tx = kind.signed_paying(state.chain_id(), fee, &keys.alice, 0);
+        let bytes = tx.to_bytes().len() as u64;
+        let base = state.base_fee().base_units();
+        assert_eq!(base, 1000, "a new chain starts at the lowest base fee");
+        let after = block_of(&state, &keys, vec![tx]);
+        let burned = after.account(&g.burn_address()).balance.base_units();
+        assert_eq!(burned, bytes * base);
+        let tipped = after.account(&keys.validator.address()).balance.base_units();
+        assert_eq!(tipped, bytes * 7);
+        let spent = state.account(&keys.alice.address()).balance.base_units()
+            - after.account(&keys.alice.address()).balance.base_units();
+        assert_eq!(spent, amount.base_units() + burned + tipped);
+        assert_eq!(after.total_money(), state.total_money());
+        // A bid whose most is below price and tip is refused, and its sender keeps its money.
+        let kind = TxKind::Transfer {
+            to: keys.bob.address(),
+            amount,
+        };
+        let mut low = after.suggested_bid(Lane::of(&kind), tip).unwrap();
+        low.max_per_byte = Amount::from_base_units(1006);
+        let tx = kind.signed_paying(after.chain_id(), Some(low), &keys.alice, 1);
+        assert!(matches!(
+            rejection(&after, &keys, tx),
+            TxError::FeeBelowPrice { .. }
+        ));
+        // A fee bid on a chain without fees, or none on one with them, is malformed.
+        let (v1, _) = test_genesis();
+        let unpaid = TxKind::Transfer {
+            to: keys.bob.address(),
+            amount,
+        }
+        .signed(after.chain_id(), &keys.alice, 1);
+        let bid = Some(low);
+        let paid_on_v1 = TxKind::Transfer {
+            to: keys.bob.address(),
+            amount,
+        }
+        .signed_paying("kvasir-test", bid, &keys.alice, 0);
+        assert_eq!(
+            stateless_results(&g, &[unpaid])[0],
+            Err(TxError::FeeBidFormat { expected: true })
+        );
+        assert_eq!(
+            stateless_results(&v1, &[paid_on_v1])[0],
+            Err(TxError::FeeBidFormat { expected: false })
+        );
+    }
+
+    /// Keys that each hold enough for a few hundred transfers, on a chain with fees whose
+    /// blocks hold `max_txs` transactions.
+    fn crowded_chain(senders: u8, max_txs: u32) -> (State, TestKeys, Vec<Keypair>) {
+        let (mut genesis, keys) = crate::genesis::tests::test_genesis_v2();
+        genesis.params.max_block_txs = max_txs;
+        let crowd: Vec<Keypair> = (0..senders).map(|i| Keypair::from_seed(&[i + 100; 32])).collect();
+        for key in &crowd {
+            genesis.allocations.push(crate::genesis::Allocation {
+                address: key.address(),
+                amount: Amount::parse("10").unwrap(),
+            });
+        }
+        (State::from_genesis(genesis), keys, crowd)
+    }
+
+    /// Under a flood of transfers, the open lane fills to its share and no further, the base
+    /// fee climbs an eighth a block, and a credit still lands in the reserved lane at its fixed
+    /// price; once the flood stops, the fee falls back.
+    #[test]
+    fn a_flood_fills_only_the_open_lane_and_raises_its_price() {
+        let (mut state, keys, crowd) = crowded_chain(40, 40);
+        let (open_bytes, open_txs) = open_capacity(state.genesis());
+        assert_eq!(open_txs, 30);
+        let payee = keys.bob.address();
+        let mut fees = vec![state.base_fee()];
+        for session in 1..=4u64 {
+            let mut txs: Vec<SignedTx> = crowd
+                .iter()
+                .map(|key| {
+                    let kind = TxKind::Transfer {
+                        to: payee,
+                        amount: Amount::from_base_units(1),
+                    };
+                    kind.signed_next(&state, key)
+                })
+                .collect();
+            let lane = state.suggested_bid(Lane::Reserved, Amount::ZERO);
+            let nonce = state.account(&keys.gateway.address()).nonce;
+            let worker = keys.worker.address();
+            let credit = credit_on(
+                state.chain_id(),
+                lane,
+                &keys.gateway,
+                nonce,
+                &keys.hub,
+                session,
+                worker,
+                1_000_000,
+            );
+            // The credit comes last among the candidates and still gets in.
+            txs.push(credit.clone());
+            let produced =
+                produce_block(&state, &verified(&state, txs), &keys.validator, 0).unwrap();
+            let open: Vec<_> = produced
+                .block
+                .txs
+                .iter()
+                .filter(|tx| Lane::of(&tx.tx.kind) == Lane::Open)
+                .collect();
+            assert_eq!(open.len(), 30);
+            let used: u64 = open.iter().map(|tx| tx.to_bytes().len() as u64).sum();
+            assert!(used <= open_bytes);
+            assert!(produced.block.txs.contains(&credit));
+            state = apply_block(&state, &produced.block).unwrap().0;
+            fees.push(state.base_fee());
+        }
+        // Full by count (30 transfers of ~150 bytes are far from its bytes): up an eighth.
+        let units: Vec<u64> = fees.iter().map(|f| f.base_units()).collect();
+        assert_eq!(units, [1000, 1125, 1265, 1423, 1600]);
+        let state = block_of(&state, &keys, vec![]);
+        assert_eq!(state.base_fee().base_units(), 1400);
+    }
+
+    /// A block whose open lane takes more than its share is refused, whoever made it.
+    #[test]
+    fn a_block_past_its_open_share_is_refused() {
+        let (state, keys, crowd) = crowded_chain(31, 40);
+        let txs: Vec<SignedTx> = crowd
+            .iter()
+            .map(|key| {
+                let to = keys.bob.address();
+                let amount = Amount::from_base_units(1);
+                TxKind::Transfer { to, amount }.signed_next(&state, key)
+            })
+            .collect();
+        let time = state.timestamp_ms() + 1000;
+        let block = Block::seal(&state, txs, Hash::ZERO, time, &keys.validator);
+        assert!(matches!(
+            apply_block(&state, &block),
+            Err(BlockError::OpenLaneFull {
+                txs: 31,
+                limit_txs: 30,
+                ..
+            })
+        ));
     }
 
     #[test]
@@ -665,7 +903,32 @@ pub(crate) mod tests {
         #![proptest_config(ProptestConfig::with_cases(64))]
         #[test]
         fn money_is_conserved_and_invalid_txs_change_nothing(ops in proptest::collection::vec(op(), 1..60)) {
-            let (mut genesis, keys) = crate::genesis::tests::bonded_genesis();
+            let (genesis, keys) = crate::genesis::tests::bonded_genesis();
+            conserves(genesis, keys, ops, Vec::new())?;
+        }
+
+        /// The same on a chain with fees: every transaction's fee is burned or tipped to the
+        /// proposer, and a bid too low for the price is refused and changes nothing.
+        #[test]
+        fn money_is_conserved_with_fees(
+            ops in proptest::collection::vec(op(), 1..60),
+            bids in proptest::collection::vec((0u64..3000, prop::bool::weighted(0.1)), 60),
+        ) {
+            let (genesis, keys) = crate::genesis::tests::bonded_genesis_v2();
+            conserves(genesis, keys, ops, bids)?;
+        }
+    }
+
+    /// Runs `ops` on `genesis`, each transaction bidding a tip and, where `bids` says, a most
+    /// below the price (on a chain with fees), blocks closing where the ops say; money is
+    /// constant throughout, and a refused transaction changes nothing.
+    fn conserves(
+        mut genesis: Genesis,
+        keys: TestKeys,
+        ops: Vec<Op>,
+        bids: Vec<(u64, bool)>,
+    ) -> Result<(), TestCaseError> {
+        {
             // A small pool, so that owed claims and refills happen too.
             genesis.params.rewards_pool = Amount::from_base_units(2_000_000);
             let supply = u128::from(genesis.total_supply().base_units());
@@ -675,12 +938,24 @@ pub(crate) mod tests {
             let mut state = State::from_genesis(genesis)
                 .with_answer_check(std::sync::Arc::new(crate::tx::evidence::tests::HashCheck));
             let mut height = 0;
-            for op in ops {
+            let mut paying = 0;
+            state.begin_block(keys.validator.address());
+            let chain = g.chain_id();
+            for (i, op) in ops.into_iter().enumerate() {
+                let (tip, low) = bids.get(i).copied().unwrap_or_default();
+                let bid = |kind: &TxKind| {
+                    let mut bid = state.suggested_bid(Lane::of(kind), Amount::from_base_units(tip))?;
+                    if low {
+                        bid.max_per_byte = Amount::from_base_units(tip);
+                    }
+                    Some(bid)
+                };
                 let tx = match op {
                     Op::EndBlock => {
                         height += 1;
-                        finish(&mut state, height).unwrap();
+                        finish(&mut state, height, (height * 1_000_000 % 7_000_000, height % 3)).unwrap();
                         state.set_head(height, Hash::ZERO, 0);
+                        state.begin_block(keys.validator.address());
                         prop_assert_eq!(state.total_money(), supply);
                         continue;
                     }
@@ -688,31 +963,44 @@ pub(crate) mod tests {
                         let sender = users[from];
                         let nonce = state.account(&sender.address()).nonce.wrapping_add_signed(nonce_skew.into());
                         let to = users.get(to).map_or(pool, |k| k.address());
-                        Tx { chain_id: g.chain_id(), sender: sender.address(), nonce,
-                             kind: TxKind::Transfer { to, amount: Amount::from_base_units(units) } }.sign(sender)
+                        let kind = TxKind::Transfer { to, amount: Amount::from_base_units(units) };
+                        Tx { chain_id: chain.clone(), sender: sender.address(), nonce, fee: bid(&kind), kind }.sign(sender)
                     }
                     Op::Credit { by_gateway, real_hub, session, worker, bytes } => {
                         let sender = if by_gateway { &keys.gateway } else { &keys.alice };
                         let hub = if real_hub { &keys.hub } else { &keys.bob };
                         let nonce = state.account(&sender.address()).nonce;
-                        credit_from(sender, nonce, hub, session, users[worker].address(), bytes)
+                        let fee = g.params.fees.map(|fees| {
+                            let mut bid = FeeBid::suggested(&fees, state.base_fee(), Lane::Reserved, Amount::from_base_units(tip));
+                            if low {
+                                bid.max_per_byte = Amount::from_base_units(tip);
+                            }
+                            bid
+                        });
+                        credit_on(&chain, fee, sender, nonce, hub, session, users[worker].address(), bytes)
                     }
                     Op::Bond { who, units, unbond } => {
                         let amount = Amount::from_base_units(units);
                         let kind = if unbond { TxKind::Unbond { amount } } else { TxKind::Bond { amount } };
-                        kind.signed(&g.chain_id(), users[who], state.account(&users[who].address()).nonce)
+                        let fee = bid(&kind);
+                        kind.signed_paying(&chain, fee, users[who], state.account(&users[who].address()).nonce)
                     }
                     Op::Evidence { reporter, worker, session, wrong } => {
                         let answer = if wrong { vec![0; 32] } else { blake3::hash(b"rows").as_bytes().to_vec() };
-                        let evidence = crate::tx::evidence::tests::evidence(&keys, users[worker], session, 7, answer, &g.chain_id());
+                        let evidence = crate::tx::evidence::tests::evidence(&keys, users[worker], session, 7, answer, &chain);
                         let reporter = users[reporter];
-                        TxKind::Evidence(Box::new(evidence)).signed(&g.chain_id(), reporter, state.account(&reporter.address()).nonce)
+                        let kind = TxKind::Evidence(Box::new(evidence));
+                        let fee = bid(&kind);
+                        kind.signed_paying(&chain, fee, reporter, state.account(&reporter.address()).nonce)
                     }
                 };
                 let before_root = { let mut s = state.clone(); s.commit_dirty(); s.root() };
                 let before_accounts: Vec<_> = state.accounts().map(|(a, acc)| (*a, acc.clone())).collect();
                 let result = stateless_results(&g, std::slice::from_ref(&tx)).remove(0)
                     .and_then(|()| run_tx(&mut state, &tx));
+                if result.is_ok() && !matches!(tx.tx.kind, TxKind::Credit(_)) {
+                    paying += 1;
+                }
                 if result.is_err() {
                     let mut s = state.clone();
                     s.commit_dirty();
@@ -722,6 +1010,11 @@ pub(crate) mod tests {
                 }
                 prop_assert_eq!(state.total_money(), supply);
             }
+            // Every transaction but a credit pays from its sender's balance: burned, at least.
+            if g.params.fees.is_some() && paying > 0 {
+                prop_assert!(!state.account(&g.burn_address()).balance.is_zero());
+            }
         }
+        Ok(())
     }
 }

@@ -37,6 +37,15 @@ impl Fraction {
         Ok(Fraction(parts))
     }
 
+    /// `parts` parts per 10^9, at most the whole.
+    pub const fn from_billionths(parts: u64) -> Fraction {
+        if parts > BASE_UNITS_PER_KVR {
+            Fraction(BASE_UNITS_PER_KVR)
+        } else {
+            Fraction(parts)
+        }
+    }
+
     pub fn is_zero(self) -> bool {
         self.0 == 0
     }

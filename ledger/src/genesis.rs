@@ -15,6 +15,7 @@ use borsh::BorshSerialize;
 use serde::{Deserialize, Serialize};
 
 use crate::amount::Amount;
+use crate::fees::FeeParams;
 use crate::fraction::Fraction;
 use crate::hash::Hash;
 use crate::keys::Address;
@@ -142,6 +143,10 @@ pub struct ChainParams {
     #[serde(default, skip_serializing_if = "is_zero")]
     #[borsh(skip)]
     pub jail_blocks: u64,
+    /// What transactions pay (`fees`): set on every format-2 chain, never on a format-1 one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[borsh(skip)]
+    pub fees: Option<FeeParams>,
 }
 
 /// A chain's name: 1..=`MAX_CHAIN_ID_LEN` characters of [a-z0-9-].
@@ -230,6 +235,8 @@ pub enum GenesisError {
     BadModelId(String),
     #[error("genesis model {0:?}: on a format-2 chain a pin needs a name (1..={MAX_MODEL_NAME_LEN} characters of [a-z0-9.-], unique among the pins' names and ids), a shape of at least one layer and expert, and an arithmetic version")]
     BadModelDetails(String),
+    #[error("genesis fees: a format-2 chain needs them (a min_base_fee above zero, a lane_share below one), a format-1 chain has none")]
+    BadFees,
     #[error("genesis max_block_bytes ({limit}) cannot hold the largest transaction this chain takes: {needed} bytes with the block's own (evidence, when models are pinned)")]
     BlockTooSmall { limit: u64, needed: u64 },
 }
@@ -332,6 +339,17 @@ impl Genesis {
                 return Err(GenesisError::DuplicateModel(model.id.clone()));
             }
         }
+        let fees_ok = match &self.params.fees {
+            None => self.params.format == 1,
+            Some(fees) => {
+                self.params.format >= 2
+                    && !fees.min_base_fee.is_zero()
+                    && fees.lane_share < Fraction::ONE
+            }
+        };
+        if !fees_ok {
+            return Err(GenesisError::BadFees);
+        }
         if self.params.format >= 2 {
             let mut names = BTreeSet::new();
             for model in &self.models {
@@ -412,6 +430,11 @@ impl Genesis {
                 p.jail_blocks.to_le_bytes().to_vec(),
             ),
             ("format", p.format != 1, vec![p.format]),
+            (
+                "fees",
+                p.fees.is_some(),
+                borsh::to_vec(&p.fees).unwrap_or_default(),
+            ),
             (
                 "models",
                 !self.models.is_empty(),
@@ -536,6 +559,7 @@ pub(crate) mod tests {
                 slash_fraction: Fraction::ZERO,
                 reporter_share: Fraction::ZERO,
                 jail_blocks: 0,
+                fees: None,
             },
             allocations: vec![
                 Allocation {
@@ -561,7 +585,18 @@ pub(crate) mod tests {
     pub fn test_genesis_v2() -> (Genesis, TestKeys) {
         let (mut genesis, keys) = test_genesis();
         genesis.params.format = FORMAT;
+        genesis.params.fees = Some(test_fees());
         (genesis, keys)
+    }
+
+    /// A test chain's fees: a transfer (about 150 bytes) pays 0.00015 KVR at the lowest base
+    /// fee, a credit (about 300) 0.000003 KVR.
+    pub fn test_fees() -> FeeParams {
+        FeeParams {
+            min_base_fee: Amount::from_base_units(1000),
+            lane_fee: Amount::from_base_units(10),
+            lane_share: Fraction::parse("0.25").unwrap(),
+        }
     }
 
     /// `test_genesis` with bonds, slashing and a pinned model "m" (see `tx::evidence`).
@@ -585,6 +620,21 @@ pub(crate) mod tests {
             address: keys.worker.address(),
             amount: Amount::parse("50").unwrap(),
         });
+        (genesis, keys)
+    }
+
+    /// `bonded_genesis` in format 2, with fees (`test_fees`).
+    pub fn bonded_genesis_v2() -> (Genesis, TestKeys) {
+        let (mut genesis, keys) = bonded_genesis();
+        genesis.params.format = FORMAT;
+        genesis.params.fees = Some(test_fees());
+        let pin = &mut genesis.models[0];
+        pin.name = "m".into();
+        pin.shape = Some(ModelShape {
+            layers: 4,
+            experts: 8,
+        });
+        pin.arithmetic = 1;
         (genesis, keys)
     }
 
@@ -687,6 +737,7 @@ pub(crate) mod tests {
     fn a_format_2_pin_is_named_shaped_and_versioned() {
         let (mut genesis, _) = bonded_genesis();
         genesis.params.format = FORMAT;
+        genesis.params.fees = Some(test_fees());
         assert!(matches!(
             genesis.validate(),
             Err(GenesisError::BadModelDetails(id)) if id == "m"

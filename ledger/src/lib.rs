@@ -13,6 +13,7 @@ pub mod apply;
 pub mod block;
 pub mod certificate;
 mod error;
+pub mod fees;
 pub mod fraction;
 pub mod genesis;
 mod limits;

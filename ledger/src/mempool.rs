@@ -13,13 +13,22 @@
 //!   and no gap in its sender's nonces can park it), and at most one piece per (worker, hub,
 //!   session): one conviction is all a session's lie can bring, so copies under other
 //!   reporters' keys are refused before anyone recomputes them;
-//! - block candidates are taken round-robin across senders (in address order, each sender's
-//!   transactions in nonce order), so a block is shared among everyone waiting however many
-//!   transactions one of them has queued; waiting evidence alone goes before that. The order
-//!   is deterministic.
+//! - block candidates are taken by price: evidence first, then credits (the reserved lane,
+//!   `fees`), then by tip per byte, highest first, each sender's transactions in nonce order.
+//!   Among equal tips they are taken round-robin across senders (everyone's first before
+//!   anyone's second), so a block is shared among everyone waiting however many transactions
+//!   one of them has queued; the order of senders is shuffled afresh for every block (by a
+//!   hash of the parent block's hash and the address), so no address can be ground to
+//!   always come first. The order is deterministic;
+//! - when it is full, a transaction that bids more evicts the cheapest waiting ones, each
+//!   taken from the end of its sender's queue (its highest nonce), so no sender is left with
+//!   a gap; reserved-lane transactions go after every open one.
 
-use std::collections::{BTreeMap, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 
+use crate::amount::Amount;
+use crate::fees::Lane;
 use crate::genesis::Genesis;
 use crate::hash::Hash;
 use crate::keys::Address;
@@ -30,9 +39,9 @@ use crate::tx::{check_action, check_stateful, TxError, TxKind, VerifiedTx};
 pub enum MempoolError {
     #[error(transparent)]
     Invalid(#[from] TxError),
-    #[error("mempool is full ({0} transactions)")]
+    #[error("mempool is full ({0} transactions), and none waiting bids less than this one: raise its tip")]
     Full(usize),
-    #[error("mempool is full ({0} bytes)")]
+    #[error("mempool is full ({0} bytes), and not enough waiting bids less than this one: raise its tip")]
     FullBytes(usize),
     #[error("evidence against {worker} in session {session} of hub {hub} is already waiting")]
     EvidenceWaiting {
@@ -107,6 +116,20 @@ struct Slot {
     evidence: Option<EvidenceKey>,
 }
 
+/// How much a waiting transaction is worth keeping, lowest first: open-lane ones before
+/// reserved ones, then by tip per byte; equal ones by sender.
+type Worth = (bool, Amount, Address);
+
+fn worth(tx: &VerifiedTx) -> Worth {
+    let t = &tx.tx().tx;
+    (Lane::of(&t.kind) == Lane::Reserved, tip_of(tx), t.sender)
+}
+
+/// The tip per byte a transaction bids (none on a chain without fees).
+fn tip_of(tx: &VerifiedTx) -> Amount {
+    tx.tx().tx.fee.map_or(Amount::ZERO, |fee| fee.tip_per_byte)
+}
+
 pub struct Mempool {
     limits: Limits,
     /// Each sender's waiting transactions by nonce.
@@ -116,6 +139,8 @@ pub struct Mempool {
     bytes: usize,
     /// The one waiting piece of evidence against each (worker, hub, session).
     evidence: HashMap<EvidenceKey, Hash>,
+    /// The worth of each sender's last waiting transaction: what eviction takes from.
+    tails: BTreeSet<Worth>,
 }
 
 fn evidence_key(tx: &VerifiedTx) -> Option<EvidenceKey> {
@@ -133,6 +158,7 @@ impl Mempool {
             slot_of: HashMap::new(),
             bytes: 0,
             evidence: HashMap::new(),
+            tails: BTreeSet::new(),
         }
     }
 
@@ -158,7 +184,7 @@ impl Mempool {
         } else {
             check_action(state, tx.tx())?;
         }
-        Ok(self.keep(tx))
+        self.keep(tx)
     }
 
     /// As `insert`, for a transaction whose action the caller has just checked against a
@@ -175,7 +201,7 @@ impl Mempool {
             }
             .into());
         }
-        Ok(self.keep(tx))
+        self.keep(tx)
     }
 
     /// Whether `tx` would fit: not waiting already, its nonce free and within its sender's
@@ -219,16 +245,50 @@ impl Mempool {
                 limit: window,
             });
         }
-        if self.len() >= self.limits.capacity {
-            return Err(MempoolError::Full(self.limits.capacity));
-        }
-        if self.bytes + tx.tx().to_bytes().len() > self.limits.max_bytes {
-            return Err(MempoolError::FullBytes(self.limits.max_bytes));
-        }
-        Ok(())
+        self.evictions(tx).map(drop)
     }
 
-    fn keep(&mut self, tx: VerifiedTx) -> Hash {
+    /// The waiting transactions `tx` must evict to fit: none while there is room; else the
+    /// cheapest senders' last ones, each worth less than `tx`, never its own sender's (that
+    /// would leave `tx` after a gap). Refused when those cannot make room.
+    fn evictions(&self, tx: &VerifiedTx) -> Result<Vec<Hash>, MempoolError> {
+        let bytes = tx.tx().to_bytes().len();
+        let over_count = (self.len() + 1).saturating_sub(self.limits.capacity);
+        let over_bytes = (self.bytes + bytes).saturating_sub(self.limits.max_bytes);
+        let (mut freed_count, mut freed_bytes) = (0, 0);
+        let mut evicted = Vec::new();
+        let own = worth(tx);
+        for &(reserved, tip, sender) in &self.tails {
+            if freed_count >= over_count && freed_bytes >= over_bytes {
+                break;
+            }
+            if (reserved, tip) >= (own.0, own.1) {
+                break;
+            }
+            if sender == own.2 {
+                continue;
+            }
+            let Some((_, last)) = self.senders.get(&sender).and_then(|q| q.last_key_value())
+            else {
+                continue;
+            };
+            freed_count += 1;
+            freed_bytes += last.tx().to_bytes().len();
+            evicted.push(last.tx().hash());
+        }
+        if freed_count < over_count {
+            return Err(MempoolError::Full(self.limits.capacity));
+        }
+        if freed_bytes < over_bytes {
+            return Err(MempoolError::FullBytes(self.limits.max_bytes));
+        }
+        Ok(evicted)
+    }
+
+    /// Keeps `tx`, evicting what it must (`evictions`).
+    fn keep(&mut self, tx: VerifiedTx) -> Result<Hash, MempoolError> {
+        let evicted = self.evictions(&tx)?;
+        self.remove(evicted);
         let hash = tx.tx().hash();
         let slot = Slot {
             sender: tx.tx().tx.sender,
@@ -240,41 +300,64 @@ impl Mempool {
         if let Some(key) = slot.evidence {
             self.evidence.insert(key, hash);
         }
-        self.senders
-            .entry(slot.sender)
-            .or_default()
-            .insert(slot.nonce, tx);
+        let sender = slot.sender;
+        self.untail(&sender);
+        self.senders.entry(sender).or_default().insert(slot.nonce, tx);
+        self.retail(&sender);
         self.slot_of.insert(hash, slot);
-        hash
+        Ok(hash)
     }
 
-    /// Up to `limit` transactions for the next block: first each sender's waiting evidence
-    /// (megabytes where others are bytes: behind enough small senders it would be deferred
-    /// block after block, past the challenge window of the pay it should cancel), then
-    /// round-robin across senders in address order, each sender's in nonce order. Only the
-    /// evidence goes first, not its sender's later transactions.
-    pub fn candidates(&self, limit: usize) -> Vec<VerifiedTx> {
-        let mut queues: Vec<_> = self
-            .senders
-            .values()
-            .map(|queue| queue.values().peekable())
-            .collect();
-        let mut candidates = Vec::with_capacity(limit.min(self.len()));
-        for queue in &mut queues {
-            if candidates.len() >= limit {
-                return candidates;
-            }
-            if let Some(evidence) = queue.next_if(|tx| evidence_key(tx).is_some()) {
-                candidates.push(evidence.clone());
+    /// Forgets `sender`'s tail before its queue changes (`retail` records the new one).
+    fn untail(&mut self, sender: &Address) {
+        if let Some((_, last)) = self.senders.get(sender).and_then(|q| q.last_key_value()) {
+            self.tails.remove(&worth(last));
+        }
+    }
+
+    fn retail(&mut self, sender: &Address) {
+        if let Some((_, last)) = self.senders.get(sender).and_then(|q| q.last_key_value()) {
+            self.tails.insert(worth(last));
+        }
+    }
+
+    /// Up to `limit` transactions for the block after the one whose hash is `parent`, in the
+    /// order the module's doc gives: each sender's waiting evidence first (megabytes where
+    /// others are bytes: behind enough small senders it would be deferred block after block,
+    /// past the challenge window of the pay it should cancel), then credits, then by tip per
+    /// byte; equals round-robin, from a sender that `parent` picks.
+    pub fn candidates(&self, limit: usize, parent: &Hash) -> Vec<VerifiedTx> {
+        // The sender order among equals: a hash of the parent's and the sender's, a fresh
+        // shuffle every block.
+        let mix = |sender: &Address| Hash::of_parts(&[parent.as_bytes(), sender.as_bytes()]);
+        let rank = |tx: &VerifiedTx| match &tx.tx().tx.kind {
+            TxKind::Evidence(_) => 0u8,
+            TxKind::Credit(_) => 1,
+            _ => 2,
+        };
+        // Highest first: lowest rank, highest tip, lowest depth in its queue, lowest mix.
+        let key = |tx: &VerifiedTx, depth: usize, mixed: Hash| {
+            (Reverse(rank(tx)), tip_of(tx), Reverse(depth), Reverse(mixed))
+        };
+        let mut heads = BinaryHeap::with_capacity(self.senders.len());
+        for (sender, queue) in &self.senders {
+            if let Some((&nonce, first)) = queue.first_key_value() {
+                heads.push((key(first, 0, mix(sender)), *sender, 0usize, nonce));
             }
         }
-        while candidates.len() < limit && !queues.is_empty() {
-            queues.retain_mut(|queue| {
-                if candidates.len() >= limit {
-                    return true;
-                }
-                queue.next().map(|tx| candidates.push(tx.clone())).is_some()
-            });
+        let mut candidates = Vec::with_capacity(limit.min(self.len()));
+        while candidates.len() < limit {
+            let Some((_, sender, depth, nonce)) = heads.pop() else {
+                break;
+            };
+            let mut queue = self.senders[&sender].range(nonce..);
+            if let Some((_, tx)) = queue.next() {
+                candidates.push(tx.clone());
+            }
+            if let Some((&nonce, next)) = queue.next() {
+                let depth = depth + 1;
+                heads.push((key(next, depth, mix(&sender)), sender, depth, nonce));
+            }
         }
         candidates
     }
@@ -305,12 +388,14 @@ impl Mempool {
             if let Some(key) = slot.evidence {
                 self.evidence.remove(&key);
             }
+            self.untail(&slot.sender);
             if let Some(queue) = self.senders.get_mut(&slot.sender) {
                 queue.remove(&slot.nonce);
                 if queue.is_empty() {
                     self.senders.remove(&slot.sender);
                 }
             }
+            self.retail(&slot.sender);
         }
     }
 }
@@ -430,12 +515,14 @@ mod tests {
         let later = verified(state.genesis(), transfer(reporter, 1, payee, "0.000000001"));
         mempool.insert(&state, later).unwrap();
         let order: Vec<(Address, u64)> = mempool
-            .candidates(10)
+            .candidates(10, &Hash::ZERO)
             .iter()
             .map(|tx| (tx.tx().tx.sender, tx.tx().tx.nonce))
             .collect();
         let [r, a, b] = [reporter, first, second].map(Keypair::address);
-        assert_eq!(order, vec![(r, 0), (a, 0), (b, 0), (r, 1)]);
+        assert_eq!(order[0], (r, 0));
+        assert!(order[1..3].contains(&(a, 0)) && order[1..3].contains(&(b, 0)));
+        assert_eq!(order[3], (r, 1));
     }
 
     #[test]
@@ -483,7 +570,7 @@ mod tests {
         f.mempool.prune_stale(&f.state);
         let left: Vec<u64> = f
             .mempool
-            .candidates(10)
+            .candidates(10, &Hash::ZERO)
             .iter()
             .map(|tx| tx.tx().tx.nonce)
             .collect();
@@ -508,7 +595,7 @@ mod tests {
             Err(MempoolError::FullBytes(size + 100))
         );
         let hashes: Vec<Hash> = mempool
-            .candidates(10)
+            .candidates(10, &Hash::ZERO)
             .iter()
             .map(|t| t.tx().hash())
             .collect();
@@ -602,7 +689,7 @@ mod tests {
             let tx = verified(state.genesis(), transfer(&keys.alice, nonce, fresh, amount));
             mempool.insert(&state, tx).unwrap();
         }
-        let produced = produce_block(&state, &mempool.candidates(10), &keys.validator, 0).unwrap();
+        let produced = produce_block(&state, &mempool.candidates(10, &Hash::ZERO), &keys.validator, 0).unwrap();
         assert_eq!(produced.block.txs.len(), 2, "{:?}", produced.rejected);
         // At the sender's next nonce the full check applies: dust cannot create the account.
         let dust = verified(state.genesis(), transfer(&keys.bob, 0, fresh, "0.1"));
@@ -647,7 +734,7 @@ mod tests {
             f.pay(&alice, nonce).unwrap();
         }
         assert_eq!(f.pay(&alice, 3), Err(MempoolError::Full(3)));
-        let first = f.mempool.candidates(1)[0].tx().hash();
+        let first = f.mempool.candidates(1, &Hash::ZERO)[0].tx().hash();
         f.mempool.remove([first]);
         assert!(!f.mempool.contains(&first));
         f.pay(&alice, 3).unwrap();
@@ -668,26 +755,145 @@ mod tests {
         }
         f.pay(&other, 0).unwrap();
         f.pay(&other, 1).unwrap();
-        let picked = f.mempool.candidates(4);
+        let picked = f.mempool.candidates(4, &Hash::ZERO);
         let slots: Vec<(Address, u64)> = picked
             .iter()
             .map(|tx| (tx.tx().tx.sender, tx.tx().tx.nonce))
             .collect();
         let (a, b) = (flooder.address(), other.address());
-        assert_eq!(slots, [(a, 0), (b, 0), (a, 1), (b, 1)]);
+        let (x, y) = (slots[0].0, slots[1].0);
+        assert!((x, y) == (a, b) || (x, y) == (b, a));
+        assert_eq!(slots, [(x, 0), (y, 0), (x, 1), (y, 1)]);
         // Once the other sender is served, the rest goes to the flooder, in nonce order.
-        let all = f.mempool.candidates(10);
+        let all = f.mempool.candidates(10, &Hash::ZERO);
         let nonces: Vec<u64> = all
             .iter()
             .filter(|tx| tx.tx().tx.sender == a)
             .map(|tx| tx.tx().tx.nonce)
             .collect();
         assert_eq!(nonces, (0..8).collect::<Vec<_>>());
-        assert_eq!(f.mempool.candidates(10), all);
+        assert_eq!(f.mempool.candidates(10, &Hash::ZERO), all);
         assert_eq!(
-            f.mempool.candidates(1000).len(),
+            f.mempool.candidates(1000, &Hash::ZERO).len(),
             52,
             "every waiting one when the limit allows"
         );
+    }
+}
+
+/// The mempool on a chain with fees: priced order and eviction.
+#[cfg(test)]
+mod priced {
+    use super::*;
+    use crate::genesis::tests::test_genesis_v2;
+    use crate::keys::Keypair;
+    use crate::tx::check_stateless;
+
+    struct Priced {
+        state: State,
+        mempool: Mempool,
+        crowd: Vec<Keypair>,
+    }
+
+    impl Priced {
+        /// `senders` funded keys, a mempool of `capacity` transactions.
+        fn new(senders: u8, capacity: usize) -> Priced {
+            let (mut genesis, _) = test_genesis_v2();
+            let crowd: Vec<Keypair> = (0..senders)
+                .map(|i| Keypair::from_seed(&[i + 40; 32]))
+                .collect();
+            for key in &crowd {
+                genesis.allocations.push(crate::genesis::Allocation {
+                    address: key.address(),
+                    amount: Amount::parse("10").unwrap(),
+                });
+            }
+            let limits = Limits {
+                capacity,
+                per_sender: 16,
+                per_gateway: 16,
+                max_bytes: 1 << 30,
+            };
+            Priced {
+                state: State::from_genesis(genesis),
+                mempool: Mempool::new(limits),
+                crowd,
+            }
+        }
+
+        /// A transfer from sender `who` at `nonce`, tipping `tip` base units a byte.
+        fn pay(&mut self, who: usize, nonce: u64, tip: u64) -> Result<Hash, MempoolError> {
+            let kind = TxKind::Transfer {
+                to: Keypair::from_seed(&[99; 32]).address(),
+                amount: Amount::from_base_units(1),
+            };
+            let bid = self
+                .state
+                .suggested_bid(Lane::Open, Amount::from_base_units(tip));
+            let tx = kind.signed_paying(self.state.chain_id(), bid, &self.crowd[who], nonce);
+            let tx = check_stateless(self.state.genesis(), vec![tx]).remove(0).unwrap();
+            self.mempool.insert(&self.state, tx)
+        }
+
+        fn order(&self, parent: &Hash) -> Vec<(usize, u64)> {
+            let who = |sender: &Address| self.crowd.iter().position(|k| k.address() == *sender);
+            self.mempool
+                .candidates(100, parent)
+                .iter()
+                .map(|tx| (who(&tx.tx().tx.sender).unwrap(), tx.tx().tx.nonce))
+                .collect()
+        }
+    }
+
+    /// The highest tip goes first; equal tips go round-robin, starting from a sender the
+    /// parent block picks, so over blocks every sender comes first.
+    #[test]
+    fn candidates_go_by_tip_and_equals_take_turns_from_a_start_that_moves() {
+        let mut p = Priced::new(3, 100);
+        p.pay(0, 0, 0).unwrap();
+        p.pay(0, 1, 0).unwrap();
+        p.pay(1, 0, 0).unwrap();
+        p.pay(1, 1, 0).unwrap();
+        p.pay(2, 0, 5).unwrap();
+        p.pay(2, 1, 0).unwrap();
+        let mut first = BTreeSet::new();
+        for i in 0..16u8 {
+            let order = p.order(&Hash([i; 32]));
+            assert_eq!(order[0], (2, 0), "the tip goes first");
+            // Then everyone's nonce 0 before anyone's nonce 1, each sender in nonce order.
+            let depths: Vec<u64> = order.iter().map(|(_, nonce)| *nonce).collect();
+            assert_eq!(depths, [0, 0, 0, 1, 1, 1]);
+            first.insert(order[1].0);
+        }
+        assert_eq!(first.len(), 2, "both untipped senders start a round");
+    }
+
+    /// A full mempool takes a better-paying transaction by evicting the cheapest sender's
+    /// last one (never leaving a gap, never its own sender's); one that pays no more than
+    /// the cheapest is refused.
+    #[test]
+    fn a_full_mempool_evicts_the_cheapest_from_the_end_of_its_queue() {
+        let mut p = Priced::new(4, 4);
+        let cheap = [p.pay(0, 0, 0).unwrap(), p.pay(0, 1, 0).unwrap()];
+        p.pay(1, 0, 1).unwrap();
+        p.pay(1, 1, 1).unwrap();
+        assert_eq!(p.pay(2, 0, 0), Err(MempoolError::Full(4)));
+        p.pay(2, 0, 2).unwrap();
+        assert!(!p.mempool.contains(&cheap[1]) && p.mempool.contains(&cheap[0]));
+        // Its own sender's is never evicted for it: sender 2's next one takes sender 0's.
+        p.pay(2, 1, 2).unwrap();
+        assert!(!p.mempool.contains(&cheap[0]));
+        assert_eq!(p.mempool.len(), 4);
+        assert_eq!(p.pay(3, 0, 1), Err(MempoolError::Full(4)));
+        assert_eq!(p.order(&Hash::ZERO), [(2, 0), (2, 1), (1, 0), (1, 1)]);
+        // The mempool's bookkeeping follows: removing what a block took frees the room.
+        let all: Vec<Hash> = p
+            .mempool
+            .candidates(10, &Hash::ZERO)
+            .iter()
+            .map(|tx| tx.tx().hash())
+            .collect();
+        p.mempool.remove(all);
+        assert!(p.mempool.is_empty() && p.mempool.tails.is_empty());
     }
 }

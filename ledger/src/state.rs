@@ -12,6 +12,7 @@ use serde::Serialize;
 use crate::amount::Amount;
 use crate::block::genesis_block_with_root;
 use crate::error::TxError;
+use crate::fees::{FeeBid, Lane};
 use crate::genesis::{Genesis, ModelPin};
 use crate::hash::Hash;
 use crate::keys::Address;
@@ -201,6 +202,8 @@ pub struct ChangeSet {
     pub offers: Vec<Offer>,
     pub orders: Vec<Order>,
     pub placements: Vec<Placement>,
+    /// The base fee per byte, on a chain with fees (`fees`) when it changed.
+    pub base_fee: Option<Amount>,
 }
 
 #[derive(Clone)]
@@ -215,6 +218,12 @@ pub struct State {
     accounts: OrdMap<Address, Account>,
     receipts: OrdMap<MeterKey, ReceiptMark>,
     market: Market,
+    /// The open lane's price per byte for the next block (`fees::next_base_fee`); zero on a
+    /// chain without fees.
+    base_fee: Amount,
+    /// The proposer of the block being applied, paid its transactions' tips; set by
+    /// `begin_block`, not committed.
+    proposer: Option<Address>,
     tree: StateTree,
     /// How evidence is recomputed; a state without one refuses evidence (`TxError::CannotCheckEvidence`).
     answer_check: Option<Arc<dyn AnswerCheck>>,
@@ -227,6 +236,12 @@ pub struct State {
     dirty_offers: BTreeSet<u64>,
     dirty_orders: BTreeSet<u64>,
     dirty_placements: BTreeSet<u64>,
+    dirty_base_fee: bool,
+}
+
+/// The base fee's place in the state tree.
+fn base_fee_key() -> Hash {
+    Hash::of_parts(&[b"F"])
 }
 
 fn account_key(address: &Address) -> Hash {
@@ -274,6 +289,7 @@ impl State {
         let timestamp_ms = genesis.genesis_time_ms;
         let entries = ChangeSet {
             accounts,
+            base_fee: genesis.params.fees.map(|fees| fees.min_base_fee),
             ..ChangeSet::default()
         };
         let mut state = State::from_parts(Arc::new(genesis), 0, Hash::ZERO, timestamp_ms, entries);
@@ -300,6 +316,8 @@ impl State {
             accounts: OrdMap::new(),
             receipts: OrdMap::new(),
             market: Market::default(),
+            base_fee: Amount::ZERO,
+            proposer: None,
             tree: StateTree::default(),
             answer_check: None,
             maturing: OrdMap::new(),
@@ -309,7 +327,11 @@ impl State {
             dirty_offers: BTreeSet::new(),
             dirty_orders: BTreeSet::new(),
             dirty_placements: BTreeSet::new(),
+            dirty_base_fee: false,
         };
+        if let Some(base_fee) = entries.base_fee {
+            state.set_base_fee(base_fee);
+        }
         for (address, account) in entries.accounts {
             state.set_account(address, account);
         }
@@ -422,6 +444,33 @@ impl State {
         &self.market
     }
 
+    /// The open lane's price per byte in the next block; zero on a chain without fees.
+    pub fn base_fee(&self) -> Amount {
+        self.base_fee
+    }
+
+    /// `FeeBid::suggested` for `lane` on this chain now; `None` on a chain without fees.
+    pub fn suggested_bid(&self, lane: Lane, tip: Amount) -> Option<FeeBid> {
+        let fees = self.genesis.params.fees.as_ref()?;
+        Some(FeeBid::suggested(fees, self.base_fee, lane, tip))
+    }
+
+    fn set_base_fee(&mut self, base_fee: Amount) {
+        self.base_fee = base_fee;
+        self.dirty_base_fee = true;
+    }
+
+    /// Starts applying a block proposed by `proposer`, who is paid its transactions' tips.
+    pub(crate) fn begin_block(&mut self, proposer: Address) {
+        self.proposer = Some(proposer);
+    }
+
+    /// Whom the tips of the block being applied go to: its proposer; outside a block (a
+    /// mempool's checks), nobody is paid, and the burn address stands in.
+    pub(crate) fn tip_receiver(&self) -> Address {
+        self.proposer.unwrap_or_else(|| self.genesis.burn_address())
+    }
+
     /// Every base unit held: balances, pending rewards, bonds, unbondings and orders'
     /// escrows (the pool and the burned amount are accounts). Owed claims are not money and
     /// are not counted. Constant from genesis on.
@@ -486,7 +535,16 @@ impl State {
     /// (expiries, matching, pauses; `market::end_block`), then owed claims are paid from
     /// whatever the pool now holds (address order), then pending rewards whose settle
     /// height has come, and unbondings whose release height has, move into balances.
-    pub(crate) fn end_block(&mut self, height: u64) -> Result<(), TxError> {
+    /// First, on a chain with fees, the base fee moves by how full the block's open lane was
+    /// (`open_fullness`, in parts per `fees::FULL`).
+    pub(crate) fn end_block(&mut self, height: u64, open_fullness: u64) -> Result<(), TxError> {
+        if let Some(fees) = self.genesis.params.fees {
+            let next = crate::fees::next_base_fee(&fees, self.base_fee, open_fullness);
+            if next != self.base_fee {
+                self.set_base_fee(next);
+            }
+        }
+        self.proposer = None;
         crate::market::end_block(self, height)?;
         for address in self.owed.clone() {
             if self.account(&self.pool).balance.is_zero() {
@@ -564,6 +622,10 @@ impl State {
                 entries.push((market_key(b"placement", id), value));
                 changes.placements.push(placement.clone());
             }
+        }
+        if std::mem::take(&mut self.dirty_base_fee) {
+            entries.push((base_fee_key(), Hash::of_borsh(b"base-fee", &self.base_fee)));
+            changes.base_fee = Some(self.base_fee);
         }
         self.tree.update(entries);
         changes
@@ -687,6 +749,18 @@ impl<'a> Staged<'a> {
             .checked_add(amount)
             .ok_or(TxError::Overflow)?;
         self.set_account(address, account);
+        Ok(())
+    }
+
+    /// Pays a transaction's fee, taken from its payer already: its price to the burn
+    /// address, its tip to the block's proposer.
+    pub(crate) fn pay_fee(&mut self, charge: crate::fees::Charge) -> Result<(), TxError> {
+        if !charge.burned.is_zero() {
+            self.add_balance(self.state.genesis.burn_address(), charge.burned)?;
+        }
+        if !charge.tip.is_zero() {
+            self.add_balance(self.state.tip_receiver(), charge.tip)?;
+        }
         Ok(())
     }
 

@@ -168,6 +168,7 @@ pub fn genesis_with(n: u8) -> (Genesis, Vec<Keypair>) {
             slash_fraction: Default::default(),
             reporter_share: Default::default(),
             jail_blocks: 0,
+            fees: Some(kvasir_ledger::fees::DEFAULT_FEES),
         },
         allocations: Vec::new(),
         authorities: Authorities {

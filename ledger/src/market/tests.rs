@@ -826,6 +826,7 @@ fn an_order_that_exhausts_its_share_of_matching_holds_up_no_other() {
 fn on_format_2_the_market_takes_pinned_models_by_id_or_name_within_their_shape() {
     let (mut genesis, keys) = market_genesis();
     genesis.params.format = crate::genesis::FORMAT;
+    genesis.params.fees = Some(crate::genesis::tests::test_fees());
     let pin = &mut genesis.models[0];
     pin.name = "small".into();
     pin.shape = Some(crate::genesis::ModelShape {
@@ -834,9 +835,7 @@ fn on_format_2_the_market_takes_pinned_models_by_id_or_name_within_their_shape()
     });
     pin.arithmetic = 1;
     genesis.validate().unwrap();
-    let signed = |state: &State, key: &Keypair, kind: TxKind| {
-        kind.signed(state.chain_id(), key, state.account(&key.address()).nonce)
-    };
+    let signed = |state: &State, key: &Keypair, kind: TxKind| kind.signed_next(state, key);
     let state = State::from_genesis(genesis);
     let bond = TxKind::Bond { amount: kvr("10") };
     let state = block_of(&state, &keys, vec![signed(&state, &operator(0), bond)]);

@@ -21,6 +21,7 @@ use borsh::BorshDeserialize;
 
 pub use self::memory::MemoryStore;
 pub use self::sled::{open_sled, SledStore};
+use crate::amount::Amount;
 use crate::block::{genesis_block, Block};
 use crate::certificate::Certificate;
 use crate::genesis::Genesis;
@@ -41,6 +42,8 @@ const CERTIFICATE: &[u8] = b"c/";
 const OFFER: &[u8] = b"o/";
 const ORDER: &[u8] = b"d/";
 const PLACEMENT: &[u8] = b"p/";
+/// The base fee, on a chain with fees (absent from a record of a chain without).
+const BASE_FEE: &[u8] = b"m/base-fee";
 /// The record's format: how its state entries are encoded and which rules its blocks were
 /// made under. A record of another format cannot be loaded or re-verified by this build.
 const FORMAT: &[u8] = b"m/format";
@@ -300,6 +303,10 @@ impl<K: KeyValue> Storage for K {
             offers: scan_values(self, OFFER, "offer")?,
             orders: scan_values(self, ORDER, "order")?,
             placements: scan_values(self, PLACEMENT, "placement")?,
+            base_fee: match self.get(BASE_FEE)? {
+                Some(bytes) => Some(decode::<Amount>("base fee", &bytes)?),
+                None => None,
+            },
         };
         let state = State::from_parts(
             genesis,
@@ -359,6 +366,7 @@ fn write_genesis(kv: &impl KeyValue, genesis: &Genesis) -> Result<(), StoreError
     batch.insert(HISTORY_INDEXED.to_vec(), []);
     let changes = ChangeSet {
         accounts: state.accounts().map(|(a, acc)| (*a, acc.clone())).collect(),
+        base_fee: genesis.params.fees.map(|_| state.base_fee()),
         ..ChangeSet::default()
     };
     write_block(&mut batch, &genesis_block(genesis), &changes);
@@ -447,6 +455,9 @@ fn write_block(batch: &mut Batch, block: &Block, changes: &ChangeSet) {
     for placement in &changes.placements {
         let value = borsh::to_vec(placement).unwrap_or_default();
         batch.insert(key(PLACEMENT, &placement.id.to_be_bytes()), value);
+    }
+    if let Some(base_fee) = changes.base_fee {
+        batch.insert(BASE_FEE.to_vec(), borsh::to_vec(&base_fee).unwrap_or_default());
     }
     batch.insert(HEAD.to_vec(), height.to_be_bytes());
 }

@@ -7,6 +7,7 @@
 //! dispatches them, and the receipt itself.
 
 use crate::amount::Amount;
+use crate::fees::Charge;
 use crate::genesis::Genesis;
 use crate::intent::{self, Intent};
 use crate::keys::{Address, SignatureCheck};
@@ -48,6 +49,7 @@ pub(super) fn check_stateful(
     state: &State,
     sender: &Address,
     signed: &SignedReceipt,
+    charge: Charge,
 ) -> Result<(), TxError> {
     let genesis = state.genesis();
     if !genesis.is_gateway(sender) {
@@ -81,6 +83,11 @@ pub(super) fn check_stateful(
     genesis
         .earned_at(price, r.cumulative_bytes)
         .ok_or(TxError::Overflow)?;
+    // Likewise its pay must cover its fee; until it does, the gateway's next receipts for
+    // the session (counts are cumulative) bring the rest.
+    if let Some(pay) = pay_of(state, r)? {
+        net_of(&pay, charge)?;
+    }
     Ok(())
 }
 
@@ -114,54 +121,104 @@ fn placement_for(state: &State, order: u64, worker: &Address) -> Option<Placemen
         .cloned()
 }
 
-/// Pays the worker for the receipt's new bytes and raises the mark. Outside any order:
-/// `earned(new) - earned(old)` from the pool, what the pool cannot cover recorded as owed.
-/// For an order: the same count at the price of the worker's live placement under it,
-/// from the order's escrow as far as it goes; nothing when the worker is not placed for
-/// the order (the backbone should not have dispatched to it). Nothing either when the
-/// worker may not be paid.
-pub(super) fn execute(staged: &mut Staged, receipt: &Receipt) -> Result<(), TxError> {
+/// What a credit pays now: `due` for the receipt's new bytes, of which its source (the pool,
+/// or the order's escrow at the worker's placement's price) `covers` what it holds.
+struct Pay {
+    due: Amount,
+    covered: Amount,
+}
+
+/// What the receipt's new bytes pay: outside any order, `earned(new) - earned(old)` from the
+/// pool; for an order, the same count at the price of the worker's live placement under it,
+/// from the order's escrow. `None` when nothing is paid: the worker may not be paid, or is
+/// not placed for the order (the backbone should not have dispatched to it).
+fn pay_of(state: &State, receipt: &Receipt) -> Result<Option<Pay>, TxError> {
+    if !may_be_paid(state, receipt) {
+        return Ok(None);
+    }
+    let (price, held) = if receipt.order == 0 {
+        let pool = state.account(&state.rewards_pool()).balance;
+        (state.genesis().params.reward_per_unit, pool)
+    } else {
+        let Some(placement) = placement_for(state, receipt.order, &receipt.worker) else {
+            return Ok(None);
+        };
+        let order = state.market().order(receipt.order);
+        let escrow = order.ok_or(TxError::UnknownOrder(receipt.order))?.escrow;
+        (placement.price, escrow)
+    };
+    let old = state
+        .receipt_mark(&MeterKey::of(receipt))
+        .map_or(0, |mark| mark.cumulative_bytes);
+    let earned = |bytes| {
+        state
+            .genesis()
+            .earned_at(price, bytes)
+            .ok_or(TxError::Overflow)
+    };
+    let due = earned(receipt.cumulative_bytes)?
+        .checked_sub(earned(old)?)
+        .ok_or(TxError::Overflow)?;
+    Ok(Some(Pay {
+        due,
+        covered: due.min(held),
+    }))
+}
+
+/// What the worker keeps of a credit's pay: what its source covers, less the credit's fee,
+/// which it must cover.
+fn net_of(pay: &Pay, charge: Charge) -> Result<Amount, TxError> {
+    let fee = charge.total().ok_or(TxError::Overflow)?;
+    pay.covered
+        .checked_sub(fee)
+        .ok_or(TxError::CreditBelowFee {
+            pays: pay.covered,
+            fee,
+        })
+}
+
+/// Pays the worker for the receipt's new bytes (`pay_of`), less the credit's fee, and raises
+/// the mark. From the pool, what it cannot cover is recorded as owed; from an order, the
+/// escrow pays as far as it goes. A credit that pays nothing pays no fee either: it only
+/// raises the mark.
+pub(super) fn execute(
+    staged: &mut Staged,
+    receipt: &Receipt,
+    charge: Charge,
+) -> Result<(), TxError> {
     let key = MeterKey::of(receipt);
     let state = staged.state();
-    let old = state
-        .receipt_mark(&key)
-        .map_or(0, |mark| mark.cumulative_bytes);
-    let may_be_paid = may_be_paid(state, receipt);
-    if receipt.order == 0 {
-        let earned = |bytes| state.genesis().earned(bytes).ok_or(TxError::Overflow);
-        let mut delta = earned(receipt.cumulative_bytes)?
-            .checked_sub(earned(old)?)
-            .ok_or(TxError::Overflow)?;
-        if !may_be_paid {
-            delta = Amount::ZERO;
+    if let Some(pay) = pay_of(state, receipt)? {
+        let net = net_of(&pay, charge)?;
+        staged.pay_fee(charge)?;
+        if receipt.order == 0 {
+            let mut pool = staged.account(&state.rewards_pool());
+            pool.balance = pool
+                .balance
+                .checked_sub(pay.covered)
+                .ok_or(TxError::Overflow)?;
+            staged.set_account(state.rewards_pool(), pool);
+            let unpaid = pay.due.checked_sub(pay.covered).ok_or(TxError::Overflow)?;
+            if !unpaid.is_zero() {
+                let mut worker = staged.account(&receipt.worker);
+                worker.owed = worker.owed.checked_add(unpaid).ok_or(TxError::Overflow)?;
+                staged.set_account(receipt.worker, worker);
+            }
+        } else {
+            let mut order = staged
+                .order(receipt.order)
+                .ok_or(TxError::UnknownOrder(receipt.order))?;
+            order.escrow = order
+                .escrow
+                .checked_sub(pay.covered)
+                .ok_or(TxError::Overflow)?;
+            order.paid = order
+                .paid
+                .checked_add(pay.covered)
+                .ok_or(TxError::Overflow)?;
+            staged.set_order(order);
         }
-        let paid = staged.pay_from_pool(receipt.worker, delta, Some(key.session))?;
-        let unpaid = delta.checked_sub(paid).ok_or(TxError::Overflow)?;
-        if !unpaid.is_zero() {
-            let mut worker = staged.account(&receipt.worker);
-            worker.owed = worker.owed.checked_add(unpaid).ok_or(TxError::Overflow)?;
-            staged.set_account(receipt.worker, worker);
-        }
-    } else if let Some(placement) =
-        placement_for(state, receipt.order, &receipt.worker).filter(|_| may_be_paid)
-    {
-        let earned = |bytes| {
-            state
-                .genesis()
-                .earned_at(placement.price, bytes)
-                .ok_or(TxError::Overflow)
-        };
-        let delta = earned(receipt.cumulative_bytes)?
-            .checked_sub(earned(old)?)
-            .ok_or(TxError::Overflow)?;
-        let mut order = staged
-            .order(receipt.order)
-            .ok_or(TxError::UnknownOrder(receipt.order))?;
-        let paid = delta.min(order.escrow);
-        order.escrow = order.escrow.checked_sub(paid).ok_or(TxError::Overflow)?;
-        order.paid = order.paid.checked_add(paid).ok_or(TxError::Overflow)?;
-        staged.set_order(order);
-        staged.add_pending(receipt.worker, paid, Some(key.session), receipt.order)?;
+        staged.add_pending(receipt.worker, net, Some(key.session), receipt.order)?;
     }
     let mark = ReceiptMark {
         worker: receipt.worker,

@@ -29,11 +29,12 @@ pub use offer::NewOffer;
 pub use order::NewOrder;
 
 use crate::amount::Amount;
+use crate::fees::{self, Charge, FeeBid, Lane};
 use crate::genesis::Genesis;
 use crate::hash::Hash;
 use crate::intent::{self, Intent};
 use crate::keys::{Address, Keypair, Signature, SignatureBatch, SignatureCheck};
-use crate::state::{Staged, State, Writes};
+use crate::state::{Account, Staged, State, Writes};
 
 pub use crate::error::TxError;
 pub use crate::limits::{MAX_EVIDENCE_TX_BYTES, MAX_TX_BYTES};
@@ -76,24 +77,117 @@ pub enum TxKind {
 }
 
 impl TxKind {
-    /// This action as the transaction `nonce` of `sender` on `chain_id`, signed by `sender`.
+    /// This action as the transaction `nonce` of `sender` on the format-1 chain `chain_id`
+    /// (which has no fees), signed by `sender`.
     pub fn signed(self, chain_id: &str, sender: &Keypair, nonce: u64) -> SignedTx {
+        self.signed_paying(chain_id, None, sender, nonce)
+    }
+
+    /// This action as the transaction `nonce` of `sender` on `chain_id`, bidding `fee` (a
+    /// format-2 chain asks every transaction for one, a format-1 chain for none), signed by
+    /// `sender`.
+    pub fn signed_paying(
+        self,
+        chain_id: &str,
+        fee: Option<FeeBid>,
+        sender: &Keypair,
+        nonce: u64,
+    ) -> SignedTx {
         Tx {
             chain_id: chain_id.to_string(),
             sender: sender.address(),
             nonce,
+            fee,
             kind: self,
         }
         .sign(sender)
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, BorshSerialize, BorshDeserialize)]
+impl TxKind {
+    /// This action as `sender`'s next transaction on `state`'s chain, bidding the suggested
+    /// fee with no tip (`State::suggested_bid`).
+    pub fn signed_next(self, state: &State, sender: &Keypair) -> SignedTx {
+        let fee = state.suggested_bid(Lane::of(&self), Amount::ZERO);
+        let nonce = state.account(&sender.address()).nonce;
+        self.signed_paying(state.chain_id(), fee, sender, nonce)
+    }
+}
+
+/// A transaction. Encoded as it was before fees (format 1) when it bids none; with a bid, its
+/// encoding starts with `FORMAT_2_MARK` and the format byte, which no format-1 encoding can
+/// (those start with the chain id's length, far below it), so one decoder reads both and
+/// a format-1 chain's blocks keep their bytes and hashes.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tx {
     pub chain_id: String,
     pub sender: Address,
     pub nonce: u64,
+    /// What it pays (format 2); `None` on a format-1 chain.
+    pub fee: Option<FeeBid>,
     pub kind: TxKind,
+}
+
+/// What a format-2 transaction's encoding starts with, where a format-1 one has its chain
+/// id's length.
+const FORMAT_2_MARK: u32 = u32::MAX;
+/// The longest chain id a transaction may name as it is decoded (a format-2 id is a name of
+/// at most 64 characters, a colon and a 64-digit hash): a longer one is refused before it is
+/// read.
+const MAX_TX_CHAIN_ID: u32 = 256;
+
+impl BorshSerialize for Tx {
+    fn serialize<W: std::io::Write>(&self, writer: &mut W) -> std::io::Result<()> {
+        if let Some(fee) = &self.fee {
+            FORMAT_2_MARK.serialize(writer)?;
+            2u8.serialize(writer)?;
+            self.chain_id.serialize(writer)?;
+            self.sender.serialize(writer)?;
+            self.nonce.serialize(writer)?;
+            fee.serialize(writer)?;
+        } else {
+            self.chain_id.serialize(writer)?;
+            self.sender.serialize(writer)?;
+            self.nonce.serialize(writer)?;
+        }
+        self.kind.serialize(writer)
+    }
+}
+
+impl BorshDeserialize for Tx {
+    fn deserialize_reader<R: std::io::Read>(reader: &mut R) -> std::io::Result<Self> {
+        let invalid = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
+        let first = u32::deserialize_reader(reader)?;
+        let versioned = first == FORMAT_2_MARK;
+        if versioned && u8::deserialize_reader(reader)? != 2 {
+            return Err(invalid("unknown transaction format"));
+        }
+        let length = if versioned {
+            u32::deserialize_reader(reader)?
+        } else {
+            first
+        };
+        if length > MAX_TX_CHAIN_ID {
+            return Err(invalid("chain id too long"));
+        }
+        let mut id = vec![0; length as usize];
+        reader.read_exact(&mut id)?;
+        let chain_id = String::from_utf8(id).map_err(|_| invalid("chain id is not UTF-8"))?;
+        let sender = Address::deserialize_reader(reader)?;
+        let nonce = u64::deserialize_reader(reader)?;
+        let fee = if versioned {
+            Some(FeeBid::deserialize_reader(reader)?)
+        } else {
+            None
+        };
+        Ok(Tx {
+            chain_id,
+            sender,
+            nonce,
+            fee,
+            kind: TxKind::deserialize_reader(reader)?,
+        })
+    }
 }
 
 impl Tx {
@@ -202,6 +296,11 @@ fn check_format(
             got: t.chain_id.clone(),
         });
     }
+    if t.fee.is_some() != genesis.params.fees.is_some() {
+        return Err(TxError::FeeBidFormat {
+            expected: genesis.params.fees.is_some(),
+        });
+    }
     let message = intent::signing_message(Intent::Transaction, chain_id, t);
     let sender = SignatureCheck::new(&t.sender, &message, &tx.signature)
         .map_err(|_| TxError::BadSenderKey(t.sender))?;
@@ -277,18 +376,49 @@ fn check_chunk(genesis: &Genesis, chain_id: &str, chunk: &[SignedTx]) -> Vec<Res
         .collect()
 }
 
+/// What `tx` pays on `state`'s chain in the next block (`fees::charge`): nothing on a chain
+/// without fees.
+pub fn fee_charge(state: &State, tx: &SignedTx) -> Result<Charge, TxError> {
+    let (Some(params), Some(bid)) = (&state.genesis().params.fees, &tx.tx.fee) else {
+        return Ok(Charge::default());
+    };
+    let lane = Lane::of(&tx.tx.kind);
+    fees::charge(params, state.base_fee(), lane, bid, tx.to_bytes().len())
+}
+
+/// The sender's account as its action sees it: after paying `charge`, which it must cover.
+/// A credit's fee comes out of the pay it brings, not the gateway's balance.
+fn after_fee(state: &State, tx: &SignedTx, charge: Charge) -> Result<Account, TxError> {
+    let mut sender = state.account(&tx.tx.sender);
+    if matches!(tx.tx.kind, TxKind::Credit(_)) {
+        return Ok(sender);
+    }
+    let fee = charge.total().ok_or(TxError::Overflow)?;
+    sender.balance = sender
+        .balance
+        .checked_sub(fee)
+        .ok_or(TxError::InsufficientFunds {
+            balance: sender.balance,
+            needed: fee,
+        })?;
+    Ok(sender)
+}
+
 /// Stage two: may this transaction run against `state` now?
 pub fn check_stateful(state: &State, tx: &SignedTx) -> Result<(), TxError> {
     let t = &tx.tx;
-    let sender = state.account(&t.sender);
-    if t.nonce != sender.nonce {
+    let next = state.account(&t.sender).nonce;
+    if t.nonce != next {
         return Err(TxError::NonceMismatch {
-            expected: sender.nonce,
+            expected: next,
             got: t.nonce,
         });
     }
     match &t.kind {
-        TxKind::Transfer { to, amount } => transfer::check_stateful(state, &sender, to, *amount),
+        TxKind::Transfer { to, amount } => {
+            let sender = after_fee(state, tx, fee_charge(state, tx)?)?;
+            transfer::check_stateful(state, &sender, to, *amount)
+        }
         _ => check_action(state, tx),
     }
 }
@@ -302,20 +432,22 @@ pub fn check_stateful(state: &State, tx: &SignedTx) -> Result<(), TxError> {
 /// transfer's receiver) waits for `check_stateful` in production. A bond must be covered
 /// by today's balance, an unbond by today's bond (a predecessor could raise it, so this is
 /// stricter than production, never looser); evidence must already prove a wrong answer.
+/// Every transaction must cover its fee out of today's balance too (a credit, out of its pay).
 pub fn check_action(state: &State, tx: &SignedTx) -> Result<(), TxError> {
     let t = &tx.tx;
-    let sender = || state.account(&t.sender);
+    let charge = fee_charge(state, tx)?;
+    let sender = after_fee(state, tx, charge)?;
     match &t.kind {
-        TxKind::Transfer { amount, .. } => transfer::check_funds(&sender(), *amount),
-        TxKind::Credit(signed) => credit::check_stateful(state, &t.sender, signed),
-        TxKind::Bond { amount } => bond::check_bond(state, &sender(), *amount),
-        TxKind::Unbond { amount } => bond::check_unbond(state, &sender(), *amount),
+        TxKind::Transfer { amount, .. } => transfer::check_funds(&sender, *amount),
+        TxKind::Credit(signed) => credit::check_stateful(state, &t.sender, signed, charge),
+        TxKind::Bond { amount } => bond::check_bond(state, &sender, *amount),
+        TxKind::Unbond { amount } => bond::check_unbond(state, &sender, *amount),
         TxKind::Evidence(evidence) => evidence::check_stateful(state, evidence),
         TxKind::OfferCreate(new) => offer::check_create(state, &t.sender, new),
         TxKind::OfferWithdraw { offer } => offer::check_withdraw(state, &t.sender, *offer),
-        TxKind::OrderCreate(new) => order::check_create(state, &t.sender, &sender(), new),
+        TxKind::OrderCreate(new) => order::check_create(state, &t.sender, &sender, new),
         TxKind::OrderDeposit { order, amount } => {
-            order::check_deposit(state, &sender(), *order, *amount)
+            order::check_deposit(state, &sender, *order, *amount)
         }
         TxKind::OrderClose { order } => order::check_close(state, &t.sender, *order),
     }
@@ -323,16 +455,23 @@ pub fn check_action(state: &State, tx: &SignedTx) -> Result<(), TxError> {
 
 /// Stage three: what a transaction that passed both checks changes. Pure: it reads `state`
 /// and returns the writes; overflow is still checked, and a failure leaves nothing behind.
-/// The sender's nonce moves on first, then the action runs.
+/// The sender's nonce moves on and its fee is paid (a credit's, from its pay, by the
+/// action), then the action runs.
 pub(crate) fn execute(state: &State, tx: &SignedTx) -> Result<Writes, TxError> {
     let t = &tx.tx;
+    let charge = fee_charge(state, tx)?;
     let mut staged = Staged::new(state);
     let mut sender = staged.account(&t.sender);
     sender.nonce = sender.nonce.checked_add(1).ok_or(TxError::Overflow)?;
     staged.set_account(t.sender, sender);
+    if !matches!(t.kind, TxKind::Credit(_)) {
+        let fee = charge.total().ok_or(TxError::Overflow)?;
+        staged.sub_balance(t.sender, fee)?;
+        staged.pay_fee(charge)?;
+    }
     match &t.kind {
         TxKind::Transfer { to, amount } => transfer::execute(&mut staged, &t.sender, to, *amount),
-        TxKind::Credit(signed) => credit::execute(&mut staged, &signed.receipt),
+        TxKind::Credit(signed) => credit::execute(&mut staged, &signed.receipt, charge),
         TxKind::Bond { amount } => bond::execute_bond(&mut staged, &t.sender, *amount),
         TxKind::Unbond { amount } => bond::execute_unbond(&mut staged, &t.sender, *amount),
         TxKind::Evidence(evidence) => evidence::execute(&mut staged, &t.sender, evidence),
@@ -393,7 +532,8 @@ pub(crate) mod tests {
         twin.genesis_time_ms += 1;
         let to = keys.bob.address();
         let amount = Amount::parse("1").unwrap();
-        let signed = TxKind::Transfer { to, amount }.signed(&chain.chain_id(), &keys.alice, 0);
+        let state = State::from_genesis(chain.clone());
+        let signed = TxKind::Transfer { to, amount }.signed_next(&state, &keys.alice);
         assert_eq!(
             stateless_results(&chain, std::slice::from_ref(&signed)),
             vec![Ok(())]
@@ -433,9 +573,17 @@ pub(crate) mod tests {
             Err(TxError::TooLarge(_))
         ));
         // Only evidence may be larger than a plain transaction.
-        let mut long = tx.tx.clone();
-        long.chain_id = "x".repeat(MAX_TX_BYTES);
-        let long = long.sign(&keys.alice).to_bytes();
+        let receipt = Receipt {
+            chain_id: "x".repeat(MAX_TX_BYTES),
+            hub: keys.hub.address(),
+            session_id: 1,
+            worker: keys.worker.address(),
+            order: 0,
+            cumulative_bytes: 1,
+        };
+        let long = TxKind::Credit(receipt.sign(&keys.hub))
+            .signed("kvasir-test", &keys.gateway, 0)
+            .to_bytes();
         assert!(matches!(
             SignedTx::from_bytes(&long),
             Err(TxError::TooLarge(_))
@@ -444,12 +592,22 @@ pub(crate) mod tests {
 
     proptest! {
         #[test]
-        fn encoding_round_trips(nonce in any::<u64>(), units in any::<u64>(), seed in any::<[u8; 32]>()) {
+        fn encoding_round_trips(
+            nonce in any::<u64>(),
+            units in any::<u64>(),
+            seed in any::<[u8; 32]>(),
+            bid in proptest::option::of(any::<(u64, u64)>()),
+        ) {
             let from = Keypair::from_seed(&seed);
+            let fee = bid.map(|(max, tip)| FeeBid {
+                max_per_byte: Amount::from_base_units(max),
+                tip_per_byte: Amount::from_base_units(tip),
+            });
             let tx = Tx {
                 chain_id: "kvasir-test".into(),
                 sender: from.address(),
                 nonce,
+                fee,
                 kind: TxKind::Transfer { to: Address::from_bytes([9; 32]), amount: Amount::from_base_units(units) },
             }.sign(&from);
             prop_assert_eq!(SignedTx::from_bytes(&tx.to_bytes()), Ok(tx.clone()));
@@ -457,6 +615,7 @@ pub(crate) mod tests {
                 chain_id: "kvasir-test".into(),
                 sender: from.address(),
                 nonce,
+                fee,
                 kind: TxKind::Credit(Receipt {
                     chain_id: "kvasir-test".into(),
                     hub: from.address(),

@@ -79,6 +79,7 @@ pub(super) fn bench_genesis(validator: &Keypair, senders: &[Keypair], filler: us
             slash_fraction: Fraction::ZERO,
             reporter_share: Fraction::ZERO,
             jail_blocks: 0,
+            fees: None,
         },
         allocations,
         authorities: Authorities {

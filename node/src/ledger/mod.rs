@@ -379,7 +379,8 @@ impl Ledger {
             );
         }
         // Twice a block's worth: candidates that fail in the block leave room for others.
-        let candidates = lock(&self.mempool).candidates(self.block_limit.saturating_mul(2));
+        let candidates = lock(&self.mempool)
+            .candidates(self.block_limit.saturating_mul(2), &state.block_hash());
         let now = now_ms();
         let produced = produce_block(&state, &candidates, validator, now)?;
         check_clock(&produced.block.header, now)?;
