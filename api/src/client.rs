@@ -11,14 +11,15 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use kvasir_ledger::{Address, Hash, SignedTx};
+use kvasir_ledger::fees::Lane;
+use kvasir_ledger::{Address, Amount, Hash, Keypair, SignedTx, TxKind};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::ledger::{
-    AccountView, Batch, BatchVerdicts, BlockView, CreditedSession, ErrorBody, Head, History,
-    HubSessions, ParamsView, SessionMark, Submission, Submitted, TxState, TxStatus, Verdict,
-    PAGE_MAX,
+    AccountView, Batch, BatchVerdicts, BlockView, CreditedSession, ErrorBody, FeesView, Head,
+    History, HubSessions, ParamsView, SessionMark, Submission, Submitted, TxState, TxStatus,
+    Verdict, PAGE_MAX,
 };
 use crate::market::{
     percent, CoverageView, MarketQuery, OfferPage, OfferView, OrderPage, OrderView, PlacementPage,
@@ -232,6 +233,26 @@ impl Client {
     /// `GET /params`: the chain's genesis parameters.
     pub fn params(&self) -> Result<ParamsView, ClientError> {
         self.get("/params")
+    }
+
+    /// `GET /fees`: what a transaction pays in the next block.
+    pub fn fees(&self) -> Result<FeesView, ClientError> {
+        self.get("/fees")
+    }
+
+    /// `kind` as `key`'s next transaction on the chain `chain_id` (which the caller has
+    /// checked is this node's), bidding the suggested fee (`FeesView::bid`) and `tip` per
+    /// byte.
+    pub fn sign_next(
+        &self,
+        chain_id: &str,
+        kind: TxKind,
+        key: &Keypair,
+        tip: Amount,
+    ) -> Result<SignedTx, ClientError> {
+        let fee = self.fees()?.bid(Lane::of(&kind), tip);
+        let nonce = self.account(&key.address())?.nonce;
+        Ok(kind.signed_paying(chain_id, fee, key, nonce))
     }
 
     pub fn account(&self, address: &Address) -> Result<AccountView, ClientError> {

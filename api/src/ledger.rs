@@ -1,5 +1,6 @@
 //! The bodies of the ledger's REST API (`kvasir-node ledger`, relayed by the gateway).
 
+use kvasir_ledger::fees::{FeeBid, FeeParams, Lane};
 use kvasir_ledger::fraction::Fraction;
 use kvasir_ledger::state::Conviction;
 use kvasir_ledger::{Address, Amount, Hash};
@@ -177,6 +178,44 @@ pub struct ParamsView {
     /// orders may name, by id or name.
     #[serde(default)]
     pub models: Vec<PinnedModelView>,
+}
+
+/// `GET /fees`: what a transaction pays in the next block, per byte of its encoding
+/// (`kvasir_ledger::fees`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct FeesView {
+    /// The head the quote is for: the next block is the one after it.
+    pub height: u64,
+    /// Whether this chain charges fees (format 2). When not, every price below is zero and
+    /// transactions bid none.
+    pub charged: bool,
+    /// The open lane's price per byte in the next block, burned: everything but credits and
+    /// evidence pays it.
+    pub base_fee: AmountView,
+    /// The lowest the base fee goes.
+    pub min_base_fee: AmountView,
+    /// The reserved lane's fixed price per byte: credits and evidence.
+    pub lane_fee: AmountView,
+    /// The share of every block kept for the reserved lane.
+    #[schema(value_type = FractionText)]
+    pub lane_share: Fraction,
+    /// A tip per byte that puts a transaction into the next block among those waiting now:
+    /// zero unless the open lane has more waiting than one block holds.
+    pub suggested_tip: AmountView,
+}
+
+impl FeesView {
+    /// The bid a wallet makes for a transaction in `lane` tipping `tip` per byte
+    /// (`FeeBid::suggested`); `None` on a chain without fees.
+    pub fn bid(&self, lane: Lane, tip: Amount) -> Option<FeeBid> {
+        let params = FeeParams {
+            min_base_fee: self.min_base_fee.base_units,
+            lane_fee: self.lane_fee.base_units,
+            lane_share: self.lane_share,
+        };
+        self.charged
+            .then(|| FeeBid::suggested(&params, self.base_fee.base_units, lane, tip))
+    }
 }
 
 /// What a node that predates chain formats serves: format 1.

@@ -97,6 +97,21 @@ pub struct AddressReport {
     pub keyfile: PathBuf,
 }
 
+/// What a signed transaction pays (`kvasir_ledger::fees`), as the wallet quoted it before
+/// signing: its price at the base fee then and its tip, and the most its bid lets it pay if
+/// the base fee rises before it is included.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FeeReport {
+    /// Its encoding's bytes, what it pays per.
+    pub bytes: u64,
+    /// Its price at the quoted base fee: burned.
+    pub burned: Amount,
+    /// Its tip: to the proposer.
+    pub tip: Amount,
+    /// The most it pays.
+    pub at_most: Amount,
+}
+
 /// `kvasir-wallet transfer --json`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TransferReport {
@@ -104,6 +119,9 @@ pub struct TransferReport {
     pub height: u64,
     pub to: Address,
     pub amount: Amount,
+    /// What it paid in fees; absent on a chain without fees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fee: Option<FeeReport>,
 }
 
 /// `kvasir-wallet bond --json`.
@@ -112,6 +130,9 @@ pub struct BondReport {
     pub hash: Hash,
     pub height: u64,
     pub amount: Amount,
+    /// What it paid in fees; absent on a chain without fees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fee: Option<FeeReport>,
 }
 
 /// `kvasir-wallet unbond --json`: `amount` returns to the balance at `release_height`.
@@ -121,6 +142,9 @@ pub struct UnbondReport {
     pub height: u64,
     pub amount: Amount,
     pub release_height: u64,
+    /// What it paid in fees; absent on a chain without fees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fee: Option<FeeReport>,
 }
 
 /// `kvasir-wallet offer|order …` that signs a transaction, `--json`: the transaction, the
@@ -133,6 +157,9 @@ pub struct MarketTxReport {
     pub offer: Option<crate::market::OfferView>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub order: Option<crate::market::OrderView>,
+    /// What it paid in fees; absent on a chain without fees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fee: Option<FeeReport>,
 }
 
 /// `kvasir-wallet order show --json`: the order and every placement it has had.

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use kvasir_api::Client;
-use kvasir_ledger::keys::Keypair;
+use kvasir_ledger::fees::Lane;
+use kvasir_ledger::keys::{Address, Keypair};
 use kvasir_ledger::mempool::Limits;
 use kvasir_ledger::{Amount, SignedTx, TxKind};
 
@@ -14,8 +15,8 @@ pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Makes each of `workers` bonded at least the chain's `min_bond`, as an operator does
 /// before serving (a hub with a ledger admits only bonded keys): `faucet` sends each key
-/// exactly what its bond lacks and the key bonds that, so whatever else a worker holds is
-/// what it earned. A key bonded enough already (a second `dev` run) is left alone; a
+/// exactly what its bond lacks and the bond's fee, and the key bonds that, so whatever else
+/// a worker holds is what it earned (`faucet_pays`). A key bonded enough already (a second `dev` run) is left alone; a
 /// jailed key is an error, since no bond lets it serve. The transfers go out together and
 /// then the bonds, so any number of keys costs about two blocks. Returns what each key
 /// bonded now (zero: nothing was needed, or the chain has no bonds).
@@ -54,26 +55,75 @@ pub fn bond_workers(
         .filter(|(_, amount)| !amount.is_zero())
         .map(|(key, amount)| (*key, *amount))
         .collect();
-    let chain = params.chain_id.as_str();
-    let mut faucet_nonce = ledger.account(&faucet.address())?.nonce;
-    let transfers = short.iter().map(|(key, amount)| {
-        let to = key.address();
-        let tx = TxKind::Transfer {
-            to,
-            amount: *amount,
-        }
-        .signed(chain, faucet, faucet_nonce);
-        faucet_nonce += 1;
-        tx
-    });
-    commit_all(ledger, transfers.collect())?;
-    let mut bonds = Vec::with_capacity(short.len());
-    for (key, amount) in &short {
-        let nonce = ledger.account(&key.address())?.nonce;
-        bonds.push(TxKind::Bond { amount: *amount }.signed(chain, key, nonce));
-    }
-    commit_all(ledger, bonds)?;
+    let bonds = short
+        .iter()
+        .map(|(key, amount)| (*key, TxKind::Bond { amount: *amount }, *amount))
+        .collect();
+    faucet_pays(ledger, faucet, bonds)?;
     Ok(shortfalls)
+}
+
+/// Each `(key, kind, amount)`, one per key: `faucet` sends `key` the `amount` its transaction `kind` moves
+/// and that transaction's fee at today's base fee, exactly, then the key signs and submits
+/// it; so the key holds afterwards what it held before. The transfers go out together and
+/// then the keys' transactions, so any number of keys costs about two blocks. (Should the
+/// base fee rise between the two, a key's transaction is refused for its fee, by the
+/// ledger, with that reason.)
+pub fn faucet_pays(
+    ledger: &Client,
+    faucet: &Keypair,
+    each: Vec<(&Keypair, TxKind, Amount)>,
+) -> Result<()> {
+    if each.is_empty() {
+        return Ok(());
+    }
+    let chain = ledger.head()?.chain_id;
+    let fees = ledger.fees()?;
+    let mut signed = Vec::with_capacity(each.len());
+    let mut transfers = Vec::with_capacity(each.len());
+    let mut faucet_nonce = ledger.account(&faucet.address())?.nonce;
+    for (key, kind, amount) in each {
+        let lane = Lane::of(&kind);
+        let nonce = ledger.account(&key.address())?.nonce;
+        let tx = kind.signed_paying(&chain, fees.bid(lane, Amount::ZERO), key, nonce);
+        let price = match lane {
+            Lane::Open => fees.base_fee.base_units,
+            Lane::Reserved => fees.lane_fee.base_units,
+        };
+        let fee = price
+            .base_units()
+            .checked_mul(tx.to_bytes().len() as u64)
+            .context("a fee overflows")?;
+        let amount = amount
+            .checked_add(Amount::from_base_units(fee))
+            .context("a funding transfer overflows")?;
+        signed.push(tx);
+        if amount.is_zero() {
+            continue;
+        }
+        let fund = TxKind::Transfer {
+            to: key.address(),
+            amount,
+        };
+        let fund_fee = fees.bid(Lane::Open, Amount::ZERO);
+        transfers.push(fund.signed_paying(&chain, fund_fee, faucet, faucet_nonce));
+        faucet_nonce += 1;
+    }
+    commit_all(ledger, transfers)?;
+    commit_all(ledger, signed)
+}
+
+/// Tops `to` up from `faucet` to hold at least `amount` spendable: what a backbone's key
+/// needs to pay for the evidence it reports.
+pub fn top_up(ledger: &Client, faucet: &Keypair, to: Address, amount: Amount) -> Result<()> {
+    let balance = ledger.account(&to)?.balance.base_units;
+    let Some(short) = amount.checked_sub(balance).filter(|a| !a.is_zero()) else {
+        return Ok(());
+    };
+    let chain = ledger.head()?.chain_id;
+    let fund = TxKind::Transfer { to, amount: short };
+    let tx = ledger.sign_next(&chain, fund, faucet, Amount::ZERO)?;
+    commit_all(ledger, vec![tx])
 }
 
 /// Submits `txs` and waits until each is committed, in groups no larger than the nonces

@@ -8,7 +8,8 @@
 #![no_main]
 
 use kvasir_fuzz::{assert_supply_kept, dev_chain};
-use kvasir_ledger::{apply_block, check_stateless, produce_block, SignedTx, Tx, TxKind};
+use kvasir_ledger::fees::Lane;
+use kvasir_ledger::{apply_block, check_stateless, produce_block, Amount, SignedTx, Tx, TxKind};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|bytes: &[u8]| {
@@ -42,10 +43,16 @@ fuzz_target!(|bytes: &[u8]| {
         | TxKind::OrderDeposit { .. }
         | TxKind::OrderClose { .. }) => (&chain.faucet, kind),
     };
+    // The fuzzed bid, or (the dev chain asking every transaction for one) the one suggested.
+    let fee = signed
+        .tx
+        .fee
+        .or_else(|| state.suggested_bid(Lane::of(&kind), Amount::ZERO));
     let resigned = Tx {
         chain_id,
         sender: sender.address(),
         nonce: signed.tx.nonce,
+        fee,
         kind,
     }
     .sign(sender);

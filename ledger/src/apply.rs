@@ -129,7 +129,8 @@ fn finish(state: &mut State, height: u64, open: (u64, u64)) -> Result<ChangeSet,
 /// fuller, as a flood of small transactions fills a block by count long before its bytes.
 fn fullness(genesis: &Genesis, (bytes, txs): (u64, u64)) -> u64 {
     let (max_bytes, max_txs) = open_capacity(genesis);
-    let share = |used: u64, of: u64| (u128::from(used) * u128::from(FULL) / u128::from(of.max(1))) as u64;
+    let share =
+        |used: u64, of: u64| (u128::from(used) * u128::from(FULL) / u128::from(of.max(1))) as u64;
     share(bytes, max_bytes).max(share(txs, u64::from(max_txs)))
 }
 
@@ -285,8 +286,8 @@ pub fn produce_block(
         let tx_size = tx.to_bytes().len() as u64;
         let evidence_full = is_evidence(tx) && evidence == MAX_BLOCK_EVIDENCE;
         let open = fees && Lane::of(&tx.tx.kind) == Lane::Open;
-        let open_full = open
-            && (open_bytes + tx_size > open_limit_bytes || open_txs >= open_limit_txs);
+        let open_full =
+            open && (open_bytes + tx_size > open_limit_bytes || open_txs >= open_limit_txs);
         if size + tx_size > genesis.params.max_block_bytes || evidence_full || open_full {
             deferred.insert(tx.tx.sender);
             continue;
@@ -323,11 +324,11 @@ pub fn produce_block(
 pub(crate) mod tests {
     use super::*;
     use crate::amount::Amount;
+    use crate::fees::FeeBid;
     use crate::genesis::tests::{test_genesis, TestKeys};
     use crate::genesis::Genesis;
     use crate::keys::Address;
     use crate::tx::tests::transfer;
-    use crate::fees::FeeBid;
     use crate::tx::{check_stateless, Receipt, Tx};
     use proptest::prelude::*;
 
@@ -349,7 +350,16 @@ pub(crate) mod tests {
         worker: Address,
         bytes: u64,
     ) -> SignedTx {
-        credit_on("kvasir-test", None, sender, nonce, hub, session_id, worker, bytes)
+        credit_on(
+            "kvasir-test",
+            None,
+            sender,
+            nonce,
+            hub,
+            session_id,
+            worker,
+            bytes,
+        )
     }
 
     /// `credit_from` on the chain `chain_id`, bidding `fee`.
@@ -463,7 +473,10 @@ pub(crate) mod tests {
         let after = block_of(&state, &keys, vec![tx]);
         let burned = after.account(&g.burn_address()).balance.base_units();
         assert_eq!(burned, bytes * base);
-        let tipped = after.account(&keys.validator.address()).balance.base_units();
+        let tipped = after
+            .account(&keys.validator.address())
+            .balance
+            .base_units();
         assert_eq!(tipped, bytes * 7);
         let spent = state.account(&keys.alice.address()).balance.base_units()
             - after.account(&keys.alice.address()).balance.base_units();
@@ -509,7 +522,9 @@ pub(crate) mod tests {
     fn crowded_chain(senders: u8, max_txs: u32) -> (State, TestKeys, Vec<Keypair>) {
         let (mut genesis, keys) = crate::genesis::tests::test_genesis_v2();
         genesis.params.max_block_txs = max_txs;
-        let crowd: Vec<Keypair> = (0..senders).map(|i| Keypair::from_seed(&[i + 100; 32])).collect();
+        let crowd: Vec<Keypair> = (0..senders)
+            .map(|i| Keypair::from_seed(&[i + 100; 32]))
+            .collect();
         for key in &crowd {
             genesis.allocations.push(crate::genesis::Allocation {
                 address: key.address(),
@@ -944,7 +959,8 @@ pub(crate) mod tests {
             for (i, op) in ops.into_iter().enumerate() {
                 let (tip, low) = bids.get(i).copied().unwrap_or_default();
                 let bid = |kind: &TxKind| {
-                    let mut bid = state.suggested_bid(Lane::of(kind), Amount::from_base_units(tip))?;
+                    let mut bid =
+                        state.suggested_bid(Lane::of(kind), Amount::from_base_units(tip))?;
                     if low {
                         bid.max_per_byte = Amount::from_base_units(tip);
                     }
@@ -953,50 +969,133 @@ pub(crate) mod tests {
                 let tx = match op {
                     Op::EndBlock => {
                         height += 1;
-                        finish(&mut state, height, (height * 1_000_000 % 7_000_000, height % 3)).unwrap();
+                        finish(
+                            &mut state,
+                            height,
+                            (height * 1_000_000 % 7_000_000, height % 3),
+                        )
+                        .unwrap();
                         state.set_head(height, Hash::ZERO, 0);
                         state.begin_block(keys.validator.address());
                         prop_assert_eq!(state.total_money(), supply);
                         continue;
                     }
-                    Op::Transfer { from, to, units, nonce_skew } => {
+                    Op::Transfer {
+                        from,
+                        to,
+                        units,
+                        nonce_skew,
+                    } => {
                         let sender = users[from];
-                        let nonce = state.account(&sender.address()).nonce.wrapping_add_signed(nonce_skew.into());
+                        let nonce = state
+                            .account(&sender.address())
+                            .nonce
+                            .wrapping_add_signed(nonce_skew.into());
                         let to = users.get(to).map_or(pool, |k| k.address());
-                        let kind = TxKind::Transfer { to, amount: Amount::from_base_units(units) };
-                        Tx { chain_id: chain.clone(), sender: sender.address(), nonce, fee: bid(&kind), kind }.sign(sender)
+                        let kind = TxKind::Transfer {
+                            to,
+                            amount: Amount::from_base_units(units),
+                        };
+                        Tx {
+                            chain_id: chain.clone(),
+                            sender: sender.address(),
+                            nonce,
+                            fee: bid(&kind),
+                            kind,
+                        }
+                        .sign(sender)
                     }
-                    Op::Credit { by_gateway, real_hub, session, worker, bytes } => {
-                        let sender = if by_gateway { &keys.gateway } else { &keys.alice };
+                    Op::Credit {
+                        by_gateway,
+                        real_hub,
+                        session,
+                        worker,
+                        bytes,
+                    } => {
+                        let sender = if by_gateway {
+                            &keys.gateway
+                        } else {
+                            &keys.alice
+                        };
                         let hub = if real_hub { &keys.hub } else { &keys.bob };
                         let nonce = state.account(&sender.address()).nonce;
                         let fee = g.params.fees.map(|fees| {
-                            let mut bid = FeeBid::suggested(&fees, state.base_fee(), Lane::Reserved, Amount::from_base_units(tip));
+                            let mut bid = FeeBid::suggested(
+                                &fees,
+                                state.base_fee(),
+                                Lane::Reserved,
+                                Amount::from_base_units(tip),
+                            );
                             if low {
                                 bid.max_per_byte = Amount::from_base_units(tip);
                             }
                             bid
                         });
-                        credit_on(&chain, fee, sender, nonce, hub, session, users[worker].address(), bytes)
+                        credit_on(
+                            &chain,
+                            fee,
+                            sender,
+                            nonce,
+                            hub,
+                            session,
+                            users[worker].address(),
+                            bytes,
+                        )
                     }
                     Op::Bond { who, units, unbond } => {
                         let amount = Amount::from_base_units(units);
-                        let kind = if unbond { TxKind::Unbond { amount } } else { TxKind::Bond { amount } };
+                        let kind = if unbond {
+                            TxKind::Unbond { amount }
+                        } else {
+                            TxKind::Bond { amount }
+                        };
                         let fee = bid(&kind);
-                        kind.signed_paying(&chain, fee, users[who], state.account(&users[who].address()).nonce)
+                        kind.signed_paying(
+                            &chain,
+                            fee,
+                            users[who],
+                            state.account(&users[who].address()).nonce,
+                        )
                     }
-                    Op::Evidence { reporter, worker, session, wrong } => {
-                        let answer = if wrong { vec![0; 32] } else { blake3::hash(b"rows").as_bytes().to_vec() };
-                        let evidence = crate::tx::evidence::tests::evidence(&keys, users[worker], session, 7, answer, &chain);
+                    Op::Evidence {
+                        reporter,
+                        worker,
+                        session,
+                        wrong,
+                    } => {
+                        let answer = if wrong {
+                            vec![0; 32]
+                        } else {
+                            blake3::hash(b"rows").as_bytes().to_vec()
+                        };
+                        let evidence = crate::tx::evidence::tests::evidence(
+                            &keys,
+                            users[worker],
+                            session,
+                            7,
+                            answer,
+                            &chain,
+                        );
                         let reporter = users[reporter];
                         let kind = TxKind::Evidence(Box::new(evidence));
                         let fee = bid(&kind);
-                        kind.signed_paying(&chain, fee, reporter, state.account(&reporter.address()).nonce)
+                        kind.signed_paying(
+                            &chain,
+                            fee,
+                            reporter,
+                            state.account(&reporter.address()).nonce,
+                        )
                     }
                 };
-                let before_root = { let mut s = state.clone(); s.commit_dirty(); s.root() };
-                let before_accounts: Vec<_> = state.accounts().map(|(a, acc)| (*a, acc.clone())).collect();
-                let result = stateless_results(&g, std::slice::from_ref(&tx)).remove(0)
+                let before_root = {
+                    let mut s = state.clone();
+                    s.commit_dirty();
+                    s.root()
+                };
+                let before_accounts: Vec<_> =
+                    state.accounts().map(|(a, acc)| (*a, acc.clone())).collect();
+                let result = stateless_results(&g, std::slice::from_ref(&tx))
+                    .remove(0)
                     .and_then(|()| run_tx(&mut state, &tx));
                 if result.is_ok() && !matches!(tx.tx.kind, TxKind::Credit(_)) {
                     paying += 1;
@@ -1005,7 +1104,8 @@ pub(crate) mod tests {
                     let mut s = state.clone();
                     s.commit_dirty();
                     prop_assert_eq!(s.root(), before_root);
-                    let after: Vec<_> = state.accounts().map(|(a, acc)| (*a, acc.clone())).collect();
+                    let after: Vec<_> =
+                        state.accounts().map(|(a, acc)| (*a, acc.clone())).collect();
                     prop_assert_eq!(after, before_accounts);
                 }
                 prop_assert_eq!(state.total_money(), supply);

@@ -43,7 +43,11 @@ pub enum TxError {
     #[error("{}", if *expected { "this chain asks every transaction for a fee bid (format 2); the transaction has none" } else { "this chain has no fees (format 1); the transaction bids one" })]
     FeeBidFormat { expected: bool },
     #[error("fee bid too low: the price is {price} a byte, plus the tip of {tip}, and the bid pays at most {max} a byte")]
-    FeeBelowPrice { price: Amount, tip: Amount, max: Amount },
+    FeeBelowPrice {
+        price: Amount,
+        tip: Amount,
+        max: Amount,
+    },
     #[error("the credit's pay ({pays}) does not cover its fee ({fee}): it waits until the session's count has grown")]
     CreditBelowFee { pays: Amount, fee: Amount },
     #[error("{0} is not a gateway named in genesis and may not submit credits")]

@@ -268,8 +268,7 @@ impl Mempool {
             if sender == own.2 {
                 continue;
             }
-            let Some((_, last)) = self.senders.get(&sender).and_then(|q| q.last_key_value())
-            else {
+            let Some((_, last)) = self.senders.get(&sender).and_then(|q| q.last_key_value()) else {
                 continue;
             };
             freed_count += 1;
@@ -302,7 +301,10 @@ impl Mempool {
         }
         let sender = slot.sender;
         self.untail(&sender);
-        self.senders.entry(sender).or_default().insert(slot.nonce, tx);
+        self.senders
+            .entry(sender)
+            .or_default()
+            .insert(slot.nonce, tx);
         self.retail(&sender);
         self.slot_of.insert(hash, slot);
         Ok(hash)
@@ -337,7 +339,12 @@ impl Mempool {
         };
         // Highest first: lowest rank, highest tip, lowest depth in its queue, lowest mix.
         let key = |tx: &VerifiedTx, depth: usize, mixed: Hash| {
-            (Reverse(rank(tx)), tip_of(tx), Reverse(depth), Reverse(mixed))
+            (
+                Reverse(rank(tx)),
+                tip_of(tx),
+                Reverse(depth),
+                Reverse(mixed),
+            )
         };
         let mut heads = BinaryHeap::with_capacity(self.senders.len());
         for (sender, queue) in &self.senders {
@@ -360,6 +367,25 @@ impl Mempool {
             }
         }
         candidates
+    }
+
+    /// A tip per byte that would put a transaction into the next block, whose open lane holds
+    /// `room` transactions, ahead of what waits now: zero while fewer than that wait, else one
+    /// base unit above the tip of the last that would fit.
+    pub fn suggested_tip(&self, room: usize) -> Amount {
+        let mut tips: Vec<Amount> = self
+            .senders
+            .values()
+            .flat_map(BTreeMap::values)
+            .filter(|tx| Lane::of(&tx.tx().tx.kind) == Lane::Open)
+            .map(tip_of)
+            .collect();
+        if room == 0 || tips.len() < room {
+            return Amount::ZERO;
+        }
+        let (_, last, _) = tips.select_nth_unstable_by(room - 1, |a, b| b.cmp(a));
+        last.checked_add(Amount::from_base_units(1))
+            .unwrap_or(Amount::MAX)
     }
 
     /// Drops every transaction `state` has made stale: one whose nonce its sender has used
@@ -689,7 +715,13 @@ mod tests {
             let tx = verified(state.genesis(), transfer(&keys.alice, nonce, fresh, amount));
             mempool.insert(&state, tx).unwrap();
         }
-        let produced = produce_block(&state, &mempool.candidates(10, &Hash::ZERO), &keys.validator, 0).unwrap();
+        let produced = produce_block(
+            &state,
+            &mempool.candidates(10, &Hash::ZERO),
+            &keys.validator,
+            0,
+        )
+        .unwrap();
         assert_eq!(produced.block.txs.len(), 2, "{:?}", produced.rejected);
         // At the sender's next nonce the full check applies: dust cannot create the account.
         let dust = verified(state.genesis(), transfer(&keys.bob, 0, fresh, "0.1"));
@@ -831,7 +863,9 @@ mod priced {
                 .state
                 .suggested_bid(Lane::Open, Amount::from_base_units(tip));
             let tx = kind.signed_paying(self.state.chain_id(), bid, &self.crowd[who], nonce);
-            let tx = check_stateless(self.state.genesis(), vec![tx]).remove(0).unwrap();
+            let tx = check_stateless(self.state.genesis(), vec![tx])
+                .remove(0)
+                .unwrap();
             self.mempool.insert(&self.state, tx)
         }
 
@@ -895,5 +929,20 @@ mod priced {
             .collect();
         p.mempool.remove(all);
         assert!(p.mempool.is_empty() && p.mempool.tails.is_empty());
+    }
+
+    /// The suggested tip beats the last transaction that would fit in the next block, and is
+    /// zero while everything waiting fits.
+    #[test]
+    fn the_suggested_tip_outbids_the_last_that_fits() {
+        let mut p = Priced::new(4, 100);
+        for (who, tip) in [(0, 9), (1, 3), (2, 5), (3, 0)] {
+            p.pay(who, 0, tip).unwrap();
+        }
+        assert_eq!(p.mempool.suggested_tip(5), Amount::ZERO);
+        assert_eq!(p.mempool.suggested_tip(4), Amount::from_base_units(1));
+        assert_eq!(p.mempool.suggested_tip(2), Amount::from_base_units(6));
+        assert_eq!(p.mempool.suggested_tip(1), Amount::from_base_units(10));
+        assert_eq!(p.mempool.suggested_tip(0), Amount::ZERO);
     }
 }

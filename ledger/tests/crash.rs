@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use kvasir_devnet::crash::{self, Kills};
+use kvasir_ledger::fees::Lane;
 use kvasir_ledger::{
     check_stateless, produce_block, verify_chain, Address, Amount, Certificate, Genesis, Hash,
     Keypair, Receipt, SledStore, Storage, StoreError, TxKind,
@@ -61,7 +62,8 @@ fn crash_child_commits_blocks_forever() {
                 to,
                 amount: Amount::from_base_units(1 + i),
             };
-            txs.push(kind.signed(&genesis.chain_id(), &faucet, nonce(&faucet) + i));
+            let fee = state.suggested_bid(Lane::Open, Amount::ZERO);
+            txs.push(kind.signed_paying(state.chain_id(), fee, &faucet, nonce(&faucet) + i));
         }
         for session in 0..3u64 {
             let receipt = Receipt {
@@ -73,7 +75,9 @@ fn crash_child_commits_blocks_forever() {
                 cumulative_bytes: height * 100_003 + session,
             };
             let kind = TxKind::Credit(receipt.sign(&hub));
-            txs.push(kind.signed(&genesis.chain_id(), &gateway, nonce(&gateway) + session));
+            let fee = state.suggested_bid(Lane::Reserved, Amount::ZERO);
+            let nonce = nonce(&gateway) + session;
+            txs.push(kind.signed_paying(state.chain_id(), fee, &gateway, nonce));
         }
         let candidates: Vec<_> = check_stateless(&genesis, txs)
             .into_iter()

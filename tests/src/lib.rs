@@ -161,6 +161,7 @@ pub fn stderr(output: &Output) -> String {
 }
 
 pub mod network;
+pub mod pay;
 pub mod proxy;
 pub mod swarm;
 pub mod wallet;

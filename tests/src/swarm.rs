@@ -289,6 +289,14 @@ impl Swarm {
         }
         let backbone_key = dir.path().join("backbone.key");
         let backbone = new_key(&backbone_key);
+        if let Some(url) = &ledger_url {
+            // The backbone pays the fees of the evidence it reports, as `dev` funds it to.
+            let faucet = kvasir_keyfile::open(&chain.join("keys/faucet.key")).unwrap();
+            let client = kvasir_api::Client::new(url);
+            let funds = kvasir_ledger::Amount::parse("1").unwrap();
+            kvasir_devnet::funding::top_up(&client, &faucet, backbone.parse().unwrap(), funds)
+                .unwrap();
+        }
         let mut hub = start(
             "kvasir-node",
             &Swarm::hub_args(
@@ -488,6 +496,16 @@ impl Swarm {
         let faucet = kvasir_keyfile::open(&self.dir.path().join("chain/keys/faucet.key")).unwrap();
         let worker = kvasir_keyfile::open(keyfile).unwrap();
         kvasir_devnet::funding::bond_workers(&client, &faucet, &[&worker]).unwrap();
+    }
+
+    /// Sends the key in `keyfile` what it lacks of `kvr` spendable, from the faucet: what its
+    /// own transactions' fees need, beside the bond `bond` gives it.
+    pub fn top_up(&self, ledger: &str, keyfile: &Path, kvr: &str) {
+        let client = kvasir_api::Client::new(ledger);
+        let faucet = kvasir_keyfile::open(&self.dir.path().join("chain/keys/faucet.key")).unwrap();
+        let to = kvasir_keyfile::address(keyfile).unwrap();
+        let amount = kvasir_ledger::Amount::parse(kvr).unwrap();
+        kvasir_devnet::funding::top_up(&client, &faucet, to, amount).unwrap();
     }
 
     /// Starts a backbone generating greedily with `remote` experts dispatched.

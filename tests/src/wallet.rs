@@ -18,10 +18,21 @@ pub fn wallet(args: &[&str], passphrase: Option<&str>) -> Output {
     command.output().expect("running kvasir-wallet")
 }
 
-/// `output` is a failure that says `says` (any case) in one `error: ` line.
+/// What a failed command printed on stderr, less the fee line a command that signs prints
+/// first.
+pub fn error_text(output: &Output) -> String {
+    let printed = stderr(output);
+    match printed.split_once('\n') {
+        Some((fee, rest)) if fee.starts_with("fee: ") => rest.to_string(),
+        _ => printed,
+    }
+}
+
+/// `output` is a failure that says `says` (any case) in one `error: ` line (after the fee
+/// line).
 pub fn one_line_error(output: &Output, says: &str) {
     assert!(!output.status.success(), "{}", stdout(output));
-    let message = stderr(output);
+    let message = error_text(output);
     assert!(message.starts_with("error: "), "{message}");
     assert!(message.to_lowercase().contains(says), "{says}: {message}");
     assert_eq!(message.trim_end().lines().count(), 1, "{message}");

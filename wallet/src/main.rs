@@ -15,9 +15,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use kvasir_api::ledger::{Direction, HistoryEntry, HistoryEvent};
-use kvasir_api::reports::{AddressReport, BondReport, TransferReport, UnbondReport};
+use kvasir_api::ledger::{Direction, FeesView, HistoryEntry, HistoryEvent};
+use kvasir_api::reports::{AddressReport, BondReport, FeeReport, TransferReport, UnbondReport};
 use kvasir_api::Client;
+use kvasir_ledger::fees::{FeeBid, Lane};
 use kvasir_ledger::{Address, Amount, Hash, Keypair, TxKind};
 use serde::Serialize;
 
@@ -55,6 +56,11 @@ struct Cli {
     /// with a self-signed certificate, like the one `kvasir-node dev` starts).
     #[arg(long, global = true, env = "KVASIR_CA")]
     ca: Option<PathBuf>,
+    /// The tip a transaction pays its block's proposer, in KVR (`0.0001`), on top of its
+    /// price: a higher one gets it in sooner when blocks are full. Default: what the node
+    /// suggests (`GET /fees`), zero unless blocks are full.
+    #[arg(long, global = true)]
+    tip: Option<Amount>,
     #[command(subcommand)]
     command: Command,
 }
@@ -154,6 +160,8 @@ fn run(cli: Cli) -> Result<()> {
         client: &client,
         keyfile: &keyfile,
         chain_id,
+        tip: cli.tip,
+        quiet: cli.json,
     };
     match cli.command {
         Command::New { encrypt } => {
@@ -205,23 +213,25 @@ fn run(cli: Cli) -> Result<()> {
             print_report(cli.json, &account, || account.summary())?;
         }
         Command::Transfer { to, amount } => {
-            let Committed { hash, height } = signer.commit(TxKind::Transfer { to, amount })?;
+            let Committed { hash, height, fee } = signer.commit(TxKind::Transfer { to, amount })?;
             let report = TransferReport {
                 hash,
                 height,
                 to,
                 amount,
+                fee,
             };
             print_report(cli.json, &report, || {
                 format!("sent {amount} to {to} in transaction {hash}, committed at height {height}")
             })?;
         }
         Command::Bond { amount } => {
-            let Committed { hash, height } = signer.commit(TxKind::Bond { amount })?;
+            let Committed { hash, height, fee } = signer.commit(TxKind::Bond { amount })?;
             let report = BondReport {
                 hash,
                 height,
                 amount,
+                fee,
             };
             print_report(cli.json, &report, || {
                 format!("bonded {amount} in transaction {hash}, committed at height {height}")
@@ -230,7 +240,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Unbond { amount } => {
             // Read before signing, so that a failure here leaves nothing submitted.
             let unbonding_blocks = client.params()?.unbonding_blocks;
-            let Committed { hash, height } = signer.commit(TxKind::Unbond { amount })?;
+            let Committed { hash, height, fee } = signer.commit(TxKind::Unbond { amount })?;
             // The ledger releases an unbonding started in block H at H + unbonding_blocks.
             let release_height = height
                 .checked_add(unbonding_blocks)
@@ -240,6 +250,7 @@ fn run(cli: Cli) -> Result<()> {
                 height,
                 amount,
                 release_height,
+                fee,
             };
             print_report(cli.json, &report, || {
                 format!(
@@ -255,10 +266,11 @@ fn run(cli: Cli) -> Result<()> {
     Ok(())
 }
 
-/// A transaction as the chain took it: its hash and the height of its block.
+/// A transaction as the chain took it: its hash, the height of its block and its fee.
 struct Committed {
     hash: Hash,
     height: u64,
+    fee: Option<FeeReport>,
 }
 
 /// The key file, and the node of the chain it signs for (checked by `chains::check`).
@@ -266,21 +278,72 @@ struct Signer<'a> {
     client: &'a Client,
     keyfile: &'a Path,
     chain_id: &'a str,
+    /// `--tip`: the whole tip of each transaction; `None`, the node's suggestion.
+    tip: Option<Amount>,
+    /// Whether the fee line goes unprinted (`--json` carries it instead).
+    quiet: bool,
 }
 
 impl Signer<'_> {
     /// Signs `kind` with the key file for the checked chain (the next nonce from the
-    /// account), submits it and waits until it is committed: what every command that moves
-    /// money does. A refusal is the ledger's own reason, in one line.
+    /// account), bidding the fee the node quotes now (`GET /fees`), with room for the base
+    /// fee to double; prints what it pays before it is submitted; submits it and waits until
+    /// it is committed: what every command that moves money does. A refusal is the ledger's
+    /// own reason, in one line.
     fn commit(&self, kind: TxKind) -> Result<Committed> {
         let key = kvasir_keyfile::open(self.keyfile)?;
         let nonce = self.client.account(&key.address())?.nonce;
+        let quote = self.client.fees()?;
+        let lane = Lane::of(&kind);
+        // A bid's numbers are fixed-width: a draft has the signed transaction's size.
+        let draft =
+            kind.clone()
+                .signed_paying(self.chain_id, quote.bid(lane, Amount::ZERO), &key, nonce);
+        let bytes = draft.to_bytes().len() as u64;
+        let tip_per_byte = match self.tip {
+            Some(total) => Amount::from_base_units(total.base_units().div_ceil(bytes)),
+            None => quote.suggested_tip.base_units,
+        };
+        let bid = quote.bid(lane, tip_per_byte);
+        let fee = bid
+            .map(|bid| fee_report(&quote, lane, &bid, bytes))
+            .transpose()?;
+        if let (Some(fee), false) = (&fee, self.quiet) {
+            eprintln!(
+                "fee: {} now ({} burned, {} tip), at most {} if the base fee rises first",
+                fee.burned.checked_add(fee.tip).unwrap_or(Amount::MAX),
+                fee.burned,
+                fee.tip,
+                fee.at_most
+            );
+        }
         let hash = self
             .client
-            .submit(&kind.signed(self.chain_id, &key, nonce))?;
+            .submit(&kind.signed_paying(self.chain_id, bid, &key, nonce))?;
         let height = self.client.wait_committed(&hash, COMMIT_TIMEOUT)?;
-        Ok(Committed { hash, height })
+        Ok(Committed { hash, height, fee })
     }
+}
+
+/// What a transaction of `bytes` bytes in `lane` bidding `bid` pays at `quote`'s base fee.
+fn fee_report(quote: &FeesView, lane: Lane, bid: &FeeBid, bytes: u64) -> Result<FeeReport> {
+    let per_byte = |amount: Amount| {
+        amount
+            .base_units()
+            .checked_mul(bytes)
+            .map(Amount::from_base_units)
+            .context("the fee overflows")
+    };
+    let price = match lane {
+        Lane::Open => quote.base_fee.base_units,
+        Lane::Reserved => quote.lane_fee.base_units,
+    };
+    Ok(FeeReport {
+        bytes,
+        burned: per_byte(price)?,
+        tip: per_byte(bid.tip_per_byte)?,
+        at_most: per_byte(bid.max_per_byte)?,
+    })
 }
 
 /// `report` as one JSON object with `--json`, else the line `text` makes.

@@ -169,7 +169,7 @@ fn placement_line(p: &PlacementView) -> String {
 
 pub fn offer(command: OfferCommand, signer: &Signer, json: bool) -> Result<()> {
     let (client, keyfile) = (signer.client, signer.keyfile);
-    let (Committed { hash, height }, id) = match command {
+    let (Committed { hash, height, fee }, id) = match command {
         OfferCommand::Create {
             model,
             experts,
@@ -240,6 +240,7 @@ pub fn offer(command: OfferCommand, signer: &Signer, json: bool) -> Result<()> {
         height,
         offer: Some(offer.clone()),
         order: None,
+        fee,
     };
     print_report(json, &report, || {
         format!(
@@ -251,7 +252,7 @@ pub fn offer(command: OfferCommand, signer: &Signer, json: bool) -> Result<()> {
 
 pub fn order(command: OrderCommand, signer: &Signer, json: bool) -> Result<()> {
     let (client, keyfile) = (signer.client, signer.keyfile);
-    let (hash, height, id) = match command {
+    let (hash, height, fee, id) = match command {
         OrderCommand::Create {
             model,
             experts,
@@ -273,7 +274,7 @@ pub fn order(command: OrderCommand, signer: &Signer, json: bool) -> Result<()> {
                 end_height,
                 delegate,
             };
-            let Committed { hash, height } = signer.commit(TxKind::OrderCreate(new))?;
+            let Committed { hash, height, fee } = signer.commit(TxKind::OrderCreate(new))?;
             let order = created_at(
                 |after| {
                     let query = MarketQuery {
@@ -287,16 +288,17 @@ pub fn order(command: OrderCommand, signer: &Signer, json: bool) -> Result<()> {
                 height,
                 |o| o.created_height,
             )?;
-            (hash, height, order.id)
+            (hash, height, fee, order.id)
         }
         OrderCommand::Deposit { id, amount } => {
-            let Committed { hash, height } =
+            let Committed { hash, height, fee } =
                 signer.commit(TxKind::OrderDeposit { order: id, amount })?;
-            (hash, height, id)
+            (hash, height, fee, id)
         }
         OrderCommand::Close { id } => {
-            let Committed { hash, height } = signer.commit(TxKind::OrderClose { order: id })?;
-            (hash, height, id)
+            let Committed { hash, height, fee } =
+                signer.commit(TxKind::OrderClose { order: id })?;
+            (hash, height, fee, id)
         }
         OrderCommand::Show { id } => {
             let order = client.order(id)?;
@@ -315,6 +317,7 @@ pub fn order(command: OrderCommand, signer: &Signer, json: bool) -> Result<()> {
         height,
         offer: None,
         order: Some(order.clone()),
+        fee,
     };
     print_report(json, &report, || {
         format!(

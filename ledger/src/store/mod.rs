@@ -457,7 +457,10 @@ fn write_block(batch: &mut Batch, block: &Block, changes: &ChangeSet) {
         batch.insert(key(PLACEMENT, &placement.id.to_be_bytes()), value);
     }
     if let Some(base_fee) = changes.base_fee {
-        batch.insert(BASE_FEE.to_vec(), borsh::to_vec(&base_fee).unwrap_or_default());
+        batch.insert(
+            BASE_FEE.to_vec(),
+            borsh::to_vec(&base_fee).unwrap_or_default(),
+        );
     }
     batch.insert(HEAD.to_vec(), height.to_be_bytes());
 }

@@ -169,12 +169,10 @@ fn pay_of(state: &State, receipt: &Receipt) -> Result<Option<Pay>, TxError> {
 /// which it must cover.
 fn net_of(pay: &Pay, charge: Charge) -> Result<Amount, TxError> {
     let fee = charge.total().ok_or(TxError::Overflow)?;
-    pay.covered
-        .checked_sub(fee)
-        .ok_or(TxError::CreditBelowFee {
-            pays: pay.covered,
-            fee,
-        })
+    pay.covered.checked_sub(fee).ok_or(TxError::CreditBelowFee {
+        pays: pay.covered,
+        fee,
+    })
 }
 
 /// Pays the worker for the receipt's new bytes (`pay_of`), less the credit's fee, and raises

@@ -16,10 +16,13 @@ use kvasir_ledger::market::{Rect, Selection};
 use kvasir_ledger::tx::{NewOffer, NewOrder};
 use kvasir_ledger::{Address, Amount, Keypair, TxKind};
 
-use kvasir_devnet::funding::{commit_all, COMMIT_TIMEOUT};
+use kvasir_devnet::funding::{commit_all, faucet_pays, COMMIT_TIMEOUT};
 
 /// What the buyer deposits in each run's order.
 const DEPOSIT_KVR: &str = "5";
+/// What the buyer holds beyond the deposit for its order's fees (creating and closing it
+/// costs about 0.0005 KVR at the dev chain's lowest base fee).
+const FEE_ROOM_KVR: &str = "0.01";
 /// Blocks an order or offer of dev lasts; a run closes its order itself.
 const LIFETIME_BLOCKS: u64 = 100_000;
 
@@ -59,7 +62,7 @@ impl Drop for Placed {
 }
 
 /// Offers each worker key's experts `first..=last` (an open offer of the same experts and
-/// price from an earlier run is reused), funds the buyer, and orders every expert of
+/// price from an earlier run is reused; the faucet pays the fee), funds the buyer, and orders every expert of
 /// `model` with `backbone` as the delegate; returns once the chain has placed it.
 pub fn place(
     ledger_url: &str,
@@ -91,30 +94,36 @@ pub fn place(
                 && o.expiry_height > head + 1_000
         });
         if !reusable {
-            let nonce = ledger.account(&key.address())?.nonce;
             let new = NewOffer {
                 model: model.into(),
                 experts,
                 price,
                 expiry_height: head + LIFETIME_BLOCKS,
             };
-            offers.push(TxKind::OfferCreate(new).signed(chain, key, nonce));
+            offers.push((*key, TxKind::OfferCreate(new), Amount::ZERO));
         }
     }
-    commit_all(ledger, offers).context("offering the workers' experts")?;
+    // The faucet pays each offer's fee, so that a worker's balance is what it earned.
+    faucet_pays(ledger, faucet, offers).context("offering the workers' experts")?;
 
     let buyer = buyer_key(dir)?;
     let deposit = Amount::parse(DEPOSIT_KVR)?;
     let balance = ledger.account(&buyer.address())?.balance.base_units;
-    if balance < deposit {
-        let nonce = ledger.account(&faucet.address())?.nonce;
-        let amount = deposit.checked_sub(balance).unwrap_or(deposit);
+    // The deposit, and what the order's transactions pay in fees (`FEE_ROOM_KVR`).
+    let needed = deposit
+        .checked_add(Amount::parse(FEE_ROOM_KVR)?)
+        .unwrap_or(deposit);
+    if balance < needed {
+        let amount = needed.checked_sub(balance).unwrap_or(needed);
         let fund = TxKind::Transfer {
             to: buyer.address(),
             amount,
         };
-        commit_all(ledger, vec![fund.signed(chain, faucet, nonce)])
-            .context("funding the buyer from the faucet")?;
+        commit_all(
+            ledger,
+            vec![ledger.sign_next(chain, fund, faucet, Amount::ZERO)?],
+        )
+        .context("funding the buyer from the faucet")?;
     }
     let last_expert = config.num_experts.saturating_sub(1);
     let new = NewOrder {
@@ -126,8 +135,7 @@ pub fn place(
         end_height: ledger.head()?.height + LIFETIME_BLOCKS,
         delegate: Some(backbone),
     };
-    let nonce = ledger.account(&buyer.address())?.nonce;
-    let tx = TxKind::OrderCreate(new).signed(chain, &buyer, nonce);
+    let tx = ledger.sign_next(chain, TxKind::OrderCreate(new), &buyer, Amount::ZERO)?;
     let hash = ledger.submit(&tx)?;
     let height = ledger.wait_committed(&hash, COMMIT_TIMEOUT)?;
     // The node that answers the listing may not have applied that block yet (over several
@@ -212,11 +220,10 @@ pub fn report(ledger: &Client, placed: &Placed) -> Result<DevMarket> {
 pub fn close(ledger: &Client, placed: &mut Placed) -> Result<()> {
     placed.closed = true;
     let chain = ledger.head()?.chain_id;
-    let nonce = ledger.account(&placed.buyer.address())?.nonce;
-    let tx = TxKind::OrderClose {
+    let close = TxKind::OrderClose {
         order: placed.order,
-    }
-    .signed(&chain, &placed.buyer, nonce);
+    };
+    let tx = ledger.sign_next(&chain, close, &placed.buyer, Amount::ZERO)?;
     commit_all(ledger, vec![tx]).context("closing the order")?;
     let order = ledger.order(placed.order)?;
     println!(

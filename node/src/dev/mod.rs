@@ -25,14 +25,14 @@ use kvasir_inference::config::Config;
 use kvasir_inference::generate::Sampling;
 use kvasir_inference::synth::{preset, synthesize};
 use kvasir_ledger::fraction::Fraction;
-use kvasir_ledger::{verify_chain, Address, Genesis, Keypair, SledStore};
+use kvasir_ledger::{verify_chain, Address, Amount, Genesis, Keypair, SledStore};
 
 use crate::answers::PinnedAnswers;
 use crate::engine::{load_local, model_pin, run_generation, Backend};
 use kvasir_devnet::chain::{
     genesis_path, init_sealed, install_dev_chain, key_path, load_template, MAX_VALIDATORS,
 };
-use kvasir_devnet::funding::bond_workers;
+use kvasir_devnet::funding::{bond_workers, top_up};
 use kvasir_devnet::loopback::ledger_dir;
 use kvasir_devnet::{current_exe, Loopback, Mode, Process};
 use kvasir_wire::model_id;
@@ -101,6 +101,10 @@ fn ensure_model(dir: &Path, name: &str) -> Result<()> {
     bar.finish_and_clear();
     Ok(())
 }
+
+/// What the backbone's key holds to pay for the evidence it reports: a thousand pieces'
+/// fees at the dev chain's reserved-lane price.
+const REPORTER_FUNDS_KVR: &str = "1";
 
 /// The presets the dev chain pins (`genesis/dev`), the ones dev can serve.
 const DEV_CHAIN_PRESETS: [&str; 4] = ["tiny", "tiny-qwen2", "small", "qwen35-small"];
@@ -210,6 +214,10 @@ pub fn run(args: Args) -> Result<()> {
         &faucet,
         &keys.iter().map(|(_, k)| k).collect::<Vec<_>>(),
     )?;
+    // The backbone reports the evidence its audits find, paying each one's fee.
+    let reporter_funds = Amount::parse(REPORTER_FUNDS_KVR)?;
+    top_up(&ledger, &faucet, swarm.backbone.address(), reporter_funds)
+        .context("funding the backbone's key for the evidence it reports")?;
     let min_bond = ledger.params()?.min_bond.base_units;
     let url = Loopback::swarm_url(swarm.gateway_addr.port());
     let lie = [

@@ -13,7 +13,8 @@ use anyhow::{Context, Result};
 use kvasir_api::ledger::PAGE_MAX;
 use kvasir_api::registry::ReceiptEntry;
 use kvasir_api::Client;
-use kvasir_ledger::{Address, Keypair, SignedReceipt, TxKind};
+use kvasir_ledger::fees::Lane;
+use kvasir_ledger::{Address, Amount, Keypair, SignedReceipt, TxKind};
 use rayon::prelude::*;
 
 use super::stats::Stats;
@@ -123,6 +124,9 @@ impl Crediting {
         // Every credit admitted: only then may the mark move past what this round listed.
         let mut all_admitted = true;
         let chain_id = self.ledger.head()?.chain_id;
+        // Credits travel in the reserved lane, whose price does not move: one quote serves
+        // the round. Each pays its fee out of the pay it brings.
+        let fee = self.ledger.fees()?.bid(Lane::Reserved, Amount::ZERO);
         let mut nonce = self.ledger.account(&self.key.address())?.nonce;
         let mut admitted = 0;
         let mut uncredited_bytes = 0u64;
@@ -189,7 +193,8 @@ impl Crediting {
                 .into_par_iter()
                 .enumerate()
                 .map(|(i, signed)| {
-                    TxKind::Credit(signed).signed(&chain_id, &self.key, nonce + i as u64)
+                    let nonce = nonce + i as u64;
+                    TxKind::Credit(signed).signed_paying(&chain_id, fee, &self.key, nonce)
                 })
                 .collect();
             nonce += credits.len() as u64;

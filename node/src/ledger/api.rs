@@ -6,6 +6,7 @@
 //! - `GET  /healthz`
 //! - `GET  /head`: the head block, and which validators' precommits committed it
 //! - `GET  /params`: the genesis parameters (rewards, challenge window, bonds, slashing)
+//! - `GET  /fees`: what a transaction pays in the next block, and a tip that gets it in
 //! - `GET  /validators`: the validator set, its voting power and the quorum
 //! - `GET  /accounts/{address}`: settled balance, pending rewards with settle heights and
 //!   sessions, nonce, bond, unbonding amounts with release heights, jail
@@ -32,7 +33,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use kvasir_api::ledger::{
     AccountView, Batch, BatchVerdicts, BlockView, CertificateView, CommitSignatureView,
-    ConvictionView, CreditedSession, Direction, ErrorBody, Head, History, HistoryEntry,
+    ConvictionView, CreditedSession, Direction, ErrorBody, FeesView, Head, History, HistoryEntry,
     HistoryEvent, HubSessions, OrderQuery, PageQuery, ParamsView, PendingView, PinnedModelView,
     SessionMark, SessionRef, Submission, Submitted, TxState, TxStatus, UnbondingView,
     ValidatorView, ValidatorsView, Verdict,
@@ -40,10 +41,12 @@ use kvasir_api::ledger::{
 use kvasir_api::schema::{AddressText, HashText};
 use kvasir_api::Object;
 use kvasir_ledger::certificate::ValidatorSet;
+use kvasir_ledger::fees::FeeParams;
+use kvasir_ledger::fraction::Fraction;
 use kvasir_ledger::mempool::MempoolError;
 use kvasir_ledger::state::{MeterKey, SessionKey};
 use kvasir_ledger::store::{Storage, TxLocation};
-use kvasir_ledger::{Address, Block, Certificate, Hash, SignedTx, TxKind};
+use kvasir_ledger::{Address, Amount, Block, Certificate, Hash, SignedTx, TxKind};
 use utoipa::OpenApi;
 
 use super::{Ledger, Refusal};
@@ -60,6 +63,7 @@ use crate::metrics::Exposition;
         healthz,
         head,
         params,
+        fees,
         validators,
         account,
         block_by_height,
@@ -149,6 +153,7 @@ pub fn router(ledger: Arc<Ledger>) -> Router {
         .route("/healthz", get(healthz))
         .route("/head", get(head))
         .route("/params", get(params))
+        .route("/fees", get(fees))
         .route("/validators", get(validators))
         .route("/accounts/{address}", get(account))
         .route("/accounts/{address}/history", get(history))
@@ -249,6 +254,31 @@ async fn params(State(ledger): State<Arc<Ledger>>) -> Json<ParamsView> {
                 arithmetic: m.arithmetic,
             })
             .collect(),
+    })
+}
+
+#[utoipa::path(get, path = "/fees", description = "What a transaction pays in the next block, per byte of its encoding: the open lane's base fee (burned; it follows block fullness), the reserved lane's fixed price (credits and evidence), and a tip per byte that gets a transaction in ahead of what waits now. On a chain without fees (format 1), `charged` is false and every price zero.", responses((status = 200, body = FeesView)))]
+async fn fees(State(ledger): State<Arc<Ledger>>) -> Json<FeesView> {
+    let state = ledger.state();
+    let p = &state.genesis().params;
+    let rules = p.fees.unwrap_or(FeeParams {
+        min_base_fee: Amount::ZERO,
+        lane_fee: Amount::ZERO,
+        lane_share: Fraction::ZERO,
+    });
+    let (_, room) = kvasir_ledger::fees::open_lane(&rules, p.max_block_bytes, p.max_block_txs);
+    let suggested_tip = match p.fees {
+        Some(_) => ledger.suggested_tip(room as usize),
+        None => Amount::ZERO,
+    };
+    Json(FeesView {
+        height: state.height(),
+        charged: p.fees.is_some(),
+        base_fee: state.base_fee().into(),
+        min_base_fee: rules.min_base_fee.into(),
+        lane_fee: rules.lane_fee.into(),
+        lane_share: rules.lane_share,
+        suggested_tip: suggested_tip.into(),
     })
 }
 

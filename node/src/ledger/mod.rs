@@ -238,6 +238,11 @@ impl Ledger {
         self.state.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// `Mempool::suggested_tip` for a next block whose open lane holds `room` transactions.
+    pub fn suggested_tip(&self, room: usize) -> kvasir_ledger::Amount {
+        lock(&self.mempool).suggested_tip(room)
+    }
+
     /// Admits each of `txs` to the mempool (signatures batch-verified in parallel); per
     /// transaction its hash or why it was refused. What a client submitted is forwarded to
     /// the `--forward` nodes; what another node `forwarded` is not.
@@ -379,8 +384,8 @@ impl Ledger {
             );
         }
         // Twice a block's worth: candidates that fail in the block leave room for others.
-        let candidates = lock(&self.mempool)
-            .candidates(self.block_limit.saturating_mul(2), &state.block_hash());
+        let candidates =
+            lock(&self.mempool).candidates(self.block_limit.saturating_mul(2), &state.block_hash());
         let now = now_ms();
         let produced = produce_block(&state, &candidates, validator, now)?;
         check_clock(&produced.block.header, now)?;
@@ -564,6 +569,7 @@ pub fn run(_: Args) -> Result<()> {
 mod tests {
     use super::*;
     use kvasir_devnet::chain::{init, key_path, load_template};
+    use kvasir_ledger::fees::Lane;
     use kvasir_ledger::{Amount, TxKind};
 
     /// A ledger on a fresh chain from the template, as `change` edits its genesis, and its
@@ -591,18 +597,25 @@ mod tests {
         }
     }
 
+    /// `kind` as transaction `nonce` of `key` on `ledger`'s chain, bidding the fee the chain
+    /// suggests now.
+    fn sign(ledger: &Ledger, kind: TxKind, key: &Keypair, nonce: u64) -> SignedTx {
+        let state = ledger.state();
+        let fee = state.suggested_bid(Lane::of(&kind), Amount::ZERO);
+        kind.signed_paying(state.chain_id(), fee, key, nonce)
+    }
+
     /// A ledger whose blocks hold at most 3 transactions, and its faucet key.
     fn small_blocks(dir: &std::path::Path) -> (Ledger, Keypair) {
         ledger_with(dir, |genesis| genesis.params.max_block_txs = 3)
     }
 
     fn transfers(ledger: &Ledger, from: &Keypair, nonces: std::ops::Range<u64>) {
-        let chain_id = ledger.state().chain_id().to_string();
         let to = Keypair::generate().address();
         let txs = nonces
             .map(|n| {
                 let amount = Amount::parse("1").unwrap();
-                TxKind::Transfer { to, amount }.signed(&chain_id, from, n)
+                sign(ledger, TxKind::Transfer { to, amount }, from, n)
             })
             .collect();
         assert!(ledger.submit(txs, false).iter().all(Result::is_ok));
@@ -645,10 +658,9 @@ mod tests {
         let (mut ledger, faucet) = ledger_with(dir.path(), |_| {});
         let (peer, seen) = recording_peer();
         ledger.forwarder = Some(Forwarder::start(&[peer]));
-        let chain_id = ledger.state().chain_id().to_string();
         let pay = |nonce| {
             let (to, amount) = (Keypair::generate().address(), Amount::parse("1").unwrap());
-            TxKind::Transfer { to, amount }.signed(&chain_id, &faucet, nonce)
+            sign(&ledger, TxKind::Transfer { to, amount }, &faucet, nonce)
         };
         assert!(ledger.submit(vec![pay(0)], true)[0].is_ok());
         assert!(ledger
@@ -697,7 +709,12 @@ mod tests {
         };
         evidence.signature = evidence.claim().sign(&chain_id, &worker);
         let report = |from: &Keypair, nonce| {
-            TxKind::Evidence(Box::new(evidence.clone())).signed(&chain_id, from, nonce)
+            sign(
+                &ledger,
+                TxKind::Evidence(Box::new(evidence.clone())),
+                from,
+                nonce,
+            )
         };
         // Evidence against a worker with nothing at stake is refused before it waits for
         // anything, even while the gate is taken.
@@ -718,11 +735,11 @@ mod tests {
         // recomputed, its next piece is refused without waiting.
         let to = worker.address();
         let amount = Amount::parse("20").unwrap();
-        let fund = TxKind::Transfer { to, amount }.signed(&chain_id, &faucet, 0);
+        let fund = sign(&ledger, TxKind::Transfer { to, amount }, &faucet, 0);
         assert!(ledger.submit(vec![fund], false)[0].is_ok());
         ledger.produce().unwrap();
         let amount = genesis.params.min_bond;
-        let bond = TxKind::Bond { amount }.signed(&chain_id, &worker, 0);
+        let bond = sign(&ledger, TxKind::Bond { amount }, &worker, 0);
         assert!(ledger.submit(vec![bond], false)[0].is_ok(), "bond");
         ledger.produce().unwrap();
         let reporter = Keypair::generate();
@@ -740,8 +757,23 @@ mod tests {
             "{full:?}"
         );
         drop(gate);
-        // Its turn come, it is recomputed: this ledger has no model to do it with.
+        // A reporter that cannot pay the fee is refused before anything is recomputed.
         let judged = ledger.submit(vec![report(&Keypair::generate(), 0)], false);
+        assert!(
+            matches!(
+                judged[..],
+                [Err(Refusal::Invalid(TxError::InsufficientFunds { .. }))]
+            ),
+            "{judged:?}"
+        );
+        // One that can has its evidence recomputed, in its turn: this ledger has no model to
+        // do it with.
+        let funded = Keypair::generate();
+        let (to, amount) = (funded.address(), Amount::parse("1").unwrap());
+        let fund = sign(&ledger, TxKind::Transfer { to, amount }, &worker, 1);
+        assert!(ledger.submit(vec![fund], false)[0].is_ok());
+        ledger.produce().unwrap();
+        let judged = ledger.submit(vec![report(&funded, 0)], false);
         assert!(
             matches!(
                 judged[..],
@@ -787,7 +819,7 @@ mod tests {
         assert!(refused(1, Some(&me), &future).contains("ahead"));
         let broke = Keypair::generate();
         let amount = kvasir_ledger::Amount::parse("1").unwrap();
-        let theft = TxKind::Transfer { to: me, amount }.signed(&chain_id, &broke, 0);
+        let theft = sign(&ledger, TxKind::Transfer { to: me, amount }, &broke, 0);
         let failing = resealed(good.clone(), &|b| b.txs.push(theft.clone()));
         assert!(refused(1, Some(&me), &failing).contains("transaction"));
         assert!(refused(1, Some(&me), &good.to_bytes()[1..]).contains("malformed"));
@@ -825,10 +857,9 @@ mod tests {
     fn a_flood_from_one_key_is_refused_and_keeps_no_one_out() {
         let dir = tempfile::tempdir().unwrap();
         let (ledger, faucet) = small_blocks(dir.path());
-        let chain_id = ledger.state().chain_id().to_string();
         let pay = |from: &Keypair, nonce, to, amount| {
             let amount = Amount::parse(amount).unwrap();
-            TxKind::Transfer { to, amount }.signed(&chain_id, from, nonce)
+            sign(&ledger, TxKind::Transfer { to, amount }, from, nonce)
         };
         // Someone whose address sorts after the faucet's, so that taking candidates in
         // address order would serve the faucet's flood first.

@@ -71,8 +71,10 @@ fn a_connected_worker_whose_key_unbonds_below_min_bond_is_dropped_and_refused_ag
     let owner = format!("{} has ", kvasir_keyfile::address(&key).unwrap());
     assert!(metrics(&swarm).contains("kvasir_hub_sessions 1\n"));
 
-    // One KVR out of a bond of exactly min_bond leaves it short.
+    // One KVR out of a bond of exactly min_bond leaves it short. (Its operator pays the
+    // unbond's fee: the faucet tops the key up for it.)
     let ledger = swarm.ledger_url.clone().unwrap();
+    swarm.top_up(&ledger, &key, "0.01");
     let unbond = run(
         "kvasir-wallet",
         &["--url", &ledger, "--keyfile", path_str(&key), "unbond", "1"],

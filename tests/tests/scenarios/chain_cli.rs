@@ -8,7 +8,8 @@ use std::time::Duration;
 use kvasir_api::reports::{AddressReport, DevReport, GenesisReport, VerifyReport};
 use kvasir_devnet::{Mode, Process};
 use kvasir_keyfile::{Problem, PASSPHRASE_ENV};
-use kvasir_ledger::{Address, Genesis, SledStore, Storage};
+use kvasir_ledger::fees::Lane;
+use kvasir_ledger::{Address, Amount, Genesis, SledStore, Storage};
 use kvasir_tests::{bin, path_str, run, stderr, stdout};
 
 /// Two chains made alike, down to their name, do not take each other's signatures: a
@@ -62,7 +63,8 @@ fn chains_made_alike_refuse_each_others_signatures_and_the_wallet_its_node_of_an
         amount: kvasir_ledger::Amount::parse("1").unwrap(),
     };
     // Signed for the first chain: refused, whether it names that chain or this one.
-    let signed = transfer().signed(&first.chain_id(), &faucet, 0);
+    let fee = client.fees().unwrap().bid(Lane::Open, Amount::ZERO);
+    let signed = transfer().signed_paying(&first.chain_id(), fee, &faucet, 0);
     let refused = client.submit(&signed).unwrap_err().to_string();
     assert!(refused.contains("chain"), "{refused}");
     let mut renamed = signed.clone();
@@ -71,7 +73,7 @@ fn chains_made_alike_refuse_each_others_signatures_and_the_wallet_its_node_of_an
     assert!(refused.contains("signature"), "{refused}");
     // Signed for this one: taken.
     client
-        .submit(&transfer().signed(&second.chain_id(), &faucet, 0))
+        .submit(&transfer().signed_paying(&second.chain_id(), fee, &faucet, 0))
         .unwrap();
 
     let key = dir.path().join("wallet/wallet.key");
@@ -208,9 +210,11 @@ fn dev_preset(data: &Path, preset: &str, extra: &[&str]) -> (DevReport, String) 
 }
 
 /// Every honest worker's pending + settled rewards equal `earned` of each of its sessions'
-/// metered bytes, to the base unit; a worker caught lying holds none (its pending was
-/// cancelled, and its later credits paid nothing).
-fn assert_paid_exactly(report: &DevReport, genesis: &Genesis) {
+/// metered bytes less its credits' fees (counted in the store of the chain in `data`), to
+/// the base unit; a worker caught lying holds none (its pending was cancelled, and its later
+/// credits paid nothing).
+fn assert_paid_exactly(report: &DevReport, genesis: &Genesis, data: &Path) {
+    let store = SledStore::open(&kvasir_devnet::loopback::ledger_dir(data, 0)).unwrap();
     for worker in &report.workers {
         let account = &worker.account;
         let held =
@@ -230,7 +234,14 @@ fn assert_paid_exactly(report: &DevReport, genesis: &Genesis) {
             "worker {} earned nothing: {report:?}",
             worker.address
         );
-        assert_eq!(held, earned, "worker {}: {account:?}", worker.address);
+        let fees = kvasir_tests::pay::credits_in_store(&store, &worker.address)
+            * kvasir_tests::pay::credit_fee(genesis);
+        assert_eq!(
+            held,
+            earned - fees,
+            "worker {}: {account:?}",
+            worker.address
+        );
     }
     // This run's pay came from its market order's escrow: what the honest workers earned in
     // its sessions, to the base unit, and exactly what left the escrow.
@@ -302,7 +313,7 @@ fn dev_dishonest_catches_the_liar_on_chain_and_the_output_stays_identical() {
             .any(|s| s.session_id == caught.session_id && s.worker == liar.address),
         "{report:?}"
     );
-    assert_paid_exactly(&report, &genesis);
+    assert_paid_exactly(&report, &genesis, &data);
 
     // The next run cannot serve with the jailed key: a fresh one takes its place.
     let (again, text) = dev_with(&data, &["--workers", "3"]);
@@ -310,7 +321,7 @@ fn dev_dishonest_catches_the_liar_on_chain_and_the_output_stays_identical() {
     assert!(again.caught.is_empty(), "{again:?}");
     assert_ne!(again.workers[2].address, liar.address);
     assert_eq!(again.workers[0].address, report.workers[0].address);
-    assert_paid_exactly(&again, &genesis);
+    assert_paid_exactly(&again, &genesis, &data);
 }
 
 /// `dev --validators 4`: the same loop over four validator processes, a liar caught by
@@ -328,7 +339,7 @@ fn dev_over_four_validators_runs_the_whole_loop_and_every_store_verifies() {
     assert_eq!(genesis.authorities.validators.len(), 4);
     assert_eq!(report.caught.len(), 1, "{report:?}");
     assert_eq!(report.caught[0].address, report.workers[2].address);
-    assert_paid_exactly(&report, &genesis);
+    assert_paid_exactly(&report, &genesis, &data);
     let models: Vec<String> = ["tiny", "tiny-qwen2", "small", "qwen35-small"]
         .iter()
         .map(|name| path_str(&data.join(format!("model-{name}"))).to_string())
@@ -357,7 +368,7 @@ fn dev_serves_qwen35_moe_remote_identical_to_local_and_pays_exactly() {
     assert!(text.contains("model qwen35-small"), "{text}");
     let genesis = Genesis::load(&data.join("genesis.json")).unwrap();
     assert_eq!(report.caught.len(), 1, "{report:?}");
-    assert_paid_exactly(&report, &genesis);
+    assert_paid_exactly(&report, &genesis, &data);
 }
 
 #[test]
@@ -366,12 +377,12 @@ fn dev_runs_the_swarm_credits_exactly_and_verify_chain_catches_one_flipped_byte(
     let data = dir.path().join("data");
     let first = dev(&data);
     let genesis = Genesis::load(&data.join("genesis.json")).unwrap();
-    assert_paid_exactly(&first, &genesis);
+    assert_paid_exactly(&first, &genesis, &data);
     assert_eq!(first.workers.len(), 2);
 
     // A second run reuses the chain, the keys and the model, and adds sessions.
     let second = dev(&data);
-    assert_paid_exactly(&second, &genesis);
+    assert_paid_exactly(&second, &genesis, &data);
     assert!(second.sessions.len() > first.sessions.len());
     assert_eq!(first.workers[0].address, second.workers[0].address);
 

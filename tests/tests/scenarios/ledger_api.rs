@@ -6,6 +6,7 @@ use std::time::Duration;
 use kvasir_api::ledger::{AccountView, Direction, History, HistoryEvent, TxState, ValidatorsView};
 use kvasir_api::{Client, ClientError, ErrorBody};
 use kvasir_devnet::Process;
+use kvasir_ledger::fees::Lane;
 use kvasir_ledger::{Amount, Genesis, Keypair, Receipt, SignedTx, TxKind};
 use kvasir_tests::swarm::{http, start_ledger};
 use kvasir_tests::{path_str, run, stderr};
@@ -58,6 +59,16 @@ impl Chain {
         self.genesis.chain_id()
     }
 
+    /// `kind` as transaction `nonce` of `key` on this chain, bidding the fee the node quotes.
+    fn sign(&self, kind: TxKind, key: &Keypair, nonce: u64) -> SignedTx {
+        let fee = self
+            .client
+            .fees()
+            .unwrap()
+            .bid(Lane::of(&kind), Amount::ZERO);
+        kind.signed_paying(&self.chain_id(), fee, key, nonce)
+    }
+
     /// Submits `tx` and waits until it is committed; its hash.
     fn commit(&self, tx: SignedTx) -> kvasir_ledger::Hash {
         let hash = self.client.submit(&tx).unwrap();
@@ -98,35 +109,50 @@ fn credits_and_transfers_commit_and_bad_ones_change_nothing() {
     };
 
     // A chain from the template asks workers for a bond before their credits pay: the faucet
-    // funds the worker with exactly that, and the worker bonds all of it.
+    // funds the worker with exactly that and the bond's fee (the blocks are near empty, so
+    // the base fee stays at its lowest), and the worker bonds all of it.
     let params = chain.client.params().unwrap();
     assert_eq!(params.chain_id, chain.chain_id());
     assert_eq!(params.genesis_hash, chain.genesis.hash());
     let min_bond = params.min_bond.base_units;
     assert!(!min_bond.is_zero() && params.unbonding_blocks > params.challenge_window);
-    chain.commit(
-        TxKind::Transfer {
-            to: worker.address(),
-            amount: min_bond,
-        }
-        .signed(&chain.chain_id(), &faucet, chain.nonce(&faucet)),
+    let bond = chain.sign(TxKind::Bond { amount: min_bond }, &worker, 0);
+    let fees = chain.client.fees().unwrap();
+    assert!(
+        fees.charged && fees.base_fee == fees.min_base_fee,
+        "{fees:?}"
     );
-    chain.commit(TxKind::Bond { amount: min_bond }.signed(&chain.chain_id(), &worker, 0));
+    let per_byte = |price: kvasir_api::ledger::AmountView, tx: &SignedTx| {
+        Amount::from_base_units(price.base_units.base_units() * tx.to_bytes().len() as u64)
+    };
+    let amount = min_bond
+        .checked_add(per_byte(fees.base_fee, &bond))
+        .unwrap();
+    let to = worker.address();
+    let fund = chain.sign(
+        TxKind::Transfer { to, amount },
+        &faucet,
+        chain.nonce(&faucet),
+    );
+    chain.commit(fund);
+    chain.commit(bond);
     let bonded = chain.account(&worker);
     assert_eq!(bonded.bonded.base_units, min_bond, "{bonded:?}");
     assert!(bonded.balance.base_units.is_zero() && !bonded.jailed && bonded.jailed_until == 0);
 
-    // A good credit commits and pays exactly earned(bytes), pending under its session.
-    let credit = TxKind::Credit(receipt(&hub, chain.chain_id(), 1_277_952)).signed(
-        &chain.chain_id(),
+    // A good credit commits and pays exactly earned(bytes) less its fee (at the reserved
+    // lane's price), pending under its session.
+    let credit = chain.sign(
+        TxKind::Credit(receipt(&hub, chain.chain_id(), 1_277_952)),
         &gateway,
         0,
     );
+    let fee = per_byte(fees.lane_fee, &credit).base_units();
     let hash = chain.commit(credit);
     let paid = chain.account(&worker);
     assert_eq!(
         paid.pending_total.base_units.base_units(),
-        8_945_664,
+        8_945_664 - fee,
         "{paid:?}"
     );
     let session = paid.pending[0].session.expect("a credited session");
@@ -168,43 +194,46 @@ fn credits_and_transfers_commit_and_bad_ones_change_nothing() {
     let bad: Vec<(&str, SignedTx)> = vec![
         (
             "a credit from a non-gateway key",
-            TxKind::Credit(receipt(&hub, chain.chain_id(), 2_000_000)).signed(
-                &chain.chain_id(),
+            chain.sign(
+                TxKind::Credit(receipt(&hub, chain.chain_id(), 2_000_000)),
                 &faucet,
                 chain.nonce(&faucet),
             ),
         ),
         (
             "a receipt signed by a non-hub key",
-            TxKind::Credit(receipt(&stranger, chain.chain_id(), 2_000_000)).signed(
-                &chain.chain_id(),
+            chain.sign(
+                TxKind::Credit(receipt(&stranger, chain.chain_id(), 2_000_000)),
                 &gateway,
                 1,
             ),
         ),
         (
             "a receipt for another chain",
-            TxKind::Credit(receipt(&hub, "another-chain".into(), 2_000_000)).signed(
-                &chain.chain_id(),
+            chain.sign(
+                TxKind::Credit(receipt(&hub, "another-chain".into(), 2_000_000)),
                 &gateway,
                 1,
             ),
         ),
         (
             "the same receipt again",
-            TxKind::Credit(receipt(&hub, chain.chain_id(), 1_277_952)).signed(
-                &chain.chain_id(),
+            chain.sign(
+                TxKind::Credit(receipt(&hub, chain.chain_id(), 1_277_952)),
                 &gateway,
                 1,
             ),
         ),
         (
             "a transfer beyond the balance",
-            TxKind::Transfer {
-                to: stranger.address(),
-                amount: Amount::parse("1").unwrap(),
-            }
-            .signed(&chain.chain_id(), &worker, chain.nonce(&worker)),
+            chain.sign(
+                TxKind::Transfer {
+                    to: stranger.address(),
+                    amount: Amount::parse("1").unwrap(),
+                },
+                &worker,
+                chain.nonce(&worker),
+            ),
         ),
         (
             "a transaction for another chain",
@@ -225,11 +254,14 @@ fn credits_and_transfers_commit_and_bad_ones_change_nothing() {
         assert_eq!((status, error.as_str()), (422, "invalid_tx"), "{what}");
     }
     // A signature that does not verify.
-    let mut forged = TxKind::Transfer {
-        to: stranger.address(),
-        amount: Amount::parse("1").unwrap(),
-    }
-    .signed(&chain.chain_id(), &faucet, chain.nonce(&faucet));
+    let mut forged = chain.sign(
+        TxKind::Transfer {
+            to: stranger.address(),
+            amount: Amount::parse("1").unwrap(),
+        },
+        &faucet,
+        chain.nonce(&faucet),
+    );
     forged.signature.0[0] ^= 1;
     assert_eq!(chain.refused(&forged), (422, "invalid_tx".to_string()));
     std::thread::sleep(Duration::from_millis(1500));
@@ -244,11 +276,14 @@ fn credits_and_transfers_commit_and_bad_ones_change_nothing() {
 
     // A batch: one verdict per transaction, in order; the bad one changes nothing.
     let batch = vec![
-        TxKind::Transfer {
-            to: stranger.address(),
-            amount: Amount::parse("0.5").unwrap(),
-        }
-        .signed(&chain.chain_id(), &faucet, chain.nonce(&faucet)),
+        chain.sign(
+            TxKind::Transfer {
+                to: stranger.address(),
+                amount: Amount::parse("0.5").unwrap(),
+            },
+            &faucet,
+            chain.nonce(&faucet),
+        ),
         forged.clone(),
     ];
     let verdicts = chain.client.submit_batch(&batch).unwrap();
@@ -260,11 +295,14 @@ fn credits_and_transfers_commit_and_bad_ones_change_nothing() {
 
     // A good transfer commits.
     let amount = Amount::parse("2.5").unwrap();
-    let transfer = TxKind::Transfer {
-        to: stranger.address(),
-        amount,
-    }
-    .signed(&chain.chain_id(), &faucet, chain.nonce(&faucet));
+    let transfer = chain.sign(
+        TxKind::Transfer {
+            to: stranger.address(),
+            amount,
+        },
+        &faucet,
+        chain.nonce(&faucet),
+    );
     chain.commit(transfer);
     assert_eq!(
         chain.account(&stranger).balance.base_units.base_units(),
@@ -285,7 +323,7 @@ fn a_flood_from_one_key_is_refused_past_its_window() {
     let pay = |from: &Keypair, nonce| {
         let to = Keypair::generate().address();
         let amount = Amount::parse("1").unwrap();
-        TxKind::Transfer { to, amount }.signed(&chain.chain_id(), from, nonce)
+        chain.sign(TxKind::Transfer { to, amount }, from, nonce)
     };
     // A key with nothing cannot queue a transaction, at its next nonce or a later one.
     let broke = Keypair::generate();
@@ -324,7 +362,7 @@ fn a_long_history_is_served_newest_first_in_pages() {
             .zip(round as u64 * 16..)
             .map(|(units, nonce)| {
                 let amount = kvasir_ledger::Amount::from_base_units(*units);
-                TxKind::Transfer { to: payee, amount }.signed(&chain.chain_id(), &faucet, nonce)
+                chain.sign(TxKind::Transfer { to: payee, amount }, &faucet, nonce)
             })
             .collect();
         let admitted = chain.client.submit_batch(&txs).unwrap();
@@ -560,8 +598,8 @@ fn malformed_requests_get_the_right_status_and_a_json_error() {
         deposit: Amount::parse("1").unwrap(),
         end_height: 1_000_000,
         delegate: None,
-    })
-    .signed(&chain.chain_id(), &buyer, chain.nonce(&buyer));
+    });
+    let huge = chain.sign(huge, &buyer, chain.nonce(&buyer));
     match chain.client.submit(&huge) {
         Err(ClientError::Api {
             status, message, ..
@@ -660,7 +698,7 @@ fn the_wallet_reads_balances_sends_and_explains_failures_in_one_line() {
     ] {
         let failed = wallet(&args);
         assert!(!failed.status.success(), "{args:?}");
-        let message = stderr(&failed);
+        let message = kvasir_tests::wallet::error_text(&failed);
         assert!(message.to_lowercase().contains(says), "{args:?}: {message}");
         assert!(message.starts_with("error: "), "{message}");
     }

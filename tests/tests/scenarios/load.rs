@@ -111,12 +111,14 @@ fn a_flood_of_idle_stalled_and_silent_connections_changes_nothing_for_honest_wor
         }
     }
     for (_, worker, bytes) in &sessions {
-        let account = ledger.account(&worker.parse().unwrap()).unwrap();
+        let address = worker.parse().unwrap();
+        let account = ledger.account(&address).unwrap();
         let paid =
             account.balance.base_units.base_units() + account.pending_total.base_units.base_units();
+        let earned = genesis.earned(*bytes).unwrap().base_units();
         assert_eq!(
             paid,
-            genesis.earned(*bytes).unwrap().base_units(),
+            kvasir_tests::pay::expected_held(&ledger, &genesis, &address, earned),
             "{worker}"
         );
     }

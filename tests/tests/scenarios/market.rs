@@ -137,7 +137,10 @@ fn operators_offer_a_buyer_orders_the_chain_places_and_closing_refunds_once() {
         .unwrap()
         .balance
         .kvr;
-    assert_eq!(after, before);
+    // Nothing came back yet: the balance only paid the close's fee.
+    let fee = done.fee.expect("a fee on a format-2 chain");
+    let fee = fee.burned.checked_add(fee.tip).unwrap();
+    assert_eq!(after, before.checked_sub(fee).unwrap());
     one_line_error(&node.wallet(&buyer, &["order", "close", &id]), "is closed");
     one_line_error(
         &node.wallet(&buyer, &["order", "deposit", &id, "1"]),
@@ -187,6 +190,8 @@ fn the_backbone_of_an_order_dispatches_only_to_placed_workers_who_are_paid_from_
     let placed = swarm.add_worker("*:*");
     let unplaced = swarm.add_worker("*:*");
     let (placed_key, unplaced_key) = (swarm.worker_key(placed), swarm.worker_key(unplaced));
+    // Its operator pays the offer's fee: the faucet sends the key 0.01 KVR for it.
+    swarm.top_up(&ledger, &placed_key, "0.01");
     let offered: MarketTxReport = serde_json::from_str(&wallet_json(
         &ledger,
         &placed_key,
@@ -204,6 +209,8 @@ fn the_backbone_of_an_order_dispatches_only_to_placed_workers_who_are_paid_from_
     ))
     .unwrap();
     assert_eq!(offered.offer.unwrap().state, "open");
+    let offer_fee = offered.fee.expect("a fee on a format-2 chain");
+    let offer_fee = offer_fee.burned.checked_add(offer_fee.tip).unwrap();
 
     // The backbone's key is the buyer: funded from the faucet, it orders every expert.
     let faucet = swarm.dir.path().join("chain/keys/faucet.key");
@@ -276,7 +283,12 @@ fn the_backbone_of_an_order_dispatches_only_to_placed_workers_who_are_paid_from_
         .map(|p| p.amount.base_units.base_units())
         .sum();
     let settled = worker.balance.base_units.base_units();
-    assert_eq!(from_order + settled, earned, "{worker:?}");
+    // What it earned less its credits' fees, and what the top-up left after the offer's fee.
+    let genesis =
+        kvasir_ledger::Genesis::load(&swarm.dir.path().join("chain/genesis.json")).unwrap();
+    let credited = kvasir_tests::pay::expected_held(&client, &genesis, &placed_address, earned);
+    let left = kvr("0.01").checked_sub(offer_fee).unwrap().base_units();
+    assert_eq!(from_order + settled, credited + left, "{worker:?}");
     let unplaced_address = kvasir_keyfile::address(&unplaced_key).unwrap();
     let idle = client.account(&unplaced_address).unwrap();
     assert!(

@@ -117,11 +117,12 @@ fn kill_while_crediting_in(mut swarm: Swarm, kills: usize, restart: impl Fn(&mut
             .sum();
         assert!(earned > 0);
         for node in &nodes {
-            let account = node.account(&worker.parse().unwrap()).unwrap();
+            let address = worker.parse().unwrap();
+            let account = node.account(&address).unwrap();
             assert_eq!(
                 account.balance.base_units.base_units()
                     + account.pending_total.base_units.base_units(),
-                earned,
+                kvasir_tests::pay::expected_held(node, &genesis, &address, earned),
                 "worker {worker}: {account:?}"
             );
         }

@@ -23,10 +23,16 @@ fn four_validators_and_a_full_node_agree_and_tolerate_one_failure() {
     let faucet = kvasir_keyfile::read(&net.chain.join("keys/faucet.key"), None).unwrap();
     let client = net.client(full);
     let head = client.head().unwrap();
-    let nonce = client.account(&faucet.address()).unwrap().nonce;
     let to = Keypair::generate().address();
     let amount = Amount::parse("1.5").unwrap();
-    let tx = TxKind::Transfer { to, amount }.signed(&head.chain_id, &faucet, nonce);
+    let tx = client
+        .sign_next(
+            &head.chain_id,
+            TxKind::Transfer { to, amount },
+            &faucet,
+            Amount::ZERO,
+        )
+        .unwrap();
     let hash = client.submit(&tx).unwrap();
     let height = client.wait_committed(&hash, PATIENCE).unwrap();
     net.wait_height(height, PATIENCE);

@@ -104,7 +104,7 @@ fn caught_among_honest(fraction: &str, kind: &str, tokens: usize) {
         assert!(!account.jailed);
         assert_eq!(
             account.balance.base_units.base_units() + account.pending_total.base_units.base_units(),
-            earned,
+            kvasir_tests::pay::expected_held(&ledger, &genesis, &address, earned),
             "worker {worker}: {account:?}"
         );
     }

@@ -59,12 +59,23 @@ fn a_sealed_wallet_sends_and_reads_over_the_gateways_https() {
     one_line_error(&wallet(&spend, Some("pw 2")), "wrong passphrase");
     let spent = wallet(&spend, Some("pw 1"));
     assert!(spent.status.success(), "{}", stderr(&spent));
+    // What it paid besides the 0.5, as quoted before signing (the chain's blocks are near
+    // empty, so the base fee it was included at is the one quoted).
+    let report: kvasir_api::reports::TransferReport =
+        serde_json::from_str(&stdout(&spent)).unwrap();
+    let fee = report.fee.expect("a fee on a format-2 chain");
+    let paid = fee.burned.checked_add(fee.tip).unwrap();
+    assert!(!paid.is_zero() && paid <= fee.at_most, "{fee:?}");
+    let left = kvasir_ledger::Amount::parse("1.5")
+        .unwrap()
+        .checked_sub(paid)
+        .unwrap();
 
     let mut balance = public.to_vec();
     balance.extend(["balance", "--keyfile", path_str(&sealed), "--json"]);
     let account: AccountView = serde_json::from_str(&stdout(&wallet(&balance, None))).unwrap();
     assert_eq!(account.address.to_string(), address);
-    assert_eq!(account.balance.kvr.to_decimal(), "1.5", "{account:?}");
+    assert_eq!(account.balance.kvr, left, "{account:?}");
     assert_eq!(account.nonce, 1);
 
     // Without the certificate the gateway is not trusted; a CA file that is no certificate is
@@ -164,12 +175,17 @@ fn a_worker_bonds_then_unbonds_and_its_balance_shows_both() {
     assert_eq!(bond.amount, kvr("20"));
     let account: AccountView = serde_json::from_str(&node.json(&worker, &["balance"])).unwrap();
     assert_eq!(account.bonded.base_units, kvr("20"), "{account:?}");
-    assert_eq!(account.balance.base_units, kvr("10"), "{account:?}");
+    // The bond's fee came out of the balance too.
+    let fee = bond.fee.expect("a fee on a format-2 chain");
+    let settled = kvr("10").checked_sub(fee.burned).unwrap();
+    assert_eq!(account.balance.base_units, settled, "{account:?}");
     assert!(account.unbonding.is_empty() && account.unbonding_total.base_units.is_zero());
     assert!(!account.jailed && account.jailed_until == 0, "{account:?}");
     let line = stdout(&node.wallet(&worker, &["balance"]));
     assert!(
-        line.contains("settled 10 KVR, pending 0 KVR, bonded 20 KVR, unbonding 0 KVR"),
+        line.contains(&format!(
+            "settled {settled}, pending 0 KVR, bonded 20 KVR, unbonding 0 KVR"
+        )),
         "{line}"
     );
 

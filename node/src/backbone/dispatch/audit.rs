@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use kvasir_api::generation::{AuditReport, CaughtWorker};
 use kvasir_api::Client;
 use kvasir_ledger::tx::Evidence;
-use kvasir_ledger::{Address, Keypair, TxKind};
+use kvasir_ledger::{Address, Amount, Keypair, TxKind};
 use rand::rngs::OsRng;
 use rand::Rng;
 
@@ -233,11 +233,10 @@ fn submit(reporting: &Reporting, evidence: Evidence) -> Submitted {
         .challenge_window
         .saturating_mul(params.block_interval_ms);
     let retry_until = COMMIT_TIMEOUT.max(Duration::from_millis(window));
-    let nonce = ledger
-        .account(&reporting.key.address())
-        .map_err(|e| failed(None, e))?
-        .nonce;
-    let tx = TxKind::Evidence(Box::new(evidence)).signed(&chain_id, &reporting.key, nonce);
+    let kind = TxKind::Evidence(Box::new(evidence));
+    let tx = ledger
+        .sign_next(&chain_id, kind, &reporting.key, Amount::ZERO)
+        .map_err(|e| failed(None, e))?;
     // Through the batch route: its body limit fits an Evidence transaction, the single
     // route's (sized for plain transactions) does not.
     let hash = tx.hash();
