@@ -64,7 +64,10 @@ pub struct CaughtWorker {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>)]
     pub evidence: Option<kvasir_ledger::Hash>,
-    /// The height it was committed at.
+    /// The ledger's head when the ledger took it, and the height it was committed at: the
+    /// blocks it waited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitted_height: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub committed_height: Option<u64>,
     /// Why it was not submitted or not committed (no ledger given, refused, timed out).

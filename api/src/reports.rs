@@ -47,6 +47,25 @@ pub struct DevReport {
     pub caught: Vec<DevCaught>,
     /// The order the backbone acted for, which paid the workers.
     pub market: DevMarket,
+    /// Where the swarm runs: what a script needs to drive it while `dev --serve` keeps it up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swarm: Option<DevSwarm>,
+}
+
+/// The addresses and files of `dev`'s swarm.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DevSwarm {
+    /// The hub's backbone and worker listener, and its registry (`HOST:PORT`).
+    pub hub: String,
+    pub registry: String,
+    /// The gateway's TLS listener (`HOST:PORT`), whose certificate is `ca`.
+    pub gateway: String,
+    pub ca: PathBuf,
+    /// The chain's directory (genesis.json, keys/), the served model's checkpoint and the
+    /// backbone's key.
+    pub chain: PathBuf,
+    pub model: PathBuf,
+    pub backbone_key: PathBuf,
 }
 
 /// `dev`'s order as the generation left it (before dev closes it), its placements, and the
@@ -167,6 +186,30 @@ pub struct MarketTxReport {
 pub struct OrderReport {
     pub order: crate::market::OrderView,
     pub placements: Vec<crate::market::PlacementView>,
+}
+
+/// `kvasir-node bench flood --json`: the fee market under a flood (`bench flood --help`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FloodReport {
+    pub seconds: u64,
+    pub keys: usize,
+    /// The flood's transfers the ledger admitted, and those it refused.
+    pub flood_admitted: u64,
+    pub flood_refused: u64,
+    /// The gateway's crediting rounds during the flood, and the share of them that committed
+    /// every credit they made.
+    pub credit_rounds: u64,
+    pub credit_rounds_committed: f64,
+    /// For each piece of evidence reported during the flood, the blocks from the head it was
+    /// admitted at to its block.
+    pub evidence_blocks: Vec<u64>,
+    /// The same for each honest transfer that tipped what the ledger suggested.
+    pub honest_transfer_blocks: Vec<u64>,
+    /// What the flood cost its keys (fees, burned and tipped), per minute, window by window.
+    pub attacker_cost_kvr_per_min: Vec<Amount>,
+    /// The base fee per byte before the flood, and the highest quoted during it.
+    pub base_fee_start: Amount,
+    pub base_fee_peak: Amount,
 }
 
 /// `kvasir-node model inspect --json`: what an operator reads before offering capacity.

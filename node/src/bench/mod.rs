@@ -5,6 +5,7 @@ mod consensus;
 mod credit;
 mod decode;
 mod dispatch;
+mod flood;
 mod ledger;
 mod market;
 mod relay;
@@ -43,6 +44,10 @@ pub enum Bench {
     /// Transfers committed through four validators on loopback next to one: committed/s,
     /// submission-to-commit latency p50/p99.
     Consensus(consensus::Args),
+    /// Funded keys flooding the ledger with minimum-fee transfers while the dev swarm
+    /// generates, credits and catches a liar: crediting rounds committed, blocks evidence
+    /// and tipped honest transfers wait, the flood's cost per minute.
+    Flood(flood::Args),
 }
 
 pub fn run(bench: Bench) -> Result<()> {
@@ -56,5 +61,6 @@ pub fn run(bench: Bench) -> Result<()> {
         Bench::Audit(args) => audit::run(args),
         Bench::Consensus(args) => consensus::run(args),
         Bench::Market(args) => market::run(args),
+        Bench::Flood(args) => flood::run(args),
     }
 }

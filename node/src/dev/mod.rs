@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use kvasir_api::generation::{AuditReport, GenerationReport};
-use kvasir_api::reports::{DevCaught, DevReport, DevWorker, MeteredSession};
+use kvasir_api::reports::{DevCaught, DevReport, DevSwarm, DevWorker, MeteredSession};
 use kvasir_api::Client;
 use kvasir_inference::config::Config;
 use kvasir_inference::generate::Sampling;
@@ -439,6 +439,15 @@ pub fn run(args: Args) -> Result<()> {
             mismatches: audit.mismatches,
             caught,
             market,
+            swarm: Some(DevSwarm {
+                hub: swarm.hub_addr.to_string(),
+                registry: swarm.registry_addr.to_string(),
+                gateway: swarm.gateway_addr.to_string(),
+                ca: swarm.cert.clone(),
+                chain: dir.to_path_buf(),
+                model: model_dir.clone(),
+                backbone_key: backbone_key.clone(),
+            }),
         };
         println!("{}", serde_json::to_string(&json)?);
     }

@@ -10,11 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use kvasir_api::ledger::FeesView;
 use kvasir_api::ledger::PAGE_MAX;
 use kvasir_api::registry::ReceiptEntry;
 use kvasir_api::Client;
 use kvasir_ledger::fees::Lane;
-use kvasir_ledger::{Address, Amount, Keypair, SignedReceipt, TxKind};
+use kvasir_ledger::{Address, Amount, Keypair, SignedReceipt, SignedTx, TxKind};
 use rayon::prelude::*;
 
 use super::stats::Stats;
@@ -66,6 +67,61 @@ impl Refusals {
     }
 }
 
+/// Holds back a credit whose pay would not cover its fee: the ledger would refuse it, and the
+/// credits signed after it would wait on its nonce. It waits instead, counts being
+/// cumulative, until its session has relayed enough more to pay for it; a session that never
+/// does leaves a tail worth less than a credit's fee. Prices are read once a round: the
+/// pool's rate, and each order's placement of the worker (none: the credit pays nothing, so
+/// it costs nothing either).
+struct FeeCover<'a> {
+    ledger: &'a Client,
+    unit_bytes: u64,
+    pool_rate: Amount,
+    /// A credit's fee in base units (every credit of a chain has the same size).
+    fee: u64,
+    placed: HashMap<(u64, Address), Option<Amount>>,
+}
+
+impl<'a> FeeCover<'a> {
+    fn new(ledger: &'a Client, fees: &FeesView, draft: &SignedTx) -> Result<FeeCover<'a>> {
+        let params = ledger.params()?;
+        let bytes = draft.to_bytes().len() as u64;
+        Ok(FeeCover {
+            ledger,
+            unit_bytes: params.unit_bytes.max(1),
+            pool_rate: params.reward_per_unit.base_units,
+            fee: fees.lane_fee.base_units.base_units().saturating_mul(bytes),
+            placed: HashMap::new(),
+        })
+    }
+
+    /// Whether `receipt`'s bytes above `mark` pay at least a credit's fee, or nothing at all.
+    fn covers(&mut self, receipt: &kvasir_ledger::Receipt, mark: u64) -> Result<bool> {
+        let price = if receipt.order == 0 {
+            Some(self.pool_rate)
+        } else {
+            let key = (receipt.order, receipt.worker);
+            if !self.placed.contains_key(&key) {
+                let placements = self.ledger.order_placements(receipt.order, false)?;
+                let price = placements
+                    .iter()
+                    .find(|p| p.operator == receipt.worker)
+                    .map(|p| p.price.base_units);
+                self.placed.insert(key, price);
+            }
+            self.placed[&key]
+        };
+        let Some(price) = price else {
+            return Ok(true);
+        };
+        let earned = |bytes: u64| {
+            u128::from(bytes) * u128::from(price.base_units()) / u128::from(self.unit_bytes)
+        };
+        let pay = earned(receipt.cumulative_bytes).saturating_sub(earned(mark));
+        Ok(pay == 0 || pay >= u128::from(self.fee))
+    }
+}
+
 pub struct Crediting {
     ledger: Client,
     registry: Client,
@@ -85,6 +141,9 @@ pub struct Round {
     pub admitted: usize,
     /// Bytes above the ledger's marks when the round read them.
     pub uncredited_bytes: u64,
+    /// Whether the ledger admitted every credit the round made (and so the last committed
+    /// all of them).
+    pub all_admitted: bool,
 }
 
 /// Which listing a round walks.
@@ -126,7 +185,9 @@ impl Crediting {
         let chain_id = self.ledger.head()?.chain_id;
         // Credits travel in the reserved lane, whose price does not move: one quote serves
         // the round. Each pays its fee out of the pay it brings.
-        let fee = self.ledger.fees()?.bid(Lane::Reserved, Amount::ZERO);
+        let fees = self.ledger.fees()?;
+        let fee = fees.bid(Lane::Reserved, Amount::ZERO);
+        let mut cover: Option<FeeCover> = None;
         let mut nonce = self.ledger.account(&self.key.address())?.nonce;
         let mut admitted = 0;
         let mut uncredited_bytes = 0u64;
@@ -171,10 +232,18 @@ impl Crediting {
                         let above = receipt.cumulative_bytes - mark;
                         uncredited_bytes = uncredited_bytes.saturating_add(above);
                         let count = signed.receipt.cumulative_bytes;
-                        if !self
-                            .refusals
-                            .passes_over(&meter_of(&signed), count, self.attempts)
-                        {
+                        let cover = match &mut cover {
+                            Some(cover) => cover,
+                            None => {
+                                let draft = TxKind::Credit(signed.clone())
+                                    .signed_paying(&chain_id, fee, &self.key, 0);
+                                cover.insert(FeeCover::new(&self.ledger, &fees, &draft)?)
+                            }
+                        };
+                        let passed_over =
+                            self.refusals
+                                .passes_over(&meter_of(&signed), count, self.attempts);
+                        if !passed_over && cover.covers(&signed.receipt, mark)? {
                             rose.push(signed)
                         }
                     }
@@ -246,6 +315,7 @@ impl Crediting {
         Ok(Round {
             admitted,
             uncredited_bytes,
+            all_admitted,
         })
     }
 
@@ -296,7 +366,7 @@ impl Crediting {
                     if round.admitted > 0 {
                         tracing::info!("{} credits committed", round.admitted);
                     }
-                    self.stats.round(round.uncredited_bytes);
+                    self.stats.round(round.uncredited_bytes, round.all_admitted);
                 }
                 Err(e) => {
                     self.stats.failed_round();

@@ -27,6 +27,10 @@ pub struct Stats {
     spliced_down: AtomicU64,
     credits_admitted: AtomicU64,
     failed_rounds: AtomicU64,
+    /// Complete rounds whose every credit was admitted and committed.
+    committed_rounds: AtomicU64,
+    /// Complete rounds in which the ledger refused some credit (listed again next round).
+    partial_rounds: AtomicU64,
     /// Unix milliseconds at the end of the last complete crediting round (0: none yet).
     last_round_ms: AtomicU64,
     uncredited_bytes: AtomicU64,
@@ -88,7 +92,12 @@ impl Stats {
 
     /// A complete crediting round, at whose start `uncredited` bytes were above the ledger's
     /// marks.
-    pub(super) fn round(&self, uncredited: u64) {
+    pub(super) fn round(&self, uncredited: u64, all_admitted: bool) {
+        let outcome = match all_admitted {
+            true => &self.committed_rounds,
+            false => &self.partial_rounds,
+        };
+        outcome.fetch_add(1, Ordering::Relaxed);
         self.uncredited_bytes.store(uncredited, Ordering::Relaxed);
         self.last_round_ms.store(now_ms(), Ordering::Relaxed);
     }
@@ -151,6 +160,15 @@ impl Stats {
                 "kvasir_gateway_credits_admitted_total",
                 "Credit transactions the ledger admitted.",
                 get(&self.credits_admitted),
+            )
+            .labelled_counter(
+                "kvasir_gateway_crediting_rounds_total",
+                "Complete crediting rounds: every credit committed, or some refused by the ledger (listed again next round).",
+                "outcome",
+                [
+                    ("committed", get(&self.committed_rounds)),
+                    ("partial", get(&self.partial_rounds)),
+                ],
             )
             .counter(
                 "kvasir_gateway_failed_crediting_rounds_total",
@@ -241,9 +259,20 @@ mod tests {
         // No round yet: no lag is claimed.
         assert!(!text.contains("crediting_lag"));
         stats.admitted(3);
-        stats.round(1_000);
+        stats.round(1_000, true);
+        stats.round(1_000, false);
+        stats.round(1_000, true);
         let text = stats.text();
         assert!(text.contains("kvasir_gateway_credits_admitted_total 3\n"));
+        let rounds = "kvasir_gateway_crediting_rounds_total{outcome=";
+        assert!(
+            text.contains(&format!("{rounds}\"committed\"}} 2\n")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("{rounds}\"partial\"}} 1\n")),
+            "{text}"
+        );
         assert!(text.contains("kvasir_gateway_uncredited_bytes 1000\n"));
         assert!(text.contains("kvasir_gateway_crediting_lag_seconds 0\n"));
     }

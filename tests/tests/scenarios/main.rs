@@ -5,6 +5,7 @@
 mod bond_standing;
 mod chain_cli;
 mod dev_stop;
+mod flood;
 mod keepalive;
 mod ledger_api;
 mod load;

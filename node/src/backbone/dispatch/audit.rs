@@ -119,6 +119,7 @@ impl Auditor {
             request_id: answer.request_id(),
             answer_number,
             evidence: None,
+            submitted_height: None,
             committed_height: None,
             error: None,
         });
@@ -203,12 +204,17 @@ fn report_evidence(
             continue;
         };
         match outcome {
-            Ok((hash, height)) => {
+            Ok(Reported {
+                hash,
+                submitted_at,
+                height,
+            }) => {
                 tracing::info!(
                     "evidence {hash} against {} committed at height {height}",
                     caught.worker
                 );
                 caught.evidence = Some(hash);
+                caught.submitted_height = Some(submitted_at);
                 caught.committed_height = Some(height);
             }
             Err((hash, e)) => {
@@ -220,7 +226,15 @@ fn report_evidence(
     }
 }
 
-type Submitted = Result<(kvasir_ledger::Hash, u64), (Option<kvasir_ledger::Hash>, String)>;
+/// Evidence the ledger took: its hash, the head when it was admitted and the height it was
+/// committed at.
+struct Reported {
+    hash: kvasir_ledger::Hash,
+    submitted_at: u64,
+    height: u64,
+}
+
+type Submitted = Result<Reported, (Option<kvasir_ledger::Hash>, String)>;
 
 fn submit(reporting: &Reporting, evidence: Evidence) -> Submitted {
     let failed = |hash, e: kvasir_api::ClientError| (hash, e.to_string());
@@ -255,8 +269,13 @@ fn submit(reporting: &Reporting, evidence: Evidence) -> Submitted {
             Some(Ok(_)) | None => break,
         }
     }
+    let submitted_at = ledger.head().map_err(|e| failed(Some(hash), e))?.height;
     let height = ledger
         .wait_committed(&hash, COMMIT_TIMEOUT)
         .map_err(|e| failed(Some(hash), e))?;
-    Ok((hash, height))
+    Ok(Reported {
+        hash,
+        submitted_at,
+        height,
+    })
 }
