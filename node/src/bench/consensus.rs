@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use kvasir_api::Client;
+use kvasir_ledger::fees::FeeBid;
 use kvasir_ledger::genesis::Allocation;
 use kvasir_ledger::mempool::Limits;
 use kvasir_ledger::{Amount, Genesis, Keypair, TxKind};
@@ -68,6 +69,7 @@ fn chain(dir: &std::path::Path, validators: usize, senders: &[Keypair]) -> Resul
 fn load(
     urls: &[String],
     chain_id: &str,
+    bid: Option<FeeBid>,
     senders: Vec<Keypair>,
     stop: &AtomicBool,
 ) -> Result<Vec<Duration>> {
@@ -87,7 +89,10 @@ fn load(
                     while !stop.load(Ordering::Relaxed) {
                         let amount = Amount::from_base_units(1);
                         let txs: Vec<_> = (nonce..nonce + window)
-                            .map(|n| TxKind::Transfer { to: sink, amount }.signed(chain_id, key, n))
+                            .map(|n| {
+                                TxKind::Transfer { to: sink, amount }
+                                    .signed_paying(chain_id, bid, key, n)
+                            })
                             .collect();
                         let submitted = Instant::now();
                         for verdict in client.submit_batch(&txs)? {
@@ -151,7 +156,8 @@ fn measure(validators: usize, args: &Args) -> Result<Figures> {
         })
     };
     let started = Instant::now();
-    let latencies = load(&urls, &genesis.chain_id(), senders, &stop)?;
+    let bid = super::ledger::bench_bid(&genesis);
+    let latencies = load(&urls, &genesis.chain_id(), bid, senders, &stop)?;
     let elapsed = started.elapsed();
     let _ = timer.join();
     let blocks = first.head()?.height.saturating_sub(start_height);

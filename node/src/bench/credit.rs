@@ -260,7 +260,8 @@ pub fn run(args: Args) -> Result<()> {
         .map(|i| {
             let receipt =
                 registry.receipt(i as u64 + 1, workers[i % workers.len()], 1_000 + i as u64);
-            TxKind::Credit(receipt).signed(&genesis.chain_id(), &gateway, i as u64)
+            let bid = super::ledger::bench_bid(&genesis);
+            TxKind::Credit(receipt).signed_paying(&genesis.chain_id(), bid, &gateway, i as u64)
         })
         .collect();
     let start = Instant::now();

@@ -6,8 +6,9 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
+use kvasir_ledger::fees::{FeeBid, DEFAULT_FEES, MAX_BASE_FEE};
 use kvasir_ledger::fraction::Fraction;
-use kvasir_ledger::genesis::{Allocation, Authorities, ChainParams};
+use kvasir_ledger::genesis::{Allocation, Authorities, ChainParams, FORMAT};
 use kvasir_ledger::intent::{signing_message, Intent};
 use kvasir_ledger::{
     check_stateless, produce_block, Address, Amount, Certificate, Genesis, Keypair, SignedTx,
@@ -31,7 +32,17 @@ pub struct Args {
     json: bool,
 }
 
-pub(super) const CHAIN_ID: &str = "kvasir-bench";
+pub(super) const CHAIN_NAME: &str = "kvasir-bench";
+
+/// What a bench transaction bids on `genesis`'s chain: no tip, and a most no base fee
+/// reaches (`fees::MAX_BASE_FEE`), so that a rising price never makes one wait; it pays the
+/// price of its block all the same. None on a chain without fees.
+pub(super) fn bench_bid(genesis: &Genesis) -> Option<FeeBid> {
+    genesis.params.fees.map(|_| FeeBid {
+        max_per_byte: MAX_BASE_FEE,
+        tip_per_byte: Amount::ZERO,
+    })
+}
 const SENDERS: usize = 500;
 
 pub(super) fn seeded_key(role: &str, i: usize) -> Keypair {
@@ -61,11 +72,11 @@ pub(super) fn bench_genesis(validator: &Keypair, senders: &[Keypair], filler: us
     Genesis {
         genesis_time_ms: 0,
         params: ChainParams {
-            chain_id: CHAIN_ID.into(),
-            // Format 1: the benches sign under the bare name, as every figure before format 2
-            // was measured, and their market trades an unpinned model. A format-2 id adds 65
-            // bytes to what each signature covers, not work to check it.
-            format: 1,
+            chain_id: CHAIN_NAME.into(),
+            // Format 2, as every new chain: every transaction pays its fee, which the
+            // figures include. Its market trades an unpinned model, which only format 1
+            // allows: the market bench makes its own format-1 chain (`market`).
+            format: FORMAT,
             unit_bytes: 1_000_000,
             reward_per_unit: Amount::from_base_units(7_000_000),
             challenge_window: 10,
@@ -79,7 +90,7 @@ pub(super) fn bench_genesis(validator: &Keypair, senders: &[Keypair], filler: us
             slash_fraction: Fraction::ZERO,
             reporter_share: Fraction::ZERO,
             jail_blocks: 0,
-            fees: None,
+            fees: Some(DEFAULT_FEES),
         },
         allocations,
         authorities: Authorities {
@@ -91,13 +102,16 @@ pub(super) fn bench_genesis(validator: &Keypair, senders: &[Keypair], filler: us
     }
 }
 
-/// `count` signed transfers, round-robin over the senders, with consecutive nonces.
+/// `count` signed transfers on `genesis`'s chain, round-robin over the senders, with
+/// consecutive nonces.
 fn transfers(
+    genesis: &Genesis,
     senders: &[Keypair],
     first_nonce: u64,
     count: usize,
     to: impl Fn(usize) -> Address + Sync,
 ) -> Vec<SignedTx> {
+    let (chain_id, bid) = (genesis.chain_id(), bench_bid(genesis));
     (0..count)
         .into_par_iter()
         .map(|i| {
@@ -107,7 +121,7 @@ fn transfers(
                 to: to(i),
                 amount: Amount::from_base_units(1),
             }
-            .signed(CHAIN_ID, sender, nonce)
+            .signed_paying(&chain_id, bid, sender, nonce)
         })
         .collect()
 }
@@ -117,7 +131,7 @@ fn transfers(
 fn verify_rate(txs: &[SignedTx]) -> Result<f64> {
     let messages: Vec<Vec<u8>> = txs
         .iter()
-        .map(|tx| signing_message(Intent::Transaction, CHAIN_ID, &tx.tx))
+        .map(|tx| signing_message(Intent::Transaction, &tx.tx.chain_id, &tx.tx))
         .collect();
     let start = Instant::now();
     let ok = txs
@@ -210,7 +224,7 @@ fn commit_times_at(
     let start = Instant::now();
     let mut state = State::from_genesis(genesis.clone());
     let full_rebuild = start.elapsed();
-    let txs = transfers(senders, 0, block_txs * (WARM_UP + TIMED), |i| {
+    let txs = transfers(&genesis, senders, 0, block_txs * (WARM_UP + TIMED), |i| {
         filler_address((i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) as usize % filler)
     });
     let checked: Vec<VerifiedTx> = check_stateless(&genesis, txs)
@@ -256,7 +270,7 @@ pub fn run(args: Args) -> Result<()> {
         .map(|i| seeded_key("kvasir bench sender", i))
         .collect();
     let genesis = bench_genesis(&validator, &senders, 0);
-    let txs = transfers(&senders, 0, args.txs, |i| {
+    let txs = transfers(&genesis, &senders, 0, args.txs, |i| {
         senders[(i + 1) % SENDERS].address()
     });
 

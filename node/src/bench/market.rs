@@ -16,7 +16,7 @@ use kvasir_ledger::{
     VerifiedTx,
 };
 
-use super::ledger::{bench_genesis, seeded_key, CHAIN_ID};
+use super::ledger::{bench_genesis, seeded_key, CHAIN_NAME};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -63,7 +63,7 @@ struct Keys {
 impl Keys {
     fn signed(&mut self, who: &Keypair, kind: TxKind) -> SignedTx {
         let nonce = self.nonces.entry(who.address()).or_insert(0);
-        let tx = kind.signed(CHAIN_ID, who, *nonce);
+        let tx = kind.signed(CHAIN_NAME, who, *nonce);
         *nonce += 1;
         tx
     }
@@ -131,6 +131,10 @@ fn market(offers: usize, orders: usize, draw: &mut Draw) -> Result<(State, Keys)
     let validator = seeded_key("kvasir bench validator", 0);
     let funded: Vec<Keypair> = operators.iter().chain(&buyers).cloned().collect();
     let mut genesis = bench_genesis(&validator, &funded, 0);
+    // Format 1: this market trades a model the chain does not pin, which format 2 refuses;
+    // what is measured is matching, not fees.
+    genesis.params.format = 1;
+    genesis.params.fees = None;
     genesis.params.min_bond = Amount::parse("10").unwrap_or_default();
     genesis.params.unbonding_blocks = genesis.params.challenge_window + 1;
     let mut keys = Keys {
