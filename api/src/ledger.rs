@@ -202,6 +202,9 @@ pub struct FeesView {
     /// A tip per byte that puts a transaction into the next block among those waiting now:
     /// zero unless the open lane has more waiting than one block holds.
     pub suggested_tip: AmountView,
+    /// What a reporter of evidence must hold beside its fee, lost if the answer it disputes
+    /// was right.
+    pub evidence_deposit: AmountView,
 }
 
 impl FeesView {
@@ -212,6 +215,7 @@ impl FeesView {
             min_base_fee: self.min_base_fee.base_units,
             lane_fee: self.lane_fee.base_units,
             lane_share: self.lane_share,
+            evidence_deposit: self.evidence_deposit.base_units,
         };
         self.charged
             .then(|| FeeBid::suggested(&params, self.base_fee.base_units, lane, tip))

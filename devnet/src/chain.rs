@@ -242,7 +242,7 @@ mod tests {
         let genesis = Genesis::from_json(DEV_GENESIS).unwrap();
         assert_eq!(
             genesis.hash().to_string(),
-            "7aeb81217451ee1c759fdc77fbdcf166104db853c0d61df713b62216fa9d75a5"
+            "7f691459b04238db4165d55cd363472325a30369b6245cdeff17915f268240a2"
         );
         let roles: Vec<_> = DEV_KEYS.iter().map(|(role, _)| *role).collect();
         assert_eq!(roles, ROLES);

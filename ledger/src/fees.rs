@@ -28,16 +28,24 @@ pub struct FeeParams {
     pub lane_fee: Amount,
     /// The share of every block's bytes and transactions kept for the reserved lane.
     pub lane_share: Fraction,
+    /// What a reporter of evidence must hold beside its fee, and loses (burned) if the
+    /// recomputation finds the answer was right; evidence that convicts costs nothing but its
+    /// fee. Priced against delay, not computation: a validator's recomputation costs it about
+    /// a core-second, but fake evidence takes a place in a block (four a block), and forty
+    /// fakes would hold a real conviction back past a ten-block challenge window; at 1 KVR a
+    /// piece that costs 40 KVR, far above the 5 KVR a 10 KVR bond slashed by half loses.
+    pub evidence_deposit: Amount,
 }
 
 /// The fees of a new chain whose template sets none, and of the dev chain: a transfer (about
 /// 200 bytes) pays 0.0002 KVR at the lowest base fee; a credit (about 400 bytes) 0.000004 KVR,
 /// what 600 bytes of relayed traffic earn at the dev chain's rate; a quarter of every block is
-/// kept for credits and evidence.
+/// kept for credits and evidence; evidence holds a deposit of 1 KVR.
 pub const DEFAULT_FEES: FeeParams = FeeParams {
     min_base_fee: Amount::from_base_units(1_000),
     lane_fee: Amount::from_base_units(10),
     lane_share: Fraction::from_billionths(250_000_000),
+    evidence_deposit: Amount::from_base_units(crate::amount::BASE_UNITS_PER_KVR),
 };
 
 /// What a transaction offers to pay, per byte of its encoding; part of what its sender signs.
@@ -191,6 +199,7 @@ mod tests {
             min_base_fee: Amount::from_base_units(1000),
             lane_fee: Amount::from_base_units(10),
             lane_share: Fraction::parse("0.25").unwrap(),
+            evidence_deposit: Amount::from_base_units(1_000_000),
         }
     }
 

@@ -596,6 +596,7 @@ pub(crate) mod tests {
             min_base_fee: Amount::from_base_units(1000),
             lane_fee: Amount::from_base_units(10),
             lane_share: Fraction::parse("0.25").unwrap(),
+            evidence_deposit: Amount::parse("1").unwrap(),
         }
     }
 

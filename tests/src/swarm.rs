@@ -290,10 +290,11 @@ impl Swarm {
         let backbone_key = dir.path().join("backbone.key");
         let backbone = new_key(&backbone_key);
         if let Some(url) = &ledger_url {
-            // The backbone pays the fees of the evidence it reports, as `dev` funds it to.
+            // The backbone holds the deposit and pays the fees of the evidence it reports, as
+            // `dev` funds it to.
             let faucet = kvasir_keyfile::open(&chain.join("keys/faucet.key")).unwrap();
             let client = kvasir_api::Client::new(url);
-            let funds = kvasir_ledger::Amount::parse("1").unwrap();
+            let funds = kvasir_ledger::Amount::parse("5").unwrap();
             kvasir_devnet::funding::top_up(&client, &faucet, backbone.parse().unwrap(), funds)
                 .unwrap();
         }

@@ -2,8 +2,13 @@
 //! chain. The transaction carries the request body exactly as the worker received it, the
 //! response body it sent and its answer signature; a validator checks the signature, then
 //! recomputes the named experts on the request's rows with the model the genesis pins and
-//! compares bits. Kernels are bit-exact, so a correct answer has one value: evidence that
-//! recomputes to the worker's answer is refused, and an honest worker can never be slashed.
+//! compares bits. Kernels are bit-exact, so a correct answer has one value, and an honest
+//! worker can never be slashed. On a chain without an evidence deposit (format 1), evidence
+//! that recomputes to the worker's answer is refused. On one with a deposit (every format-2
+//! chain) its reporter must hold the deposit beside the fee, which is all a validator checks
+//! before the block: the block recomputes, and evidence that recomputes to the worker's
+//! answer is taken and burns the deposit, so that a fake costs its maker a deposit where it
+//! used to cost validators a recomputation for nothing.
 //!
 //! Accepted evidence cancels the session's pending rewards (back to the rewards pool, or to
 //! the escrow of the order that paid them) and
@@ -21,7 +26,7 @@ use crate::answer::{body_hash, AnswerClaim};
 use crate::genesis::Genesis;
 use crate::intent::{self, Intent};
 use crate::keys::{Address, Signature, SignatureCheck};
-use crate::state::{Conviction, SessionKey, Staged, State};
+use crate::state::{Account, Conviction, SessionKey, Staged, State};
 
 use super::{TxError, TxSignature};
 
@@ -84,11 +89,37 @@ pub(super) fn check_stateless(
     }])
 }
 
+/// The deposit evidence holds on this chain (`FeeParams::evidence_deposit`); zero on a chain
+/// without one, where evidence that does not reproduce a wrong answer is refused instead.
+pub fn deposit(genesis: &Genesis) -> Amount {
+    genesis
+        .params
+        .fees
+        .map_or(Amount::ZERO, |fees| fees.evidence_deposit)
+}
+
 /// The session is not another worker's (as the hub's receipts say) and the worker is not
-/// convicted in it yet, and recomputing the request gives other bits than it answered.
-pub(super) fn check_stateful(state: &State, evidence: &Evidence) -> Result<(), TxError> {
+/// convicted in it yet. Then, on a chain with a deposit, the reporter (`reporter`, its fee
+/// paid) holds the deposit, and the recomputation waits for the block, which keeps or burns
+/// the deposit by its outcome; on one without, recomputing the request must give other bits
+/// than the worker answered.
+pub(super) fn check_stateful(
+    state: &State,
+    reporter: &Account,
+    evidence: &Evidence,
+) -> Result<(), TxError> {
     check_standing(state, evidence)?;
-    check_recomputed(state, evidence)
+    let deposit = deposit(state.genesis());
+    if deposit.is_zero() {
+        return check_recomputed(state, evidence);
+    }
+    if reporter.balance < deposit {
+        return Err(TxError::InsufficientFunds {
+            balance: reporter.balance,
+            needed: deposit,
+        });
+    }
+    Ok(())
 }
 
 /// Everything `check_stateful` asks but the recomputation: cheap, so a validator asks it
@@ -145,7 +176,10 @@ fn check_recomputed(state: &State, evidence: &Evidence) -> Result<(), TxError> {
     Ok(())
 }
 
-/// What accepted evidence changes, paid by and to whom; see the module comment.
+/// What evidence changes, paid by and to whom; see the module comment. On a chain with a
+/// deposit the recomputation happens here: evidence whose answer recomputes to what the
+/// worker sent (or whose request is not one the model answers) burns the reporter's deposit
+/// and changes nothing else.
 pub(super) fn execute(
     staged: &mut Staged,
     reporter: &Address,
@@ -153,6 +187,17 @@ pub(super) fn execute(
 ) -> Result<(), TxError> {
     let state = staged.state();
     let genesis = state.genesis();
+    let deposit = deposit(genesis);
+    if !deposit.is_zero() {
+        match check_recomputed(state, evidence) {
+            Ok(()) => {}
+            Err(TxError::AnswerWasCorrect | TxError::EvidenceRequest(_)) => {
+                staged.sub_balance(*reporter, deposit)?;
+                return staged.add_balance(genesis.burn_address(), deposit);
+            }
+            Err(other) => return Err(other),
+        }
+    }
     let key = evidence.session_key();
     let mut worker = staged.account(&evidence.worker);
     // The session's pending rewards go back to where they were paid from: the pool or an
@@ -362,6 +407,104 @@ pub(crate) mod tests {
         ];
         let state = block_of(&state, &keys, credits);
         (state, keys)
+    }
+
+    /// `HashCheck`, counting its recomputations.
+    struct Counted(std::sync::atomic::AtomicUsize);
+
+    impl AnswerCheck for Counted {
+        fn response_hash(
+            &self,
+            model: &ModelPin,
+            session: u64,
+            request_id: u64,
+            body: &[u8],
+        ) -> Result<Hash, String> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            HashCheck.response_hash(model, session, request_id, body)
+        }
+    }
+
+    /// On a chain with a deposit (format 2) evidence is admitted on its standing, fee and
+    /// deposit alone, with no recomputation; the block recomputes. A wrong answer convicts,
+    /// and the reporter keeps its deposit and gets its share; a right one is taken, burns the
+    /// reporter's deposit, and the worker keeps everything. A reporter without the deposit
+    /// is refused before anything is recomputed.
+    #[test]
+    fn on_a_chain_with_a_deposit_the_block_judges_and_a_fake_burns_its_deposit() {
+        let (genesis, keys) = crate::genesis::tests::bonded_genesis_v2();
+        let deposit = deposit(&genesis);
+        assert_eq!(deposit, kvr("1"));
+        let counter = Arc::new(Counted(Default::default()));
+        let counted = || counter.0.load(std::sync::atomic::Ordering::Relaxed);
+        let state = State::from_genesis(genesis).with_answer_check(counter.clone());
+        let bond = TxKind::Bond { amount: kvr("20") }.signed_next(&state, &keys.worker);
+        let state = block_of(&state, &keys, vec![bond]);
+        let chain = state.chain_id().to_string();
+        let report = |state: &State, reporter: &Keypair, session, answer: Vec<u8>| {
+            let evidence = evidence(&keys, &keys.worker, session, 7, answer, &chain);
+            TxKind::Evidence(Box::new(evidence)).signed_next(state, reporter)
+        };
+        let right = blake3::hash(b"rows").as_bytes().to_vec();
+        let (alice, w) = (keys.alice.address(), keys.worker.address());
+
+        // A fake: admitted without a recomputation, then taken, and the deposit burned.
+        let fake = report(&state, &keys.alice, 1, right);
+        crate::tx::check_action(&state, &fake).unwrap();
+        assert_eq!(counted(), 0);
+        let fee = crate::tx::fee_charge(&state, &fake)
+            .unwrap()
+            .total()
+            .unwrap();
+        let burn = state.genesis().burn_address();
+        let after = block_of(&state, &keys, vec![fake]);
+        assert!(counted() >= 1);
+        let spent = state
+            .account(&alice)
+            .balance
+            .checked_sub(after.account(&alice).balance);
+        assert_eq!(spent, deposit.checked_add(fee));
+        let burned = after
+            .account(&burn)
+            .balance
+            .checked_sub(state.account(&burn).balance);
+        assert!(burned.unwrap() >= deposit);
+        assert_eq!(after.account(&w), state.account(&w));
+        assert_eq!(after.total_money(), state.total_money());
+
+        // The truth: the worker is convicted, the reporter keeps its deposit, pays its fee and
+        // gets its share.
+        let real = report(&after, &keys.alice, 2, vec![0; 32]);
+        let fee = crate::tx::fee_charge(&after, &real)
+            .unwrap()
+            .total()
+            .unwrap();
+        let convicted = block_of(&after, &keys, vec![real]);
+        let conviction = conviction_of(&convicted, &keys, 2);
+        let balance = |s: &State| s.account(&alice).balance;
+        assert_eq!(
+            balance(&convicted),
+            balance(&after)
+                .checked_sub(fee)
+                .and_then(|b| b.checked_add(conviction.reporter_paid))
+                .unwrap()
+        );
+
+        // Without the deposit beside its fee, refused at once.
+        let poor = Keypair::from_seed(&[31; 32]);
+        let gift = TxKind::Transfer {
+            to: poor.address(),
+            amount: kvr("0.5"),
+        }
+        .signed_next(&convicted, &keys.alice);
+        let state = block_of(&convicted, &keys, vec![gift]);
+        let before = counted();
+        let refused = crate::tx::check_action(&state, &report(&state, &poor, 3, vec![0; 32]));
+        assert!(
+            matches!(refused, Err(TxError::InsufficientFunds { needed, .. }) if needed == deposit),
+            "{refused:?}"
+        );
+        assert_eq!(counted(), before);
     }
 
     #[test]

@@ -24,7 +24,9 @@ use borsh::{BorshDeserialize, BorshSerialize};
 use rayon::prelude::*;
 
 pub use crate::receipt::{Receipt, SignedReceipt};
-pub use evidence::{check_standing as check_evidence_standing, Evidence};
+pub use evidence::{
+    check_standing as check_evidence_standing, deposit as evidence_deposit, Evidence,
+};
 pub use offer::NewOffer;
 pub use order::NewOrder;
 
@@ -442,7 +444,7 @@ pub fn check_action(state: &State, tx: &SignedTx) -> Result<(), TxError> {
         TxKind::Credit(signed) => credit::check_stateful(state, &t.sender, signed, charge),
         TxKind::Bond { amount } => bond::check_bond(state, &sender, *amount),
         TxKind::Unbond { amount } => bond::check_unbond(state, &sender, *amount),
-        TxKind::Evidence(evidence) => evidence::check_stateful(state, evidence),
+        TxKind::Evidence(evidence) => evidence::check_stateful(state, &sender, evidence),
         TxKind::OfferCreate(new) => offer::check_create(state, &t.sender, new),
         TxKind::OfferWithdraw { offer } => offer::check_withdraw(state, &t.sender, *offer),
         TxKind::OrderCreate(new) => order::check_create(state, &t.sender, &sender, new),

@@ -102,9 +102,9 @@ fn ensure_model(dir: &Path, name: &str) -> Result<()> {
     Ok(())
 }
 
-/// What the backbone's key holds to pay for the evidence it reports: a thousand pieces'
-/// fees at the dev chain's reserved-lane price.
-const REPORTER_FUNDS_KVR: &str = "1";
+/// What the backbone's key holds to report evidence: the dev chain's deposit of 1 KVR, which
+/// true evidence keeps, and the fees of hundreds of pieces at its reserved-lane price.
+const REPORTER_FUNDS_KVR: &str = "5";
 
 /// The presets the dev chain pins (`genesis/dev`), the ones dev can serve.
 const DEV_CHAIN_PRESETS: [&str; 4] = ["tiny", "tiny-qwen2", "small", "qwen35-small"];

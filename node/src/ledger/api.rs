@@ -265,6 +265,7 @@ async fn fees(State(ledger): State<Arc<Ledger>>) -> Json<FeesView> {
         min_base_fee: Amount::ZERO,
         lane_fee: Amount::ZERO,
         lane_share: Fraction::ZERO,
+        evidence_deposit: Amount::ZERO,
     });
     let (_, room) = kvasir_ledger::fees::open_lane(&rules, p.max_block_bytes, p.max_block_txs);
     let suggested_tip = match p.fees {
@@ -279,6 +280,7 @@ async fn fees(State(ledger): State<Arc<Ledger>>) -> Json<FeesView> {
         lane_fee: rules.lane_fee.into(),
         lane_share: rules.lane_share,
         suggested_tip: suggested_tip.into(),
+        evidence_deposit: rules.evidence_deposit.into(),
     })
 }
 
