@@ -302,6 +302,11 @@ pub fn produce_block(
                 evidence += usize::from(is_evidence(tx));
                 txs.push(tx.clone());
             }
+            // A bid the price has risen above waits for it to fall (it never pays more
+            // than its sender signed), and its sender's later ones with it.
+            Err(TxError::FeeBelowPrice { .. }) => {
+                deferred.insert(tx.tx.sender);
+            }
             Err(error) => rejected.push((tx.hash(), error)),
         }
     }
@@ -482,7 +487,8 @@ pub(crate) mod tests {
             - after.account(&keys.alice.address()).balance.base_units();
         assert_eq!(spent, amount.base_units() + burned + tipped);
         assert_eq!(after.total_money(), state.total_money());
-        // A bid whose most is below price and tip is refused, and its sender keeps its money.
+        // A bid whose most is below price and tip is refused at admission, and waits (never
+        // rejected) if the price rose after it was admitted: its sender keeps its money.
         let kind = TxKind::Transfer {
             to: keys.bob.address(),
             amount,
@@ -491,9 +497,13 @@ pub(crate) mod tests {
         low.max_per_byte = Amount::from_base_units(1006);
         let tx = kind.signed_paying(after.chain_id(), Some(low), &keys.alice, 1);
         assert!(matches!(
-            rejection(&after, &keys, tx),
-            TxError::FeeBelowPrice { .. }
+            crate::tx::check_stateful(&after, &tx),
+            Err(TxError::FeeBelowPrice { .. })
         ));
+        let time = after.timestamp_ms() + 1000;
+        let waits = produce_block(&after, &verified(&after, vec![tx]), &keys.validator, time);
+        let waits = waits.unwrap();
+        assert!(waits.block.txs.is_empty() && waits.rejected.is_empty());
         // A fee bid on a chain without fees, or none on one with them, is malformed.
         let (v1, _) = test_genesis();
         let unpaid = TxKind::Transfer {
@@ -514,6 +524,70 @@ pub(crate) mod tests {
         assert_eq!(
             stateless_results(&v1, &[paid_on_v1])[0],
             Err(TxError::FeeBidFormat { expected: false })
+        );
+    }
+
+    /// A credit never stalls its gateway's later ones: new bytes worth nothing pay no fee,
+    /// and one whose source holds less than its fee pays all it holds as the fee (the rest
+    /// owed, as ever); credits and evidence bid no tip.
+    #[test]
+    fn a_credit_pays_its_fee_from_what_it_brings_and_never_fails_for_it() {
+        let (mut genesis, keys) = crate::genesis::tests::test_genesis_v2();
+        // One base unit a megabyte, from a pool of five.
+        genesis.params.reward_per_unit = Amount::from_base_units(1);
+        genesis.params.rewards_pool = Amount::from_base_units(5);
+        let state = State::from_genesis(genesis);
+        let chain = state.chain_id().to_string();
+        let (w, pool) = (keys.worker.address(), state.rewards_pool());
+        let lane = state.suggested_bid(Lane::Reserved, Amount::ZERO);
+        let credit = |state: &State, session, bytes| {
+            let nonce = state.account(&keys.gateway.address()).nonce;
+            credit_on(
+                &chain,
+                lane,
+                &keys.gateway,
+                nonce,
+                &keys.hub,
+                session,
+                w,
+                bytes,
+            )
+        };
+        // 100 bytes round to nothing: taken, free.
+        let after = block_of(&state, &keys, vec![credit(&state, 1, 100)]);
+        assert_eq!(after.total_money(), state.total_money());
+        let burn = state.genesis().burn_address();
+        assert!(after.account(&burn).balance.is_zero());
+        // Ten megabytes earn 10 base units, a credit's fee is thousands, and the pool holds 5:
+        // all five go to the fee, the worker is owed the other five, and the block is made.
+        let after = block_of(&after, &keys, vec![credit(&after, 2, 10_000_000)]);
+        assert_eq!(after.account(&burn).balance, Amount::from_base_units(5));
+        assert!(after.account(&pool).balance.is_zero());
+        let worker = after.account(&w);
+        assert!(worker.pending.is_empty());
+        assert_eq!(worker.owed, Amount::from_base_units(5));
+        // A tip on a credit is refused before anything else.
+        let tipped = lane.map(|bid| crate::fees::FeeBid {
+            tip_per_byte: Amount::from_base_units(1),
+            max_per_byte: bid
+                .max_per_byte
+                .checked_add(Amount::from_base_units(1))
+                .unwrap(),
+        });
+        let nonce = after.account(&keys.gateway.address()).nonce;
+        let tx = credit_on(
+            &chain,
+            tipped,
+            &keys.gateway,
+            nonce,
+            &keys.hub,
+            3,
+            w,
+            2_000_000,
+        );
+        assert_eq!(
+            stateless_results(after.genesis(), &[tx])[0],
+            Err(TxError::TipOnReservedLane)
         );
     }
 
@@ -958,9 +1032,12 @@ pub(crate) mod tests {
             let chain = g.chain_id();
             for (i, op) in ops.into_iter().enumerate() {
                 let (tip, low) = bids.get(i).copied().unwrap_or_default();
+                // The reserved lane takes no tip.
+                let tip_in = |lane| if lane == Lane::Reserved { 0 } else { tip };
                 let bid = |kind: &TxKind| {
+                    let lane = Lane::of(kind);
                     let mut bid =
-                        state.suggested_bid(Lane::of(kind), Amount::from_base_units(tip))?;
+                        state.suggested_bid(lane, Amount::from_base_units(tip_in(lane)))?;
                     if low {
                         bid.max_per_byte = Amount::from_base_units(tip);
                     }
@@ -1024,7 +1101,7 @@ pub(crate) mod tests {
                                 &fees,
                                 state.base_fee(),
                                 Lane::Reserved,
-                                Amount::from_base_units(tip),
+                                Amount::ZERO,
                             );
                             if low {
                                 bid.max_per_byte = Amount::from_base_units(tip);

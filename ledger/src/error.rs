@@ -48,8 +48,8 @@ pub enum TxError {
         tip: Amount,
         max: Amount,
     },
-    #[error("the credit's pay ({pays}) does not cover its fee ({fee}): it waits until the session's count has grown")]
-    CreditBelowFee { pays: Amount, fee: Amount },
+    #[error("credits and evidence (the reserved lane) bid no tip")]
+    TipOnReservedLane,
     #[error("{0} is not a gateway named in genesis and may not submit credits")]
     NotAGateway(Address),
     #[error("{0} is not a hub named in genesis and may not sign receipts")]

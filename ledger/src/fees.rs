@@ -31,9 +31,11 @@ pub struct FeeParams {
     /// What a reporter of evidence must hold beside its fee, and loses (burned) if the
     /// recomputation finds the answer was right; evidence that convicts costs nothing but its
     /// fee. Priced against delay, not computation: a validator's recomputation costs it about
-    /// a core-second, but fake evidence takes a place in a block (four a block), and forty
-    /// fakes would hold a real conviction back past a ten-block challenge window; at 1 KVR a
-    /// piece that costs 40 KVR, far above the 5 KVR a 10 KVR bond slashed by half loses.
+    /// a core-second, but fake evidence takes a place in a block (four a block, one at the
+    /// largest), and ten to forty fakes would hold a real conviction back past a ten-block
+    /// challenge window; at 1 KVR a piece that costs 10 KVR or more, above the 5 KVR a 10 KVR
+    /// bond slashed by half loses. (Each reporter has its own place per session in the
+    /// mempool, so fakes cannot take the real reporter's.)
     pub evidence_deposit: Amount,
 }
 

@@ -330,6 +330,18 @@ impl Genesis {
                 needed,
             });
         }
+        // Nor may the open lane be too small for the largest transaction it takes.
+        if let Some(fees) = &p.fees {
+            let (open_bytes, open_txs) =
+                crate::fees::open_lane(fees, p.max_block_bytes, p.max_block_txs);
+            let needed = BLOCK_OVERHEAD_BYTES + MAX_TX_BYTES as u64;
+            if open_bytes < needed || open_txs == 0 {
+                return Err(GenesisError::BlockTooSmall {
+                    limit: open_bytes,
+                    needed,
+                });
+            }
+        }
         let mut ids = BTreeSet::new();
         for model in &self.models {
             if model.id.is_empty() || model.id.len() > 64 {

@@ -33,12 +33,14 @@ use crate::genesis::Genesis;
 use crate::hash::Hash;
 use crate::keys::Address;
 use crate::state::State;
-use crate::tx::{check_action, check_stateful, TxError, TxKind, VerifiedTx};
+use crate::tx::{check_action, check_stateful, evidence_deposit, TxError, TxKind, VerifiedTx};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MempoolError {
     #[error(transparent)]
     Invalid(#[from] TxError),
+    #[error("{0} pieces of evidence are waiting, as many as may: submit it again shortly")]
+    EvidenceFull(usize),
     #[error("mempool is full ({0} transactions), and none waiting bids less than this one: raise its tip")]
     Full(usize),
     #[error("mempool is full ({0} bytes), and not enough waiting bids less than this one: raise its tip")]
@@ -79,6 +81,8 @@ pub struct Limits {
     pub per_gateway: usize,
     /// Bytes of transactions waiting, all senders together.
     pub max_bytes: usize,
+    /// Pieces of evidence waiting.
+    pub evidence: usize,
 }
 
 impl Default for Limits {
@@ -91,6 +95,7 @@ impl Default for Limits {
             per_sender: 16,
             per_gateway: 50_000,
             max_bytes: 256 << 20,
+            evidence: 32,
         }
     }
 }
@@ -105,8 +110,11 @@ impl Limits {
     }
 }
 
-/// The (worker, hub, session) a piece of evidence is against.
-type EvidenceKey = (Address, Address, u64);
+/// The (worker, hub, session) a piece of evidence is against, and on a chain with an
+/// evidence deposit its reporter: there a fake costs its deposit, so one reporter's fake
+/// cannot hold another's evidence of the same session out (on a chain without one, copies
+/// under other keys are refused, as each would cost a recomputation for nothing).
+type EvidenceKey = (Address, Address, u64, Option<Address>);
 
 /// Where a waiting transaction is, and what it holds.
 struct Slot {
@@ -143,9 +151,11 @@ pub struct Mempool {
     tails: BTreeSet<Worth>,
 }
 
-fn evidence_key(tx: &VerifiedTx) -> Option<EvidenceKey> {
-    match &tx.tx().tx.kind {
-        TxKind::Evidence(e) => Some((e.worker, e.hub, e.session)),
+fn evidence_key(genesis: &Genesis, tx: &VerifiedTx) -> Option<EvidenceKey> {
+    let t = &tx.tx().tx;
+    let reporter = (!evidence_deposit(genesis).is_zero()).then_some(t.sender);
+    match &t.kind {
+        TxKind::Evidence(e) => Some((e.worker, e.hub, e.session, reporter)),
         _ => None,
     }
 }
@@ -184,7 +194,7 @@ impl Mempool {
         } else {
             check_action(state, tx.tx())?;
         }
-        self.keep(tx)
+        self.keep(state.genesis(), tx)
     }
 
     /// As `insert`, for a transaction whose action the caller has just checked against a
@@ -201,7 +211,7 @@ impl Mempool {
             }
             .into());
         }
-        self.keep(tx)
+        self.keep(state.genesis(), tx)
     }
 
     /// Whether `tx` would fit: not waiting already, its nonce free and within its sender's
@@ -227,7 +237,7 @@ impl Mempool {
                 window,
             });
         }
-        if let Some(key @ (worker, hub, session)) = evidence_key(tx) {
+        if let Some(key @ (worker, hub, session, _)) = evidence_key(state.genesis(), tx) {
             if nonce != next {
                 return Err(MempoolError::EvidenceNotNext { nonce, next });
             }
@@ -237,6 +247,11 @@ impl Mempool {
                     hub,
                     session,
                 });
+            }
+            // Megabytes each, ranked above every transfer: a bounded line, so that evidence
+            // cannot fill the mempool and turn every payment away.
+            if self.evidence.len() >= self.limits.evidence {
+                return Err(MempoolError::EvidenceFull(self.limits.evidence));
             }
         }
         if waiting >= window {
@@ -285,7 +300,7 @@ impl Mempool {
     }
 
     /// Keeps `tx`, evicting what it must (`evictions`).
-    fn keep(&mut self, tx: VerifiedTx) -> Result<Hash, MempoolError> {
+    fn keep(&mut self, genesis: &Genesis, tx: VerifiedTx) -> Result<Hash, MempoolError> {
         let evicted = self.evictions(&tx)?;
         self.remove(evicted);
         let hash = tx.tx().hash();
@@ -293,7 +308,7 @@ impl Mempool {
             sender: tx.tx().tx.sender,
             nonce: tx.tx().tx.nonce,
             bytes: tx.tx().to_bytes().len(),
-            evidence: evidence_key(&tx),
+            evidence: evidence_key(genesis, &tx),
         };
         self.bytes += slot.bytes;
         if let Some(key) = slot.evidence {
@@ -503,6 +518,7 @@ mod tests {
             per_sender,
             per_gateway,
             max_bytes: 1 << 30,
+            evidence: 32,
         }
     }
 
@@ -517,6 +533,50 @@ mod tests {
             "kvasir-test",
         );
         TxKind::Evidence(Box::new(wrong)).signed("kvasir-test", reporter, nonce)
+    }
+
+    /// On a chain with an evidence deposit, reporters do not share a session's place (a fake
+    /// under one key cannot hold another's evidence out), and the evidence line is bounded.
+    #[test]
+    fn with_a_deposit_each_reporter_has_its_place_and_the_line_is_bounded() {
+        let (genesis, keys) = crate::genesis::tests::bonded_genesis_v2();
+        let state = State::from_genesis(genesis);
+        let bond = TxKind::Bond {
+            amount: Amount::parse("20").unwrap(),
+        }
+        .signed_next(&state, &keys.worker);
+        let state = produce_block(
+            &state,
+            &[verified(state.genesis(), bond)],
+            &keys.validator,
+            0,
+        )
+        .unwrap()
+        .state;
+        let chain = state.chain_id().to_string();
+        let report = |reporter: &Keypair, session| {
+            let wrong = crate::tx::evidence::tests::evidence(
+                &keys,
+                &keys.worker,
+                session,
+                7,
+                vec![0; 32],
+                &chain,
+            );
+            let tx = TxKind::Evidence(Box::new(wrong)).signed_next(&state, reporter);
+            verified(state.genesis(), tx)
+        };
+        let mut mempool = Mempool::new(Limits {
+            evidence: 2,
+            ..limits(16, 16)
+        });
+        mempool.insert(&state, report(&keys.alice, 1)).unwrap();
+        mempool.insert(&state, report(&keys.bob, 1)).unwrap();
+        let third = Keypair::from_seed(&[63; 32]);
+        assert_eq!(
+            mempool.bounds(&state, &report(&third, 2)),
+            Err(MempoolError::EvidenceFull(2))
+        );
     }
 
     #[test]
@@ -760,6 +820,7 @@ mod tests {
             per_sender: 16,
             per_gateway: 16,
             max_bytes: 1 << 30,
+            evidence: 32,
         });
         let alice = Keypair::from_seed(&[4; 32]);
         for nonce in 0..3 {
@@ -845,6 +906,7 @@ mod priced {
                 per_sender: 16,
                 per_gateway: 16,
                 max_bytes: 1 << 30,
+                evidence: 32,
             };
             Priced {
                 state: State::from_genesis(genesis),

@@ -49,7 +49,6 @@ pub(super) fn check_stateful(
     state: &State,
     sender: &Address,
     signed: &SignedReceipt,
-    charge: Charge,
 ) -> Result<(), TxError> {
     let genesis = state.genesis();
     if !genesis.is_gateway(sender) {
@@ -83,11 +82,6 @@ pub(super) fn check_stateful(
     genesis
         .earned_at(price, r.cumulative_bytes)
         .ok_or(TxError::Overflow)?;
-    // Likewise its pay must cover its fee; until it does, the gateway's next receipts for
-    // the session (counts are cumulative) bring the rest.
-    if let Some(pay) = pay_of(state, r)? {
-        net_of(&pay, charge)?;
-    }
     Ok(())
 }
 
@@ -159,20 +153,27 @@ fn pay_of(state: &State, receipt: &Receipt) -> Result<Option<Pay>, TxError> {
     let due = earned(receipt.cumulative_bytes)?
         .checked_sub(earned(old)?)
         .ok_or(TxError::Overflow)?;
+    // New bytes worth nothing (a placement at price zero, a count that rounds to nothing)
+    // pay nothing, and so no fee.
+    if due.is_zero() {
+        return Ok(None);
+    }
     Ok(Some(Pay {
         due,
         covered: due.min(held),
     }))
 }
 
-/// What the worker keeps of a credit's pay: what its source covers, less the credit's fee,
-/// which it must cover.
-fn net_of(pay: &Pay, charge: Charge) -> Result<Amount, TxError> {
-    let fee = charge.total().ok_or(TxError::Overflow)?;
-    pay.covered.checked_sub(fee).ok_or(TxError::CreditBelowFee {
-        pays: pay.covered,
-        fee,
-    })
+/// The fee a credit pays out of its pay: its price, or all its source covers if that is
+/// less. The gateway holds back a credit whose pay would not cover its fee (counts being
+/// cumulative, the session's next receipt brings it); one that comes anyway, its escrow or
+/// the pool run low, must still be taken, or every later credit of its gateway would wait
+/// on its nonce. (A credit bids no tip: `check_format`.)
+fn fee_of(pay: &Pay, charge: Charge) -> Charge {
+    Charge {
+        burned: charge.burned.min(pay.covered),
+        tip: Amount::ZERO,
+    }
 }
 
 /// Pays the worker for the receipt's new bytes (`pay_of`), less the credit's fee, and raises
@@ -187,8 +188,12 @@ pub(super) fn execute(
     let key = MeterKey::of(receipt);
     let state = staged.state();
     if let Some(pay) = pay_of(state, receipt)? {
-        let net = net_of(&pay, charge)?;
-        staged.pay_fee(charge)?;
+        let fee = fee_of(&pay, charge);
+        let net = pay
+            .covered
+            .checked_sub(fee.burned)
+            .ok_or(TxError::Overflow)?;
+        staged.pay_fee(fee)?;
         if receipt.order == 0 {
             let mut pool = staged.account(&state.rewards_pool());
             pool.balance = pool

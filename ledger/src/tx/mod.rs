@@ -303,6 +303,11 @@ fn check_format(
             expected: genesis.params.fees.is_some(),
         });
     }
+    // The reserved lane's order does not depend on tips, and a credit's would come out of
+    // the worker's pay: there, none.
+    if Lane::of(&t.kind) == Lane::Reserved && t.fee.is_some_and(|f| !f.tip_per_byte.is_zero()) {
+        return Err(TxError::TipOnReservedLane);
+    }
     let message = intent::signing_message(Intent::Transaction, chain_id, t);
     let sender = SignatureCheck::new(&t.sender, &message, &tx.signature)
         .map_err(|_| TxError::BadSenderKey(t.sender))?;
@@ -441,7 +446,7 @@ pub fn check_action(state: &State, tx: &SignedTx) -> Result<(), TxError> {
     let sender = after_fee(state, tx, charge)?;
     match &t.kind {
         TxKind::Transfer { amount, .. } => transfer::check_funds(&sender, *amount),
-        TxKind::Credit(signed) => credit::check_stateful(state, &t.sender, signed, charge),
+        TxKind::Credit(signed) => credit::check_stateful(state, &t.sender, signed),
         TxKind::Bond { amount } => bond::check_bond(state, &sender, *amount),
         TxKind::Unbond { amount } => bond::check_unbond(state, &sender, *amount),
         TxKind::Evidence(evidence) => evidence::check_stateful(state, &sender, evidence),

@@ -67,12 +67,12 @@ impl Refusals {
     }
 }
 
-/// Holds back a credit whose pay would not cover its fee: the ledger would refuse it, and the
-/// credits signed after it would wait on its nonce. It waits instead, counts being
-/// cumulative, until its session has relayed enough more to pay for it; a session that never
-/// does leaves a tail worth less than a credit's fee. Prices are read once a round: the
-/// pool's rate, and each order's placement of the worker (none: the credit pays nothing, so
-/// it costs nothing either).
+/// Holds back a credit whose pay would not cover its fee: the ledger would take all of it as
+/// the fee (and none for bytes worth nothing). It waits instead, counts being cumulative,
+/// until its session has relayed enough more to pay for it; a session that never does leaves
+/// a tail worth less than a credit's fee. Prices are read once a round: the pool's rate, and
+/// each order's placement of the worker (none: the credit pays nothing and costs nothing,
+/// and is sent, so that the bytes it counts are not paid later at another price).
 struct FeeCover<'a> {
     ledger: &'a Client,
     unit_bytes: u64,
@@ -95,7 +95,7 @@ impl<'a> FeeCover<'a> {
         })
     }
 
-    /// Whether `receipt`'s bytes above `mark` pay at least a credit's fee, or nothing at all.
+    /// Whether `receipt`'s bytes above `mark` pay at least a credit's fee (and something).
     fn covers(&mut self, receipt: &kvasir_ledger::Receipt, mark: u64) -> Result<bool> {
         let price = if receipt.order == 0 {
             Some(self.pool_rate)
@@ -118,7 +118,7 @@ impl<'a> FeeCover<'a> {
             u128::from(bytes) * u128::from(price.base_units()) / u128::from(self.unit_bytes)
         };
         let pay = earned(receipt.cumulative_bytes).saturating_sub(earned(mark));
-        Ok(pay == 0 || pay >= u128::from(self.fee))
+        Ok(pay > 0 && pay >= u128::from(self.fee))
     }
 }
 

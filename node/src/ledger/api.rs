@@ -563,7 +563,9 @@ fn refusal(refusal: Refusal) -> ApiError {
             | MempoolError::NonceTaken(..)
             | MempoolError::EvidenceWaiting { .. },
         ) => (StatusCode::CONFLICT, "conflict"),
-        Refusal::EvidenceBusy => (StatusCode::TOO_MANY_REQUESTS, "evidence_busy"),
+        Refusal::EvidenceBusy | Refusal::Mempool(MempoolError::EvidenceFull(_)) => {
+            (StatusCode::TOO_MANY_REQUESTS, "evidence_busy")
+        }
     };
     ApiError(status, kind, refusal.to_string())
 }
