@@ -193,8 +193,38 @@ impl Mempool {
             check_stateful(state, tx.tx())?;
         } else {
             check_action(state, tx.tx())?;
+            self.check_queue_affordable(state, &tx)?;
         }
         self.keep(state.genesis(), tx)
+    }
+
+    /// A sender's waiting open-lane transactions must be payable together, each at its bid's
+    /// most, from today's balance: else one key could queue a window of high tips that only
+    /// its first can pay, and evict the cheapest honest transactions for nothing.
+    fn check_queue_affordable(&self, state: &State, tx: &VerifiedTx) -> Result<(), TxError> {
+        let most = |tx: &VerifiedTx| -> u128 {
+            let t = &tx.tx().tx;
+            match (Lane::of(&t.kind), t.fee) {
+                (Lane::Open, Some(bid)) => {
+                    u128::from(bid.max_per_byte.base_units()) * tx.tx().to_bytes().len() as u128
+                }
+                _ => 0,
+            }
+        };
+        let sender = tx.tx().tx.sender;
+        let queued: u128 = self
+            .senders
+            .get(&sender)
+            .map_or(0, |queue| queue.values().map(most).sum());
+        let needed = queued + most(tx);
+        let balance = state.account(&sender).balance;
+        if needed > u128::from(balance.base_units()) {
+            return Err(TxError::InsufficientFunds {
+                balance,
+                needed: Amount::from_base_units(u64::try_from(needed).unwrap_or(u64::MAX)),
+            });
+        }
+        Ok(())
     }
 
     /// As `insert`, for a transaction whose action the caller has just checked against a
@@ -991,6 +1021,40 @@ mod priced {
             .collect();
         p.mempool.remove(all);
         assert!(p.mempool.is_empty() && p.mempool.tails.is_empty());
+    }
+
+    /// A key can queue only what it can pay for: the fees of its waiting transactions, each
+    /// at its bid's most, must come out of today's balance together.
+    #[test]
+    fn a_sender_queues_only_what_it_can_pay_for_together() {
+        let mut p = Priced::new(1, 100);
+        let payee = Keypair::from_seed(&[98; 32]).address();
+        let key = p.crowd[0].clone();
+        // Ten KVR, bids of 0.01 KVR a byte and more: a transfer of a few hundred bytes may
+        // pay over 2 KVR, so only the first few fit together; the rest are refused.
+        let tip = Amount::parse("0.01").unwrap();
+        let mut results = Vec::new();
+        for nonce in 0..7 {
+            let kind = TxKind::Transfer {
+                to: payee,
+                amount: Amount::from_base_units(1),
+            };
+            let bid = p.state.suggested_bid(Lane::Open, tip);
+            let tx = kind.signed_paying(p.state.chain_id(), bid, &key, nonce);
+            let tx = check_stateless(p.state.genesis(), vec![tx])
+                .remove(0)
+                .unwrap();
+            results.push(p.mempool.insert(&p.state, tx));
+        }
+        let admitted = results.iter().take_while(|r| r.is_ok()).count();
+        assert!((2..7).contains(&admitted), "{results:?}");
+        assert!(
+            results[admitted..].iter().all(|r| matches!(
+                r,
+                Err(MempoolError::Invalid(TxError::InsufficientFunds { .. }))
+            )),
+            "{results:?}"
+        );
     }
 
     /// The suggested tip beats the last transaction that would fit in the next block, and is

@@ -302,7 +302,7 @@ impl Signer<'_> {
         let bytes = draft.to_bytes().len() as u64;
         let tip_per_byte = match self.tip {
             Some(total) => Amount::from_base_units(total.base_units().div_ceil(bytes)),
-            None => quote.suggested_tip.base_units,
+            None => suggested_tip(&quote)?,
         };
         let bid = quote.bid(lane, tip_per_byte);
         let fee = bid
@@ -323,6 +323,28 @@ impl Signer<'_> {
         let height = self.client.wait_committed(&hash, COMMIT_TIMEOUT)?;
         Ok(Committed { hash, height, fee })
     }
+}
+
+/// The most of a node's suggested tip the wallet takes on its word, in base fees: a node
+/// (which may be a validator, paid the tips) could otherwise name any tip.
+const MAX_SUGGESTED_TIP_IN_BASE_FEES: u64 = 10;
+
+/// The tip per byte the node suggests, unless it is more than `MAX_SUGGESTED_TIP_IN_BASE_FEES`
+/// base fees: then the user says what to tip (`--tip`).
+fn suggested_tip(quote: &FeesView) -> Result<Amount> {
+    let tip = quote.suggested_tip.base_units;
+    let cap = quote
+        .base_fee
+        .base_units
+        .base_units()
+        .saturating_mul(MAX_SUGGESTED_TIP_IN_BASE_FEES);
+    if tip.base_units() > cap {
+        bail!(
+            "the node suggests a tip of {tip} a byte, over {MAX_SUGGESTED_TIP_IN_BASE_FEES} times its base fee ({}): say what to tip with --tip KVR",
+            quote.base_fee.base_units
+        );
+    }
+    Ok(tip)
 }
 
 /// What a transaction of `bytes` bytes in `lane` bidding `bid` pays at `quote`'s base fee.
@@ -440,5 +462,36 @@ fn main() -> ExitCode {
             eprintln!("error: {error:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvasir_ledger::fraction::Fraction;
+
+    fn quote(base: u64, tip: u64) -> FeesView {
+        let units = |n| Amount::from_base_units(n).into();
+        FeesView {
+            height: 1,
+            charged: true,
+            base_fee: units(base),
+            min_base_fee: units(base),
+            lane_fee: units(10),
+            lane_share: Fraction::ZERO,
+            suggested_tip: units(tip),
+            evidence_deposit: units(0),
+        }
+    }
+
+    /// A node's suggested tip is taken up to ten base fees; past that the user must say.
+    #[test]
+    fn a_suggested_tip_is_taken_only_up_to_ten_base_fees() {
+        assert_eq!(
+            suggested_tip(&quote(1000, 10_000)).unwrap(),
+            Amount::from_base_units(10_000)
+        );
+        let refused = suggested_tip(&quote(1000, 10_001)).unwrap_err().to_string();
+        assert!(refused.contains("--tip"), "{refused}");
     }
 }
