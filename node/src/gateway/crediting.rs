@@ -33,6 +33,40 @@ const ONE_BY_ONE: usize = 256;
 /// at, and how many such receipts are remembered.
 const SKIP_ROUNDS: u64 = FULL_WALK_EVERY;
 const MAX_REFUSED: usize = 4096;
+/// Rounds a receipt whose pay would not cover a credit's fee is held back at one count
+/// before it is credited all the same (its session has gone quiet: the tail it ends on,
+/// worth less than the fee, goes to the fee, and the session is closed on the chain).
+const HOLD_ROUNDS: u64 = 20;
+
+/// Receipts held back for their fee (`FeeCover`), at the count and since the round they were
+/// first held there; as many as `MAX_REFUSED`.
+#[derive(Default)]
+struct Held {
+    held: HashMap<MeterOf, (u64, u64)>,
+}
+
+impl Held {
+    /// Whether a receipt too small for its fee at `count` has waited long enough at it.
+    fn waited(&mut self, meter: MeterOf, count: u64, round: u64) -> bool {
+        if self.held.len() >= MAX_REFUSED && !self.held.contains_key(&meter) {
+            self.held
+                .retain(|_, (_, since)| round < since.saturating_add(HOLD_ROUNDS));
+            if self.held.len() >= MAX_REFUSED {
+                self.held.clear();
+            }
+        }
+        let (at, since) = *self.held.entry(meter).or_insert((count, round));
+        if at != count {
+            self.held.insert(meter, (count, round));
+            return false;
+        }
+        if round >= since.saturating_add(HOLD_ROUNDS) {
+            self.held.remove(&meter);
+            return true;
+        }
+        false
+    }
+}
 
 /// What identifies a receipt's count on the ledger: hub, session and order.
 type MeterOf = (Address, u64, u64);
@@ -133,6 +167,7 @@ pub struct Crediting {
     /// Rounds tried, complete or not.
     attempts: u64,
     refusals: Refusals,
+    held: Held,
 }
 
 /// What one round did.
@@ -166,6 +201,7 @@ impl Crediting {
             rounds: 0,
             attempts: 0,
             refusals: Refusals::default(),
+            held: Held::default(),
         }
     }
 
@@ -243,7 +279,10 @@ impl Crediting {
                         let passed_over =
                             self.refusals
                                 .passes_over(&meter_of(&signed), count, self.attempts);
-                        if !passed_over && cover.covers(&signed.receipt, mark)? {
+                        let meter = meter_of(&signed);
+                        let worth_it = cover.covers(&signed.receipt, mark)?
+                            || self.held.waited(meter, count, self.attempts);
+                        if !passed_over && worth_it {
                             rose.push(signed)
                         }
                     }
@@ -417,5 +456,26 @@ mod tests {
             refusals.refused((hub, session, 0), 1, 10);
         }
         assert!(refusals.refused.len() <= MAX_REFUSED);
+    }
+
+    /// A receipt too small for its fee waits while its count moves, and is credited once it
+    /// has stayed at one count for `HOLD_ROUNDS`; the list of them stays bounded.
+    #[test]
+    fn a_receipt_too_small_for_its_fee_waits_until_its_session_goes_quiet() {
+        let hub = Keypair::from_seed(&[1; 32]).address();
+        let mut held = Held::default();
+        let meter = (hub, 7, 0);
+        assert!(!held.waited(meter, 100, 1));
+        assert!(!held.waited(meter, 120, 5), "it moved: held afresh");
+        assert!(!held.waited(meter, 120, 5 + HOLD_ROUNDS - 1));
+        assert!(
+            held.waited(meter, 120, 5 + HOLD_ROUNDS),
+            "quiet long enough"
+        );
+        assert!(!held.waited(meter, 130, 100), "a new count waits again");
+        for session in 0..(MAX_REFUSED as u64 * 2) {
+            held.waited((hub, session, 0), 1, 200);
+        }
+        assert!(held.held.len() <= MAX_REFUSED);
     }
 }
