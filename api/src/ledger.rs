@@ -1,9 +1,9 @@
 //! The bodies of the ledger's REST API (`kvasir-node ledger`, relayed by the gateway).
 
-use kvasir_ledger::fees::{FeeBid, FeeParams, Lane};
+use kvasir_ledger::fees::{self, Charge, FeeBid, FeeParams, Lane};
 use kvasir_ledger::fraction::Fraction;
 use kvasir_ledger::state::Conviction;
-use kvasir_ledger::{Address, Amount, Hash};
+use kvasir_ledger::{Address, Amount, Hash, TxError};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
@@ -211,14 +211,23 @@ impl FeesView {
     /// The bid a wallet makes for a transaction in `lane` tipping `tip` per byte
     /// (`FeeBid::suggested`); `None` on a chain without fees.
     pub fn bid(&self, lane: Lane, tip: Amount) -> Option<FeeBid> {
-        let params = FeeParams {
+        self.charged
+            .then(|| FeeBid::suggested(&self.params(), self.base_fee.base_units, lane, tip))
+    }
+
+    /// What a transaction of `bytes` bytes in `lane` bidding `bid` pays at this quote's base
+    /// fee (`fees::charge`).
+    pub fn charge(&self, lane: Lane, bid: &FeeBid, bytes: usize) -> Result<Charge, TxError> {
+        fees::charge(&self.params(), self.base_fee.base_units, lane, bid, bytes)
+    }
+
+    fn params(&self) -> FeeParams {
+        FeeParams {
             min_base_fee: self.min_base_fee.base_units,
             lane_fee: self.lane_fee.base_units,
             lane_share: self.lane_share,
             evidence_deposit: self.evidence_deposit.base_units,
-        };
-        self.charged
-            .then(|| FeeBid::suggested(&params, self.base_fee.base_units, lane, tip))
+        }
     }
 }
 

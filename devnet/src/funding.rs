@@ -85,17 +85,14 @@ pub fn faucet_pays(
     for (key, kind, amount) in each {
         let lane = Lane::of(&kind);
         let nonce = ledger.account(&key.address())?.nonce;
-        let tx = kind.signed_paying(&chain, fees.bid(lane, Amount::ZERO), key, nonce);
-        let price = match lane {
-            Lane::Open => fees.base_fee.base_units,
-            Lane::Reserved => fees.lane_fee.base_units,
+        let bid = fees.bid(lane, Amount::ZERO);
+        let tx = kind.signed_paying(&chain, bid, key, nonce);
+        let fee = match &bid {
+            Some(bid) => fees.charge(lane, bid, tx.to_bytes().len())?.burned,
+            None => Amount::ZERO,
         };
-        let fee = price
-            .base_units()
-            .checked_mul(tx.to_bytes().len() as u64)
-            .context("a fee overflows")?;
         let amount = amount
-            .checked_add(Amount::from_base_units(fee))
+            .checked_add(fee)
             .context("a funding transfer overflows")?;
         signed.push(tx);
         if amount.is_zero() {

@@ -124,6 +124,38 @@ struct Slot {
     evidence: Option<EvidenceKey>,
 }
 
+/// What the mempool's bounds read of a transaction, worked out once as it arrives: its
+/// hash, its size, and the most its bid lets it pay in the open lane (zero in the reserved
+/// lane, whose fees come from the pay a credit brings or are fixed).
+#[derive(Clone, Copy)]
+struct Measure {
+    hash: Hash,
+    bytes: usize,
+    most_fee: u128,
+}
+
+impl Measure {
+    fn of(tx: &VerifiedTx) -> Measure {
+        let bytes = tx.tx().to_bytes().len();
+        let t = &tx.tx().tx;
+        let most_fee = match (Lane::of(&t.kind), t.fee) {
+            (Lane::Open, Some(bid)) => u128::from(bid.max_per_byte.base_units()) * bytes as u128,
+            _ => 0,
+        };
+        Measure {
+            hash: tx.tx().hash(),
+            bytes,
+            most_fee,
+        }
+    }
+}
+
+/// A waiting transaction and its `Measure`.
+struct Waiting {
+    tx: VerifiedTx,
+    measure: Measure,
+}
+
 /// How much a waiting transaction is worth keeping, lowest first: open-lane ones before
 /// reserved ones, then by tip per byte; equal ones by sender.
 type Worth = (bool, Amount, Address);
@@ -141,7 +173,7 @@ fn tip_of(tx: &VerifiedTx) -> Amount {
 pub struct Mempool {
     limits: Limits,
     /// Each sender's waiting transactions by nonce.
-    senders: BTreeMap<Address, BTreeMap<u64, VerifiedTx>>,
+    senders: BTreeMap<Address, BTreeMap<u64, Waiting>>,
     slot_of: HashMap<Hash, Slot>,
     /// Bytes of every waiting transaction.
     bytes: usize,
@@ -187,36 +219,33 @@ impl Mempool {
     /// Admits a transaction that passed the stateless check, judged against `state`, the
     /// state at the head: the cheap bounds first, then the stateful checks.
     pub fn insert(&mut self, state: &State, tx: VerifiedTx) -> Result<Hash, MempoolError> {
-        self.bounds(state, &tx)?;
+        let measure = Measure::of(&tx);
+        self.measured_bounds(state, &tx, &measure)?;
         let (nonce, next) = (tx.tx().tx.nonce, state.account(&tx.tx().tx.sender).nonce);
         if nonce <= next {
             check_stateful(state, tx.tx())?;
         } else {
             check_action(state, tx.tx())?;
-            self.check_queue_affordable(state, &tx)?;
+            self.check_queue_affordable(state, &tx, &measure)?;
         }
-        self.keep(state.genesis(), tx)
+        self.keep(state.genesis(), tx, measure)
     }
 
     /// A sender's waiting open-lane transactions must be payable together, each at its bid's
     /// most, from today's balance: else one key could queue a window of high tips that only
     /// its first can pay, and evict the cheapest honest transactions for nothing.
-    fn check_queue_affordable(&self, state: &State, tx: &VerifiedTx) -> Result<(), TxError> {
-        let most = |tx: &VerifiedTx| -> u128 {
-            let t = &tx.tx().tx;
-            match (Lane::of(&t.kind), t.fee) {
-                (Lane::Open, Some(bid)) => {
-                    u128::from(bid.max_per_byte.base_units()) * tx.tx().to_bytes().len() as u128
-                }
-                _ => 0,
-            }
-        };
+    fn check_queue_affordable(
+        &self,
+        state: &State,
+        tx: &VerifiedTx,
+        measure: &Measure,
+    ) -> Result<(), TxError> {
         let sender = tx.tx().tx.sender;
         let queued: u128 = self
             .senders
             .get(&sender)
-            .map_or(0, |queue| queue.values().map(most).sum());
-        let needed = queued + most(tx);
+            .map_or(0, |queue| queue.values().map(|w| w.measure.most_fee).sum());
+        let needed = queued + measure.most_fee;
         let balance = state.account(&sender).balance;
         if needed > u128::from(balance.base_units()) {
             return Err(TxError::InsufficientFunds {
@@ -232,7 +261,8 @@ impl Mempool {
     /// experts and must not run while the mempool is held. Only its nonce is checked here;
     /// the block producer checks everything again.
     pub fn insert_checked(&mut self, state: &State, tx: VerifiedTx) -> Result<Hash, MempoolError> {
-        self.bounds(state, &tx)?;
+        let measure = Measure::of(&tx);
+        self.measured_bounds(state, &tx, &measure)?;
         let sender = state.account(&tx.tx().tx.sender);
         if tx.tx().tx.nonce < sender.nonce {
             return Err(TxError::NonceMismatch {
@@ -241,14 +271,23 @@ impl Mempool {
             }
             .into());
         }
-        self.keep(state.genesis(), tx)
+        self.keep(state.genesis(), tx, measure)
     }
 
     /// Whether `tx` would fit: not waiting already, its nonce free and within its sender's
     /// window (evidence: its sender's next, and none against the same session waiting), room
     /// left. Cheap, so it comes before any costly check.
     pub fn bounds(&self, state: &State, tx: &VerifiedTx) -> Result<(), MempoolError> {
-        let hash = tx.tx().hash();
+        self.measured_bounds(state, tx, &Measure::of(tx))
+    }
+
+    fn measured_bounds(
+        &self,
+        state: &State,
+        tx: &VerifiedTx,
+        measure: &Measure,
+    ) -> Result<(), MempoolError> {
+        let hash = measure.hash;
         if self.slot_of.contains_key(&hash) {
             return Err(MempoolError::Duplicate(hash));
         }
@@ -290,14 +329,14 @@ impl Mempool {
                 limit: window,
             });
         }
-        self.evictions(tx).map(drop)
+        self.evictions(tx, measure).map(drop)
     }
 
     /// The waiting transactions `tx` must evict to fit: none while there is room; else the
     /// cheapest senders' last ones, each worth less than `tx`, never its own sender's (that
     /// would leave `tx` after a gap). Refused when those cannot make room.
-    fn evictions(&self, tx: &VerifiedTx) -> Result<Vec<Hash>, MempoolError> {
-        let bytes = tx.tx().to_bytes().len();
+    fn evictions(&self, tx: &VerifiedTx, measure: &Measure) -> Result<Vec<Hash>, MempoolError> {
+        let bytes = measure.bytes;
         let over_count = (self.len() + 1).saturating_sub(self.limits.capacity);
         let over_bytes = (self.bytes + bytes).saturating_sub(self.limits.max_bytes);
         let (mut freed_count, mut freed_bytes) = (0, 0);
@@ -317,8 +356,8 @@ impl Mempool {
                 continue;
             };
             freed_count += 1;
-            freed_bytes += last.tx().to_bytes().len();
-            evicted.push(last.tx().hash());
+            freed_bytes += last.measure.bytes;
+            evicted.push(last.measure.hash);
         }
         if freed_count < over_count {
             return Err(MempoolError::Full(self.limits.capacity));
@@ -330,14 +369,19 @@ impl Mempool {
     }
 
     /// Keeps `tx`, evicting what it must (`evictions`).
-    fn keep(&mut self, genesis: &Genesis, tx: VerifiedTx) -> Result<Hash, MempoolError> {
-        let evicted = self.evictions(&tx)?;
+    fn keep(
+        &mut self,
+        genesis: &Genesis,
+        tx: VerifiedTx,
+        measure: Measure,
+    ) -> Result<Hash, MempoolError> {
+        let evicted = self.evictions(&tx, &measure)?;
         self.remove(evicted);
-        let hash = tx.tx().hash();
+        let hash = measure.hash;
         let slot = Slot {
             sender: tx.tx().tx.sender,
             nonce: tx.tx().tx.nonce,
-            bytes: tx.tx().to_bytes().len(),
+            bytes: measure.bytes,
             evidence: evidence_key(genesis, &tx),
         };
         self.bytes += slot.bytes;
@@ -349,7 +393,7 @@ impl Mempool {
         self.senders
             .entry(sender)
             .or_default()
-            .insert(slot.nonce, tx);
+            .insert(slot.nonce, Waiting { tx, measure });
         self.retail(&sender);
         self.slot_of.insert(hash, slot);
         Ok(hash)
@@ -358,13 +402,13 @@ impl Mempool {
     /// Forgets `sender`'s tail before its queue changes (`retail` records the new one).
     fn untail(&mut self, sender: &Address) {
         if let Some((_, last)) = self.senders.get(sender).and_then(|q| q.last_key_value()) {
-            self.tails.remove(&worth(last));
+            self.tails.remove(&worth(&last.tx));
         }
     }
 
     fn retail(&mut self, sender: &Address) {
         if let Some((_, last)) = self.senders.get(sender).and_then(|q| q.last_key_value()) {
-            self.tails.insert(worth(last));
+            self.tails.insert(worth(&last.tx));
         }
     }
 
@@ -394,7 +438,7 @@ impl Mempool {
         let mut heads = BinaryHeap::with_capacity(self.senders.len());
         for (sender, queue) in &self.senders {
             if let Some((&nonce, first)) = queue.first_key_value() {
-                heads.push((key(first, 0, mix(sender)), *sender, 0usize, nonce));
+                heads.push((key(&first.tx, 0, mix(sender)), *sender, 0usize, nonce));
             }
         }
         let mut candidates = Vec::with_capacity(limit.min(self.len()));
@@ -403,10 +447,10 @@ impl Mempool {
                 break;
             };
             let mut queue = self.senders[&sender].range(nonce..);
-            if let Some((_, tx)) = queue.next() {
-                candidates.push(tx.clone());
+            if let Some((_, waiting)) = queue.next() {
+                candidates.push(waiting.tx.clone());
             }
-            if let Some((&nonce, next)) = queue.next() {
+            if let Some((&nonce, Waiting { tx: next, .. })) = queue.next() {
                 let depth = depth + 1;
                 heads.push((key(next, depth, mix(&sender)), sender, depth, nonce));
             }
@@ -422,8 +466,8 @@ impl Mempool {
             .senders
             .values()
             .flat_map(BTreeMap::values)
-            .filter(|tx| Lane::of(&tx.tx().tx.kind) == Lane::Open)
-            .map(tip_of)
+            .filter(|w| Lane::of(&w.tx.tx().tx.kind) == Lane::Open)
+            .map(|w| tip_of(&w.tx))
             .collect();
         if room == 0 || tips.len() < room {
             return Amount::ZERO;
@@ -443,7 +487,7 @@ impl Mempool {
             .iter()
             .flat_map(|(sender, queue)| {
                 let next = state.account(sender).nonce;
-                queue.range(..next).map(|(_, tx)| tx.tx().hash())
+                queue.range(..next).map(|(_, w)| w.measure.hash)
             })
             .collect();
         self.remove(stale);

@@ -349,22 +349,17 @@ fn suggested_tip(quote: &FeesView) -> Result<Amount> {
 
 /// What a transaction of `bytes` bytes in `lane` bidding `bid` pays at `quote`'s base fee.
 fn fee_report(quote: &FeesView, lane: Lane, bid: &FeeBid, bytes: u64) -> Result<FeeReport> {
-    let per_byte = |amount: Amount| {
-        amount
-            .base_units()
-            .checked_mul(bytes)
-            .map(Amount::from_base_units)
-            .context("the fee overflows")
-    };
-    let price = match lane {
-        Lane::Open => quote.base_fee.base_units,
-        Lane::Reserved => quote.lane_fee.base_units,
-    };
+    let charge = quote.charge(lane, bid, bytes as usize)?;
+    let at_most = bid
+        .max_per_byte
+        .base_units()
+        .checked_mul(bytes)
+        .context("the fee overflows")?;
     Ok(FeeReport {
         bytes,
-        burned: per_byte(price)?,
-        tip: per_byte(bid.tip_per_byte)?,
-        at_most: per_byte(bid.max_per_byte)?,
+        burned: charge.burned,
+        tip: charge.tip,
+        at_most: Amount::from_base_units(at_most),
     })
 }
 
