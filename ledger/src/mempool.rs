@@ -125,13 +125,14 @@ struct Slot {
 }
 
 /// What the mempool's bounds read of a transaction, worked out once as it arrives: its
-/// hash, its size, and the most its bid lets it pay in the open lane (zero in the reserved
-/// lane, whose fees come from the pay a credit brings or are fixed).
+/// hash, its size, and the most it can take from its sender's balance: the most its bid
+/// lets it pay in the open lane (a credit's fee comes from its pay; evidence's deposit is
+/// checked on its own) and what its action moves out of the balance.
 #[derive(Clone, Copy)]
 struct Measure {
     hash: Hash,
     bytes: usize,
-    most_fee: u128,
+    most_cost: u128,
 }
 
 impl Measure {
@@ -142,10 +143,17 @@ impl Measure {
             (Lane::Open, Some(bid)) => u128::from(bid.max_per_byte.base_units()) * bytes as u128,
             _ => 0,
         };
+        let moved = match &t.kind {
+            TxKind::Transfer { amount, .. }
+            | TxKind::Bond { amount }
+            | TxKind::OrderDeposit { amount, .. } => *amount,
+            TxKind::OrderCreate(new) => new.deposit,
+            _ => Amount::ZERO,
+        };
         Measure {
             hash: tx.tx().hash(),
             bytes,
-            most_fee,
+            most_cost: most_fee + u128::from(moved.base_units()),
         }
     }
 }
@@ -231,9 +239,10 @@ impl Mempool {
         self.keep(state.genesis(), tx, measure)
     }
 
-    /// A sender's waiting open-lane transactions must be payable together, each at its bid's
-    /// most, from today's balance: else one key could queue a window of high tips that only
-    /// its first can pay, and evict the cheapest honest transactions for nothing.
+    /// A sender's waiting transactions must be payable together from today's balance, each
+    /// at its bid's most and with what it moves: else one key could queue a window of high
+    /// tips (or of transfers of its whole balance) that only its first can pay, and evict the
+    /// cheapest honest transactions for nothing.
     fn check_queue_affordable(
         &self,
         state: &State,
@@ -244,8 +253,8 @@ impl Mempool {
         let queued: u128 = self
             .senders
             .get(&sender)
-            .map_or(0, |queue| queue.values().map(|w| w.measure.most_fee).sum());
-        let needed = queued + measure.most_fee;
+            .map_or(0, |queue| queue.values().map(|w| w.measure.most_cost).sum());
+        let needed = queued + measure.most_cost;
         let balance = state.account(&sender).balance;
         if needed > u128::from(balance.base_units()) {
             return Err(TxError::InsufficientFunds {

@@ -302,7 +302,7 @@ impl Signer<'_> {
         let bytes = draft.to_bytes().len() as u64;
         let tip_per_byte = match self.tip {
             Some(total) => Amount::from_base_units(total.base_units().div_ceil(bytes)),
-            None => suggested_tip(&quote)?,
+            None => suggested_tip(&quote, bytes)?,
         };
         let bid = quote.bid(lane, tip_per_byte);
         let fee = bid
@@ -325,23 +325,18 @@ impl Signer<'_> {
     }
 }
 
-/// The most of a node's suggested tip the wallet takes on its word, in base fees: a node
-/// (which may be a validator, paid the tips) could otherwise name any tip.
-const MAX_SUGGESTED_TIP_IN_BASE_FEES: u64 = 10;
+/// The most tip, for a whole transaction, the wallet pays on a node's suggestion: a node
+/// (which may be a validator, paid the tips) could otherwise name any tip, and any base fee
+/// to measure it against. Past it the user says what to tip (`--tip`).
+const MAX_SUGGESTED_TIP: Amount = Amount::from_base_units(10_000_000);
 
-/// The tip per byte the node suggests, unless it is more than `MAX_SUGGESTED_TIP_IN_BASE_FEES`
-/// base fees: then the user says what to tip (`--tip`).
-fn suggested_tip(quote: &FeesView) -> Result<Amount> {
+/// The tip per byte the node suggests for a transaction of `bytes` bytes, unless it comes to
+/// more than `MAX_SUGGESTED_TIP`.
+fn suggested_tip(quote: &FeesView, bytes: u64) -> Result<Amount> {
     let tip = quote.suggested_tip.base_units;
-    let cap = quote
-        .base_fee
-        .base_units
-        .base_units()
-        .saturating_mul(MAX_SUGGESTED_TIP_IN_BASE_FEES);
-    if tip.base_units() > cap {
+    if tip.base_units().saturating_mul(bytes) > MAX_SUGGESTED_TIP.base_units() {
         bail!(
-            "the node suggests a tip of {tip} a byte, over {MAX_SUGGESTED_TIP_IN_BASE_FEES} times its base fee ({}): say what to tip with --tip KVR",
-            quote.base_fee.base_units
+            "the node suggests a tip of {tip} a byte, over {MAX_SUGGESTED_TIP} for this transaction: say what to tip with --tip KVR"
         );
     }
     Ok(tip)
@@ -479,14 +474,17 @@ mod tests {
         }
     }
 
-    /// A node's suggested tip is taken up to ten base fees; past that the user must say.
+    /// A node's suggested tip is taken up to 0.01 KVR a transaction, whatever base fee it
+    /// quotes; past that the user must say.
     #[test]
-    fn a_suggested_tip_is_taken_only_up_to_ten_base_fees() {
+    fn a_suggested_tip_is_taken_only_up_to_a_hundredth_of_a_kvr() {
         assert_eq!(
-            suggested_tip(&quote(1000, 10_000)).unwrap(),
-            Amount::from_base_units(10_000)
+            suggested_tip(&quote(1000, 50_000), 200).unwrap(),
+            Amount::from_base_units(50_000)
         );
-        let refused = suggested_tip(&quote(1000, 10_001)).unwrap_err().to_string();
+        let refused = suggested_tip(&quote(1_000_000_000, 50_001), 200)
+            .unwrap_err()
+            .to_string();
         assert!(refused.contains("--tip"), "{refused}");
     }
 }
