@@ -242,7 +242,7 @@ mod tests {
         let genesis = Genesis::from_json(DEV_GENESIS).unwrap();
         assert_eq!(
             genesis.hash().to_string(),
-            "7f691459b04238db4165d55cd363472325a30369b6245cdeff17915f268240a2"
+            "80a5a6f85aab2ba498eda3346dfed1da211b6a559f13e93c6476f20ecd97a5d0"
         );
         let roles: Vec<_> = DEV_KEYS.iter().map(|(role, _)| *role).collect();
         assert_eq!(roles, ROLES);

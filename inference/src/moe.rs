@@ -10,7 +10,7 @@ use rayon::prelude::*;
 use crate::checkpoint::Checkpoint;
 use crate::config::Config;
 use crate::kernels::cpu::{matmul_t, sigmoid, silu, softmax};
-use crate::weights::Weight;
+use crate::weights::{DType, Weight};
 use crate::LoadError;
 
 /// A SwiGLU block, `down(silu(gate(x)) * up(x))`: an expert, a dense layer's MLP, or
@@ -33,6 +33,36 @@ impl SwiGlu {
             gate: checkpoint.tensor(&format!("{prefix}.gate_proj.weight"), &[width, hidden])?,
             up: checkpoint.tensor(&format!("{prefix}.up_proj.weight"), &[width, hidden])?,
             down: checkpoint.tensor(&format!("{prefix}.down_proj.weight"), &[hidden, width])?,
+        })
+    }
+
+    /// An expert from its three matrices' bytes as a checkpoint stores them, in `dtype`:
+    /// gate and up `width x hidden`, down `hidden x width`. What a validator recomputes
+    /// evidence with, from the weights the evidence carries; bytes of another length than
+    /// those shapes are refused.
+    pub fn from_bytes(
+        [gate, up, down]: [&[u8]; 3],
+        dtype: DType,
+        hidden: usize,
+        width: usize,
+    ) -> Result<SwiGlu, LoadError> {
+        let matrix = |name: &str, bytes: &[u8], rows: usize, cols: usize| {
+            let expected = rows
+                .checked_mul(cols)
+                .and_then(|n| n.checked_mul(dtype.size()));
+            if expected != Some(bytes.len()) {
+                return Err(LoadError::Shape {
+                    name: name.to_string(),
+                    expected: vec![rows, cols],
+                    found: vec![bytes.len() / dtype.size()],
+                });
+            }
+            Ok(Weight::owned_bytes(bytes, dtype, rows, cols))
+        };
+        Ok(SwiGlu {
+            gate: matrix("gate_proj", gate, width, hidden)?,
+            up: matrix("up_proj", up, width, hidden)?,
+            down: matrix("down_proj", down, hidden, width)?,
         })
     }
 

@@ -17,9 +17,7 @@ use crate::hash::Hash;
 use crate::intent::{self, Intent};
 use crate::keys::Keypair;
 use crate::state::{ChangeSet, State};
-use crate::tx::{
-    check_stateful, execute, stateless_results, SignedTx, TxError, TxKind, VerifiedTx,
-};
+use crate::tx::{check_stateful, execute, stateless_results, SignedTx, TxError, VerifiedTx};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BlockError {
@@ -66,7 +64,7 @@ pub enum BlockError {
 pub const MAX_BLOCK_EVIDENCE: usize = 4;
 
 fn is_evidence(tx: &SignedTx) -> bool {
-    matches!(tx.tx.kind, TxKind::Evidence(_))
+    tx.tx.kind.evidence().is_some()
 }
 
 /// How far a new block's timestamp may be ahead of the clock of the node that makes or
@@ -334,7 +332,7 @@ pub(crate) mod tests {
     use crate::genesis::Genesis;
     use crate::keys::Address;
     use crate::tx::tests::transfer;
-    use crate::tx::{check_stateless, Receipt, Tx};
+    use crate::tx::{check_stateless, Receipt, Tx, TxKind};
     use proptest::prelude::*;
 
     fn receipt(
@@ -1154,7 +1152,8 @@ pub(crate) mod tests {
                             &chain,
                         );
                         let reporter = users[reporter];
-                        let kind = TxKind::Evidence(Box::new(evidence));
+                        let kind =
+                            crate::tx::evidence::tests::evidence_kind(state.genesis(), evidence);
                         let fee = bid(&kind);
                         kind.signed_paying(
                             &chain,

@@ -3,14 +3,14 @@
 
 use crate::amount::Amount;
 use crate::keys::Address;
-use crate::limits::{MAX_EVIDENCE_TX_BYTES, MAX_TX_BYTES};
+use crate::limits::{MAX_EVIDENCE_TX_BYTES, MAX_EXPERT_EVIDENCE_TX_BYTES, MAX_TX_BYTES};
 
 /// Why a transaction was rejected. Every variant leaves the state untouched.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TxError {
     #[error("malformed transaction: {0}")]
     Malformed(String),
-    #[error("transaction is {0} bytes, over the limit ({MAX_TX_BYTES} bytes, {MAX_EVIDENCE_TX_BYTES} for evidence)")]
+    #[error("transaction is {0} bytes, over the limit ({MAX_TX_BYTES} bytes, {MAX_EVIDENCE_TX_BYTES} for evidence, {MAX_EXPERT_EVIDENCE_TX_BYTES} for evidence with its expert)")]
     TooLarge(usize),
     #[error("transaction is for chain {got:?}, this is {expected:?}")]
     WrongChain { expected: String, got: String },
@@ -48,6 +48,10 @@ pub enum TxError {
         tip: Amount,
         max: Amount,
     },
+    #[error("{}", if *expected { "evidence on this chain (format 2) carries the disputed expert's weights, and this evidence has none" } else { "this chain (format 1) recomputes evidence with its own checkpoints, and this evidence carries weights" })]
+    EvidenceFormat { expected: bool },
+    #[error("evidence weights refused: {0}")]
+    EvidenceWeights(String),
     #[error("credits and evidence (the reserved lane) bid no tip")]
     TipOnReservedLane,
     #[error("{0} is not a gateway named in genesis and may not submit credits")]

@@ -91,7 +91,7 @@ pub enum Lane {
 impl Lane {
     pub fn of(kind: &TxKind) -> Lane {
         match kind {
-            TxKind::Credit(_) | TxKind::Evidence(_) => Lane::Reserved,
+            TxKind::Credit(_) | TxKind::Evidence(_) | TxKind::ExpertEvidence(_) => Lane::Reserved,
             _ => Lane::Open,
         }
     }

@@ -19,7 +19,10 @@ use crate::fees::FeeParams;
 use crate::fraction::Fraction;
 use crate::hash::Hash;
 use crate::keys::Address;
-use crate::limits::{BLOCK_OVERHEAD_BYTES, MAX_EVIDENCE_TX_BYTES, MAX_TIMESTAMP_MS, MAX_TX_BYTES};
+use crate::limits::{
+    BLOCK_OVERHEAD_BYTES, EXPERT_PROOF_OVERHEAD, MAX_EVIDENCE_TX_BYTES, MAX_PINNED_EXPERT_BYTES,
+    MAX_TIMESTAMP_MS, MAX_TX_BYTES,
+};
 
 /// Longest accepted chain id, in bytes.
 pub const MAX_CHAIN_ID_LEN: usize = 64;
@@ -85,6 +88,10 @@ pub struct ModelShape {
     pub layers: u16,
     /// Experts in each MoE layer.
     pub experts: u16,
+    /// The bytes of its largest expert's weights as stored (gate, up and down): what bounds
+    /// the evidence this chain takes, which carries one expert (at most
+    /// `MAX_PINNED_EXPERT_BYTES`).
+    pub expert_bytes: u64,
 }
 
 /// Longest short name of a pinned model.
@@ -318,11 +325,7 @@ impl Genesis {
             });
         }
         // A transaction that fits no block would wait in the mempool for ever.
-        let largest = if self.models.is_empty() {
-            MAX_TX_BYTES
-        } else {
-            MAX_EVIDENCE_TX_BYTES
-        };
+        let largest = self.max_evidence_bytes().max(MAX_TX_BYTES);
         let needed = BLOCK_OVERHEAD_BYTES + largest as u64;
         if p.max_block_bytes < needed {
             return Err(GenesisError::BlockTooSmall {
@@ -372,13 +375,37 @@ impl Genesis {
                     })
                     && (model.name == model.id || !ids.contains(&model.name))
                     && names.insert(&model.name);
-                let shape_ok = model.shape.is_some_and(|s| s.layers > 0 && s.experts > 0);
+                let shape_ok = model.shape.is_some_and(|s| {
+                    s.layers > 0
+                        && s.experts > 0
+                        && (1..=MAX_PINNED_EXPERT_BYTES).contains(&s.expert_bytes)
+                });
                 if !name_ok || !shape_ok || model.arithmetic == 0 {
                     return Err(GenesisError::BadModelDetails(model.id.clone()));
                 }
             }
         }
         Ok(())
+    }
+
+    /// The largest evidence transaction this chain takes: none without a pinned model; the
+    /// request and response bodies on a format-1 chain; with the largest pinned expert and
+    /// its proof on a format-2 chain, whose evidence carries the disputed expert.
+    pub fn max_evidence_bytes(&self) -> usize {
+        if self.models.is_empty() {
+            return 0;
+        }
+        if self.params.format == 1 {
+            return MAX_EVIDENCE_TX_BYTES;
+        }
+        let expert = self
+            .models
+            .iter()
+            .filter_map(|m| m.shape)
+            .map(|s| s.expert_bytes.min(MAX_PINNED_EXPERT_BYTES) as usize)
+            .max()
+            .unwrap_or(0);
+        MAX_EVIDENCE_TX_BYTES + expert + EXPERT_PROOF_OVERHEAD
     }
 
     /// The identity of the chain: blake3 over the canonical encoding, followed by the later
@@ -636,16 +663,22 @@ pub(crate) mod tests {
         (genesis, keys)
     }
 
-    /// `bonded_genesis` in format 2, with fees (`test_fees`).
+    /// The config.json the format-2 test pin commits to.
+    pub const TEST_CONFIG: &[u8] = b"{\"test\": true}";
+
+    /// `bonded_genesis` in format 2, with fees (`test_fees`); its pin commits to
+    /// `TEST_CONFIG`.
     pub fn bonded_genesis_v2() -> (Genesis, TestKeys) {
         let (mut genesis, keys) = bonded_genesis();
         genesis.params.format = FORMAT;
         genesis.params.fees = Some(test_fees());
         let pin = &mut genesis.models[0];
         pin.name = "m".into();
+        pin.config_hash = Hash(*blake3::hash(TEST_CONFIG).as_bytes());
         pin.shape = Some(ModelShape {
             layers: 4,
             experts: 8,
+            expert_bytes: 1 << 10,
         });
         pin.arithmetic = 1;
         (genesis, keys)
@@ -761,6 +794,7 @@ pub(crate) mod tests {
         pin.shape = Some(ModelShape {
             layers: 4,
             experts: 8,
+            expert_bytes: 1 << 10,
         });
         pin.arithmetic = 1;
         genesis.validate().unwrap();
@@ -798,8 +832,19 @@ pub(crate) mod tests {
         flat.models[0].shape = Some(ModelShape {
             layers: 4,
             experts: 0,
+            expert_bytes: 1 << 10,
         });
         assert!(flat.validate().is_err());
+        // An expert too big for any evidence to carry, or none: refused.
+        for expert_bytes in [0, MAX_PINNED_EXPERT_BYTES + 1] {
+            let mut big = genesis.clone();
+            big.models[0].shape = Some(ModelShape {
+                layers: 4,
+                experts: 8,
+                expert_bytes,
+            });
+            assert!(big.validate().is_err(), "{expert_bytes}");
+        }
     }
 
     /// The hash of `test_genesis` as it was before `min_new_account` existed: a genesis that

@@ -194,10 +194,8 @@ pub struct Mempool {
 fn evidence_key(genesis: &Genesis, tx: &VerifiedTx) -> Option<EvidenceKey> {
     let t = &tx.tx().tx;
     let reporter = (!evidence_deposit(genesis).is_zero()).then_some(t.sender);
-    match &t.kind {
-        TxKind::Evidence(e) => Some((e.worker, e.hub, e.session, reporter)),
-        _ => None,
-    }
+    let (e, _) = t.kind.evidence()?;
+    Some((e.worker, e.hub, e.session, reporter))
 }
 
 impl Mempool {
@@ -431,7 +429,7 @@ impl Mempool {
         // shuffle every block.
         let mix = |sender: &Address| Hash::of_parts(&[parent.as_bytes(), sender.as_bytes()]);
         let rank = |tx: &VerifiedTx| match &tx.tx().tx.kind {
-            TxKind::Evidence(_) => 0u8,
+            kind if kind.evidence().is_some() => 0u8,
             TxKind::Credit(_) => 1,
             _ => 2,
         };
@@ -646,7 +644,8 @@ mod tests {
                 vec![0; 32],
                 &chain,
             );
-            let tx = TxKind::Evidence(Box::new(wrong)).signed_next(&state, reporter);
+            let kind = crate::tx::evidence::tests::evidence_kind(state.genesis(), wrong);
+            let tx = kind.signed_next(&state, reporter);
             verified(state.genesis(), tx)
         };
         let mut mempool = Mempool::new(Limits {

@@ -19,6 +19,7 @@ use crate::keys::Address;
 use crate::market::{Market, Offer, Order, Placement};
 use crate::receipt::Receipt;
 use crate::tree::StateTree;
+use crate::tx::{Evidence, ExpertWeights};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, BorshSerialize, BorshDeserialize)]
 pub struct Account {
@@ -93,20 +94,22 @@ fn sum(mut amounts: impl Iterator<Item = Amount>) -> Amount {
 }
 
 /// Recomputes a disputed answer: what a validator needs beyond the chain to check evidence.
-/// The node implements it over a checkpoint whose identity matches a genesis `models` entry;
-/// it must be a pure function of its inputs, as every validator must reach the same verdict.
+/// The node implements it: over the checkpoints a format-1 genesis pins, or, on a format-2
+/// chain, over the expert weights the evidence carries, checked against the pin. It must be
+/// a pure function of its inputs, as every validator must reach the same verdict.
 pub trait AnswerCheck: Send + Sync {
-    /// The hash (`answer::body_hash`) of the exact response body a correct worker sends to
-    /// `request_body` (a dispatch request as the worker received it) under `model`; or why
-    /// there is none: malformed, not for this model, or not request `request_id` of
-    /// `session` (found before anything is computed, as a recomputation is costly).
-    fn response_hash(
+    /// Whether the worker's signed answer in `evidence` differs from what a correct worker
+    /// sends under `model`: the whole response, recomputed from the checkpoint (format 1), or
+    /// the partial of the expert `weights` carries, recomputed from those bytes (format 2).
+    /// Or why there is no verdict: the request is malformed, not request `request_id` of
+    /// `session`, or the weights are not the pinned expert's (found before anything is
+    /// computed, as a recomputation is costly).
+    fn is_wrong(
         &self,
         model: &ModelPin,
-        session: u64,
-        request_id: u64,
-        request_body: &[u8],
-    ) -> Result<Hash, String>;
+        evidence: &Evidence,
+        weights: Option<&ExpertWeights>,
+    ) -> Result<bool, String>;
 }
 
 /// A metering session: receipts of one hub about one session id.

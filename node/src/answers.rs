@@ -19,9 +19,11 @@ use kvasir_inference::moe::LocalExperts;
 use kvasir_ledger::answer::body_hash;
 use kvasir_ledger::genesis::ModelPin;
 use kvasir_ledger::state::AnswerCheck;
+use kvasir_ledger::tx::{Evidence, ExpertWeights};
 use kvasir_ledger::{Genesis, Hash};
 
 use crate::engine::model_pin;
+use crate::expert_evidence::ExpertJudge;
 use kvasir_wire::Request;
 
 /// Every expert of one pinned checkpoint, for recomputing.
@@ -159,11 +161,26 @@ impl PinnedAnswers {
             verdicts: Mutex::default(),
         }))
     }
+}
 
-    /// As the chain's evidence check.
-    pub fn shared(answers: Option<PinnedAnswers>) -> Option<Arc<dyn AnswerCheck>> {
-        answers.map(|answers| Arc::new(answers) as Arc<dyn AnswerCheck>)
+/// What a node of `genesis` checks evidence with. On a format-2 chain, the weights each piece
+/// of evidence carries (`ExpertJudge`): no checkpoint, and `--model` is not needed. On a
+/// format-1 chain, the checkpoints in `dirs`, which must be those it pins
+/// (`PinnedAnswers::for_genesis`). None for a chain that pins no model.
+pub fn evidence_check(genesis: &Genesis, dirs: &[PathBuf]) -> Result<Option<Arc<dyn AnswerCheck>>> {
+    if genesis.params.format >= 2 {
+        for dir in dirs {
+            tracing::warn!(
+                "--model {} is not used: on this chain evidence carries the weights it is checked with",
+                dir.display()
+            );
+        }
+        return Ok(
+            (!genesis.models.is_empty()).then(|| Arc::new(ExpertJudge) as Arc<dyn AnswerCheck>)
+        );
     }
+    Ok(PinnedAnswers::for_genesis(genesis, dirs)?
+        .map(|answers| Arc::new(answers) as Arc<dyn AnswerCheck>))
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -171,6 +188,28 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl AnswerCheck for PinnedAnswers {
+    fn is_wrong(
+        &self,
+        model: &ModelPin,
+        evidence: &Evidence,
+        weights: Option<&ExpertWeights>,
+    ) -> Result<bool, String> {
+        if weights.is_some() {
+            return Err("this chain recomputes evidence from its checkpoints, not weights".into());
+        }
+        let correct = self.response_hash(
+            model,
+            evidence.session,
+            evidence.request_id,
+            &evidence.request_body,
+        )?;
+        Ok(correct != body_hash(&evidence.response_body))
+    }
+}
+
+impl PinnedAnswers {
+    /// The hash of the correct response body to `request_body`, request `request_id` of
+    /// `session` under `model`: recomputed once, then looked up.
     fn response_hash(
         &self,
         model: &ModelPin,
@@ -234,7 +273,7 @@ impl ModelAnswers {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use kvasir_inference::moe::{ExpertExecutor, ExpertRequest};
     use rand::rngs::StdRng;
@@ -243,7 +282,7 @@ mod tests {
     use crate::engine::tiny_checkpoint;
 
     /// A random request of layer `layer` as a worker receives it: a few rows, a few experts.
-    fn request(rng: &mut StdRng, id: u64, hidden: usize, experts: usize) -> Request {
+    pub(crate) fn request(rng: &mut StdRng, id: u64, hidden: usize, experts: usize) -> Request {
         let rows = rng.gen_range(1..5);
         let mut chosen: Vec<usize> = (0..experts).filter(|_| rng.gen_bool(0.3)).collect();
         if chosen.is_empty() {
@@ -284,7 +323,7 @@ mod tests {
     }
 
     /// What an honest worker answers: its own experts, through the worker's translation.
-    fn honest_body(worker: &LocalExperts, request: &Request) -> Vec<u8> {
+    pub(crate) fn honest_body(worker: &LocalExperts, request: &Request) -> Vec<u8> {
         let response = kvasir_wire::answer(request, request.hidden as usize, worker).unwrap();
         kvasir_wire::response_body(&kvasir_wire::Message::Response(response).encode()).to_vec()
     }

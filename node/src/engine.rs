@@ -107,17 +107,7 @@ pub fn model_pin(dir: &Path) -> Result<ModelPin> {
         .with_context(|| format!("reading {}", config_path.display()))?;
     let config = Config::load(dir)?;
     let checkpoint = Checkpoint::open(dir)?;
-    let mut leaves = Vec::new();
-    for layer in config.moe_layers() {
-        for expert in 0..config.num_experts {
-            let mut hasher = blake3::Hasher::new();
-            for part in ["gate_proj", "up_proj", "down_proj"] {
-                let name = format!("model.layers.{layer}.mlp.experts.{expert}.{part}.weight");
-                hasher.update(checkpoint.tensor_bytes(&name)?);
-            }
-            leaves.push(Hash(*hasher.finalize().as_bytes()));
-        }
-    }
+    let (leaves, expert_bytes) = crate::expert_evidence::expert_leaves(&checkpoint, &config)?;
     Ok(ModelPin {
         id: kvasir_wire::model_id(dir)?,
         config_hash: Hash(*blake3::hash(&config_bytes).as_bytes()),
@@ -126,6 +116,7 @@ pub fn model_pin(dir: &Path) -> Result<ModelPin> {
         shape: Some(ModelShape {
             layers: u16::try_from(config.num_hidden_layers).context("too many layers")?,
             experts: u16::try_from(config.num_experts).context("too many experts")?,
+            expert_bytes,
         }),
         arithmetic: kvasir_inference::ARITHMETIC_VERSION,
     })

@@ -21,6 +21,7 @@ pub mod bonds;
 pub mod commands;
 pub mod dev;
 pub mod engine;
+pub mod expert_evidence;
 pub mod gateway;
 pub mod hub;
 pub mod ledger;

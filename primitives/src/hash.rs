@@ -99,21 +99,115 @@ pub fn merkle_root(leaves: &[Hash]) -> Hash {
         .map(|leaf| Hash::of_parts(&[&[0u8], &leaf.0]))
         .collect();
     while level.len() > 1 {
-        level = level
-            .chunks(2)
-            .map(|pair| match pair {
-                [left, right] => Hash::of_parts(&[&[1u8], &left.0, &right.0]),
-                [single] => *single,
-                _ => unreachable!("chunks(2) yields one or two items"),
-            })
-            .collect();
+        level = next_level(&level);
     }
     level[0]
+}
+
+/// The siblings from leaf `index` up to the root of `merkle_root(leaves)`, lowest first: what
+/// proves one leaf against the root (`merkle_verify`). A level where the node has no sibling
+/// (the odd one carried up) adds none. Empty for an index past the leaves.
+pub fn merkle_path(leaves: &[Hash], mut index: usize) -> Vec<Hash> {
+    let mut level: Vec<Hash> = leaves
+        .iter()
+        .map(|leaf| Hash::of_parts(&[&[0u8], &leaf.0]))
+        .collect();
+    let mut path = Vec::new();
+    if index >= level.len() {
+        return path;
+    }
+    while level.len() > 1 {
+        if let Some(sibling) = level.get(index ^ 1) {
+            path.push(*sibling);
+        }
+        level = next_level(&level);
+        index /= 2;
+    }
+    path
+}
+
+/// Whether `leaf` is leaf `index` of the `count` leaves whose Merkle root is `root`, by its
+/// `path` (`merkle_path`). The count fixes at which levels the node has a sibling, so a path
+/// of the wrong length is refused, never read past.
+pub fn merkle_verify(
+    root: &Hash,
+    leaf: &Hash,
+    mut index: usize,
+    count: usize,
+    path: &[Hash],
+) -> bool {
+    if index >= count {
+        return false;
+    }
+    let mut node = Hash::of_parts(&[&[0u8], &leaf.0]);
+    let mut siblings = path.iter();
+    let mut width = count;
+    while width > 1 {
+        let has_sibling = (index ^ 1) < width;
+        if has_sibling {
+            let Some(sibling) = siblings.next() else {
+                return false;
+            };
+            node = if index.is_multiple_of(2) {
+                inner(&node, sibling)
+            } else {
+                inner(sibling, &node)
+            };
+        }
+        index /= 2;
+        width = width.div_ceil(2);
+    }
+    siblings.next().is_none() && node == *root
+}
+
+fn inner(left: &Hash, right: &Hash) -> Hash {
+    Hash::of_parts(&[&[1u8], &left.0, &right.0])
+}
+
+/// The level above `level`: pairs joined, an odd node at the end carried up as is.
+fn next_level(level: &[Hash]) -> Vec<Hash> {
+    level
+        .chunks(2)
+        .map(|pair| match pair {
+            [left, right] => inner(left, right),
+            [single] => *single,
+            _ => unreachable!("chunks(2) yields one or two items"),
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_leaf_proves_against_the_root_and_nothing_else_does() {
+        for count in 1..=19usize {
+            let leaves: Vec<Hash> = (0..count as u8).map(|i| Hash([i; 32])).collect();
+            let root = merkle_root(&leaves);
+            for (index, leaf) in leaves.iter().enumerate() {
+                let path = merkle_path(&leaves, index);
+                assert!(
+                    merkle_verify(&root, leaf, index, count, &path),
+                    "{count}/{index}"
+                );
+                // Another leaf, place, count, or a path cut or lengthened: refused.
+                assert!(!merkle_verify(&root, &Hash([99; 32]), index, count, &path));
+                if count > 1 {
+                    let other = (index + 1) % count;
+                    assert!(!merkle_verify(&root, leaf, other, count, &path));
+                }
+                let mut longer = path.clone();
+                longer.push(root);
+                assert!(!merkle_verify(&root, leaf, index, count, &longer));
+                if let Some((_, shorter)) = path.split_last() {
+                    assert!(!merkle_verify(&root, leaf, index, count, shorter));
+                }
+            }
+            assert!(merkle_path(&leaves, count).is_empty());
+            assert!(!merkle_verify(&root, &leaves[0], count, count, &[]));
+        }
+    }
 
     #[test]
     fn merkle_root_depends_on_every_leaf_and_order() {

@@ -265,7 +265,8 @@ impl Swarm {
                     validators,
                     full_nodes,
                     &init_extra,
-                    &["--model", path_str(&model)],
+                    // A format-2 ledger judges evidence from the weights it carries.
+                    &[],
                 );
                 let urls: Vec<String> = (validators..validators + full_nodes)
                     .map(|node| network.url(node))
@@ -275,7 +276,7 @@ impl Swarm {
             (true, None) => {
                 genesis_init_with(&chain, &init_extra);
                 let data = dir.path().join("ledger");
-                let (ledger, addr) = start_ledger_on(&chain, &data, "127.0.0.1:0", Some(&model));
+                let (ledger, addr) = start_ledger_on(&chain, &data, "127.0.0.1:0");
                 (Some(ledger), Some(format!("http://{addr}")), None)
             }
             (false, _) => {
@@ -445,7 +446,7 @@ impl Swarm {
         }
         let chain = self.dir.path().join("chain");
         let data = self.dir.path().join("ledger");
-        let (ledger, _) = start_ledger_on(&chain, &data, addr, Some(&self.model));
+        let (ledger, _) = start_ledger_on(&chain, &data, addr);
         self.ledger = Some(ledger);
     }
 
@@ -692,21 +693,14 @@ pub fn new_key(path: &Path) -> String {
 /// A ledger service for the chain in `chain` (genesis.json, keys/validator.key), storing in
 /// `data`; the process and its API address.
 pub fn start_ledger(chain: &Path, data: &Path) -> (Process, String) {
-    start_ledger_on(chain, data, "127.0.0.1:0", None)
+    start_ledger_on(chain, data, "127.0.0.1:0")
 }
 
-/// As `start_ledger`, on `listen`, checking evidence with the checkpoint in `model`.
-pub fn start_ledger_on(
-    chain: &Path,
-    data: &Path,
-    listen: &str,
-    model: Option<&Path>,
-) -> (Process, String) {
-    let mut args = roles::ledger(chain, data, listen)
+/// As `start_ledger`, on `listen`. A format-2 ledger needs no checkpoint: evidence carries
+/// the weights it is judged with.
+pub fn start_ledger_on(chain: &Path, data: &Path, listen: &str) -> (Process, String) {
+    let args = roles::ledger(chain, data, listen)
         .flag("--key", kvasir_devnet::chain::key_path(chain, "validator"));
-    if let Some(model) = model {
-        args = args.flag("--model", model);
-    }
     let mut ledger = start("kvasir-node", &args.into_vec());
     let addr = ledger.listening("ledger").unwrap().to_string();
     (ledger, addr)

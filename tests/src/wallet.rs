@@ -5,7 +5,7 @@ use std::process::Output;
 
 use kvasir_devnet::Process;
 
-use crate::swarm::{start_ledger, start_ledger_on};
+use crate::swarm::start_ledger;
 use crate::{path_str, stderr, stdout};
 
 /// Runs `kvasir-wallet` with `args`, with `passphrase` as `KVASIR_PASSPHRASE` if given.
@@ -48,11 +48,6 @@ pub struct Node {
 impl Node {
     pub fn start(chain: &Path, data: &Path) -> Node {
         Node::of(start_ledger(chain, data))
-    }
-
-    /// As `start`, on a chain that pins the checkpoint in `model` (which judges evidence).
-    pub fn start_with_model(chain: &Path, data: &Path, model: &Path) -> Node {
-        Node::of(start_ledger_on(chain, data, "127.0.0.1:0", Some(model)))
     }
 
     fn of((ledger, addr): (Process, String)) -> Node {

@@ -832,6 +832,7 @@ fn on_format_2_the_market_takes_pinned_models_by_id_or_name_within_their_shape()
     pin.shape = Some(crate::genesis::ModelShape {
         layers: 4,
         experts: 8,
+        expert_bytes: 1 << 10,
     });
     pin.arithmetic = 1;
     genesis.validate().unwrap();

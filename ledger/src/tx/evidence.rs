@@ -24,8 +24,10 @@ use borsh::{BorshDeserialize, BorshSerialize};
 use crate::amount::Amount;
 use crate::answer::{body_hash, AnswerClaim};
 use crate::genesis::Genesis;
+use crate::hash::Hash;
 use crate::intent::{self, Intent};
 use crate::keys::{Address, Signature, SignatureCheck};
+use crate::limits::{MAX_EVIDENCE_TX_BYTES, MAX_EXPERT_CONFIG_BYTES, MAX_EXPERT_PATH};
 use crate::state::{Account, Conviction, SessionKey, Staged, State};
 
 use super::{TxError, TxSignature};
@@ -43,6 +45,42 @@ pub struct Evidence {
     /// The response frame's body the worker sent, without its signature.
     pub response_body: Vec<u8>,
     pub signature: Signature,
+}
+
+/// Evidence on a format-2 chain: the worker's answer and the weights of the expert whose
+/// partial it got wrong, so that a validator recomputes from these bytes alone, with no
+/// checkpoint of its own.
+#[derive(Clone, Debug, PartialEq, Eq, BorshSerialize, BorshDeserialize)]
+pub struct ExpertEvidence {
+    pub evidence: Evidence,
+    pub weights: ExpertWeights,
+}
+
+/// One expert's weights as the genesis pin commits to them: the pinned config.json (by
+/// `ModelPin::config_hash`), which gives the shapes and where the expert's leaf sits, and
+/// the three matrices as the checkpoint stores them, whose blake3 is that leaf under
+/// `ModelPin::experts_root` (by `path`).
+#[derive(Clone, Debug, PartialEq, Eq, BorshSerialize, BorshDeserialize)]
+pub struct ExpertWeights {
+    /// The disputed expert: one of the request's, in the request's layer.
+    pub expert: u16,
+    pub config: Vec<u8>,
+    pub gate: Vec<u8>,
+    pub up: Vec<u8>,
+    pub down: Vec<u8>,
+    /// The leaf's Merkle path to the pin's root, lowest sibling first
+    /// (`hash::merkle_path`).
+    pub path: Vec<Hash>,
+}
+
+impl ExpertWeights {
+    /// The weights' bytes, as a pin's `expert_bytes` counts them.
+    pub fn byte_len(&self) -> u64 {
+        [&self.gate, &self.up, &self.down]
+            .iter()
+            .map(|m| m.len() as u64)
+            .sum()
+    }
 }
 
 impl Evidence {
@@ -66,15 +104,46 @@ impl Evidence {
     }
 }
 
-/// Format: a pinned model, a genesis hub, and the worker's answer signature over exactly
-/// these bodies (returned, to verify with the rest of the batch).
+/// Format: weights on a format-2 chain and only there, within the pin's bounds and with
+/// the pinned config; a pinned model, a genesis hub, and the worker's answer signature over
+/// exactly these bodies (returned, to verify with the rest of the batch).
 pub(super) fn check_stateless(
     genesis: &Genesis,
     chain_id: &str,
     evidence: &Evidence,
+    weights: Option<&ExpertWeights>,
 ) -> Result<Vec<TxSignature>, TxError> {
-    if genesis.model(&evidence.model_id).is_none() {
+    let Some(pin) = genesis.model(&evidence.model_id) else {
         return Err(TxError::UnpinnedModel(evidence.model_id.clone()));
+    };
+    let expected = genesis.params.format >= 2;
+    if weights.is_some() != expected {
+        return Err(TxError::EvidenceFormat { expected });
+    }
+    if let Some(weights) = weights {
+        let bodies = evidence.request_body.len() + evidence.response_body.len();
+        let most = pin.shape.map_or(0, |s| s.expert_bytes);
+        let refused = if bodies > MAX_EVIDENCE_TX_BYTES {
+            Some(format!(
+                "the two bodies take {bodies} bytes, at most {MAX_EVIDENCE_TX_BYTES}"
+            ))
+        } else if weights.byte_len() > most {
+            Some(format!(
+                "{} bytes of weights, and this model's largest expert has {most}",
+                weights.byte_len()
+            ))
+        } else if weights.config.len() > MAX_EXPERT_CONFIG_BYTES
+            || Hash(*blake3::hash(&weights.config).as_bytes()) != pin.config_hash
+        {
+            Some("the config is not the one the genesis pins".to_string())
+        } else if weights.path.len() > MAX_EXPERT_PATH {
+            Some(format!("a path of {} hashes", weights.path.len()))
+        } else {
+            None
+        };
+        if let Some(why) = refused {
+            return Err(TxError::EvidenceWeights(why));
+        }
     }
     if !genesis.is_hub(&evidence.hub) {
         return Err(TxError::NotAHub(evidence.hub));
@@ -107,11 +176,12 @@ pub(super) fn check_stateful(
     state: &State,
     reporter: &Account,
     evidence: &Evidence,
+    weights: Option<&ExpertWeights>,
 ) -> Result<(), TxError> {
     check_standing(state, evidence)?;
     let deposit = deposit(state.genesis());
     if deposit.is_zero() {
-        return check_recomputed(state, evidence);
+        return check_recomputed(state, evidence, weights);
     }
     if reporter.balance < deposit {
         return Err(TxError::InsufficientFunds {
@@ -155,22 +225,22 @@ pub fn check_standing(state: &State, evidence: &Evidence) -> Result<(), TxError>
     Ok(())
 }
 
-/// Recomputing the request with the pinned model gives other bits than the worker answered.
-fn check_recomputed(state: &State, evidence: &Evidence) -> Result<(), TxError> {
+/// Recomputing the request with the pinned model (on a format-2 chain, the disputed expert
+/// from the weights the evidence carries) gives other bits than the worker answered.
+fn check_recomputed(
+    state: &State,
+    evidence: &Evidence,
+    weights: Option<&ExpertWeights>,
+) -> Result<(), TxError> {
     let check = state.answer_check().ok_or(TxError::CannotCheckEvidence)?;
     let model = state
         .genesis()
         .model(&evidence.model_id)
         .ok_or_else(|| TxError::UnpinnedModel(evidence.model_id.clone()))?;
-    let correct = check
-        .response_hash(
-            model,
-            evidence.session,
-            evidence.request_id,
-            &evidence.request_body,
-        )
+    let wrong = check
+        .is_wrong(model, evidence, weights)
         .map_err(TxError::EvidenceRequest)?;
-    if correct == body_hash(&evidence.response_body) {
+    if !wrong {
         return Err(TxError::AnswerWasCorrect);
     }
     Ok(())
@@ -184,12 +254,13 @@ pub(super) fn execute(
     staged: &mut Staged,
     reporter: &Address,
     evidence: &Evidence,
+    weights: Option<&ExpertWeights>,
 ) -> Result<(), TxError> {
     let state = staged.state();
     let genesis = state.genesis();
     let deposit = deposit(genesis);
     if !deposit.is_zero() {
-        match check_recomputed(state, evidence) {
+        match check_recomputed(state, evidence, weights) {
             Ok(()) => {}
             Err(TxError::AnswerWasCorrect | TxError::EvidenceRequest(_)) => {
                 staged.sub_balance(*reporter, deposit)?;
@@ -284,35 +355,61 @@ pub(crate) mod tests {
 
     use super::*;
     use crate::apply::tests::{block_of, credit_from, rejection};
+    use crate::fees::FeeBid;
     use crate::genesis::tests::{bonded_genesis, TestKeys};
     use crate::genesis::ModelPin;
-    use crate::hash::Hash;
     use crate::keys::Keypair;
     use crate::state::{AnswerCheck, MeterKey};
     use crate::tx::{SignedTx, TxKind};
 
     /// A stand-in for the model, deterministic as the real one is: a request body is its
     /// session and id (u64 each, little-endian) and a payload; the correct response body
-    /// is the blake3 of the payload.
+    /// is the blake3 of the payload. Weights (format 2) are the pinned expert's when their
+    /// gate is `TEST_GATE`.
     pub(crate) struct HashCheck;
 
+    /// The gate of the test model's one pinned expert.
+    pub(crate) const TEST_GATE: &[u8] = b"gate";
+
     impl AnswerCheck for HashCheck {
-        fn response_hash(
+        fn is_wrong(
             &self,
             model: &ModelPin,
-            session: u64,
-            request_id: u64,
-            body: &[u8],
-        ) -> Result<Hash, String> {
+            evidence: &Evidence,
+            weights: Option<&ExpertWeights>,
+        ) -> Result<bool, String> {
+            let body = &evidence.request_body;
             if model.id != "m" || body.len() < 16 {
                 return Err("not a request of model m".into());
             }
+            if weights.is_some_and(|w| w.gate != TEST_GATE) {
+                return Err("not the pinned expert's weights".into());
+            }
             let word = |at: usize| u64::from_le_bytes(body[at..at + 8].try_into().unwrap());
-            if (word(0), word(8)) != (session, request_id) {
+            if (word(0), word(8)) != (evidence.session, evidence.request_id) {
                 return Err("another request".into());
             }
-            Ok(body_hash(blake3::hash(&body[16..]).as_bytes()))
+            let correct = body_hash(blake3::hash(&body[16..]).as_bytes());
+            Ok(correct != body_hash(&evidence.response_body))
         }
+    }
+
+    /// `evidence` as its chain takes it: with the test expert's weights on format 2.
+    pub(crate) fn evidence_kind(genesis: &Genesis, evidence: Evidence) -> TxKind {
+        if genesis.params.format == 1 {
+            return TxKind::Evidence(Box::new(evidence));
+        }
+        TxKind::ExpertEvidence(Box::new(ExpertEvidence {
+            evidence,
+            weights: ExpertWeights {
+                expert: 0,
+                config: crate::genesis::tests::TEST_CONFIG.to_vec(),
+                gate: TEST_GATE.to_vec(),
+                up: Vec::new(),
+                down: Vec::new(),
+                path: Vec::new(),
+            },
+        }))
     }
 
     pub(crate) fn request_body(session: u64, id: u64, payload: &[u8]) -> Vec<u8> {
@@ -413,15 +510,14 @@ pub(crate) mod tests {
     struct Counted(std::sync::atomic::AtomicUsize);
 
     impl AnswerCheck for Counted {
-        fn response_hash(
+        fn is_wrong(
             &self,
             model: &ModelPin,
-            session: u64,
-            request_id: u64,
-            body: &[u8],
-        ) -> Result<Hash, String> {
+            evidence: &Evidence,
+            weights: Option<&ExpertWeights>,
+        ) -> Result<bool, String> {
             self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            HashCheck.response_hash(model, session, request_id, body)
+            HashCheck.is_wrong(model, evidence, weights)
         }
     }
 
@@ -443,7 +539,7 @@ pub(crate) mod tests {
         let chain = state.chain_id().to_string();
         let report = |state: &State, reporter: &Keypair, session, answer: Vec<u8>| {
             let evidence = evidence(&keys, &keys.worker, session, 7, answer, &chain);
-            TxKind::Evidence(Box::new(evidence)).signed_next(state, reporter)
+            evidence_kind(state.genesis(), evidence).signed_next(state, reporter)
         };
         let right = blake3::hash(b"rows").as_bytes().to_vec();
         let (alice, w) = (keys.alice.address(), keys.worker.address());
@@ -620,6 +716,66 @@ pub(crate) mod tests {
             "{:?}",
             verdict.err()
         );
+    }
+
+    /// Format 2 takes evidence only with an expert's weights, format 1 only without; the
+    /// weights must carry the pinned config and fit the pin's largest expert, the bodies
+    /// their own bound, and the path its length: all checked before any state is read.
+    #[test]
+    fn weights_come_with_format_2_evidence_only_and_within_the_pin() {
+        let (v2, keys) = crate::genesis::tests::bonded_genesis_v2();
+        let (v1, _) = bonded_genesis();
+        let stateless = |genesis: &Genesis, kind: TxKind| {
+            let tx = kind.signed_paying(
+                &genesis.chain_id(),
+                (genesis.params.format == 2).then(FeeBid::default),
+                &keys.alice,
+                0,
+            );
+            crate::tx::stateless_results(genesis, &[tx]).remove(0)
+        };
+        let on = |genesis: &Genesis| {
+            evidence(&keys, &keys.worker, 1, 7, vec![0; 32], &genesis.chain_id())
+        };
+        assert_eq!(stateless(&v2, evidence_kind(&v2, on(&v2))), Ok(()));
+        assert_eq!(stateless(&v1, evidence_kind(&v1, on(&v1))), Ok(()));
+        assert_eq!(
+            stateless(&v2, TxKind::Evidence(Box::new(on(&v2)))),
+            Err(TxError::EvidenceFormat { expected: true })
+        );
+        let TxKind::ExpertEvidence(with_weights) = evidence_kind(&v2, on(&v1)) else {
+            unreachable!()
+        };
+        assert_eq!(
+            stateless(&v1, TxKind::ExpertEvidence(with_weights)),
+            Err(TxError::EvidenceFormat { expected: false })
+        );
+        let most = v2.models[0].shape.unwrap().expert_bytes as usize;
+        type Change = fn(&mut ExpertEvidence, usize);
+        let changes: [(&str, Change); 5] = [
+            ("weights", |e, most| e.weights.down = vec![0; most]),
+            ("config", |e, _| e.weights.config.push(b' ')),
+            ("config", |e, _| {
+                e.weights.config = vec![b' '; MAX_EXPERT_CONFIG_BYTES + 1]
+            }),
+            ("path", |e, _| {
+                e.weights.path = vec![Hash::ZERO; MAX_EXPERT_PATH + 1]
+            }),
+            ("bodies", |e, _| {
+                e.evidence.request_body = vec![0; MAX_EVIDENCE_TX_BYTES];
+            }),
+        ];
+        for (what, change) in changes {
+            let TxKind::ExpertEvidence(mut e) = evidence_kind(&v2, on(&v2)) else {
+                unreachable!()
+            };
+            change(&mut e, most);
+            let refused = stateless(&v2, TxKind::ExpertEvidence(e));
+            assert!(
+                matches!(&refused, Err(TxError::EvidenceWeights(why)) if why.contains(what)),
+                "{what}: {refused:?}"
+            );
+        }
     }
 
     #[test]

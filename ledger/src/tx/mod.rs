@@ -26,6 +26,7 @@ use rayon::prelude::*;
 pub use crate::receipt::{Receipt, SignedReceipt};
 pub use evidence::{
     check_standing as check_evidence_standing, deposit as evidence_deposit, Evidence,
+    ExpertEvidence, ExpertWeights,
 };
 pub use offer::NewOffer;
 pub use order::NewOrder;
@@ -39,7 +40,7 @@ use crate::keys::{Address, Keypair, Signature, SignatureBatch, SignatureCheck};
 use crate::state::{Account, Staged, State, Writes};
 
 pub use crate::error::TxError;
-pub use crate::limits::{MAX_EVIDENCE_TX_BYTES, MAX_TX_BYTES};
+pub use crate::limits::{MAX_EVIDENCE_TX_BYTES, MAX_EXPERT_EVIDENCE_TX_BYTES, MAX_TX_BYTES};
 
 #[derive(Clone, Debug, PartialEq, Eq, BorshSerialize, BorshDeserialize)]
 pub enum TxKind {
@@ -76,6 +77,19 @@ pub enum TxKind {
     OrderClose {
         order: u64,
     },
+    /// Evidence on a format-2 chain, carrying the disputed expert's weights.
+    ExpertEvidence(Box<ExpertEvidence>),
+}
+
+impl TxKind {
+    /// The answer evidence disputes, and the expert weights it carries (format 2).
+    pub fn evidence(&self) -> Option<(&Evidence, Option<&ExpertWeights>)> {
+        match self {
+            TxKind::Evidence(evidence) => Some((evidence, None)),
+            TxKind::ExpertEvidence(e) => Some((&e.evidence, Some(&e.weights))),
+            _ => None,
+        }
+    }
 }
 
 impl TxKind {
@@ -201,6 +215,7 @@ impl Tx {
             TxKind::Transfer { to, .. } => (self.sender, Some(*to)),
             TxKind::Credit(signed) => (signed.receipt.worker, None),
             TxKind::Evidence(evidence) => (self.sender, Some(evidence.worker)),
+            TxKind::ExpertEvidence(e) => (self.sender, Some(e.evidence.worker)),
             TxKind::Bond { .. }
             | TxKind::Unbond { .. }
             | TxKind::OfferCreate(_)
@@ -239,7 +254,7 @@ impl SignedTx {
     /// Decodes canonical bytes from outside: size-limited (evidence to its own, larger
     /// limit), no trailing bytes.
     pub fn from_bytes(bytes: &[u8]) -> Result<SignedTx, TxError> {
-        if bytes.len() > MAX_EVIDENCE_TX_BYTES {
+        if bytes.len() > MAX_EXPERT_EVIDENCE_TX_BYTES {
             return Err(TxError::TooLarge(bytes.len()));
         }
         let tx: SignedTx =
@@ -258,6 +273,7 @@ impl SignedTx {
     pub fn size_limit(&self) -> usize {
         match self.tx.kind {
             TxKind::Evidence(_) => MAX_EVIDENCE_TX_BYTES,
+            TxKind::ExpertEvidence(_) => MAX_EXPERT_EVIDENCE_TX_BYTES,
             _ => MAX_TX_BYTES,
         }
     }
@@ -319,7 +335,10 @@ fn check_format(
         TxKind::Transfer { to, amount } => transfer::check_stateless(t, to, *amount)?,
         TxKind::Credit(signed) => credit::check_stateless(genesis, chain_id, signed)?,
         TxKind::Bond { amount } | TxKind::Unbond { amount } => bond::check_stateless(*amount)?,
-        TxKind::Evidence(evidence) => evidence::check_stateless(genesis, chain_id, evidence)?,
+        TxKind::Evidence(evidence) => evidence::check_stateless(genesis, chain_id, evidence, None)?,
+        TxKind::ExpertEvidence(e) => {
+            evidence::check_stateless(genesis, chain_id, &e.evidence, Some(&e.weights))?
+        }
         TxKind::OfferCreate(new) => offer::check_stateless_create(new)?,
         TxKind::OrderCreate(new) => order::check_stateless_create(new)?,
         TxKind::OrderDeposit { amount, .. } => bond::check_stateless(*amount)?,
@@ -449,7 +468,10 @@ pub fn check_action(state: &State, tx: &SignedTx) -> Result<(), TxError> {
         TxKind::Credit(signed) => credit::check_stateful(state, &t.sender, signed),
         TxKind::Bond { amount } => bond::check_bond(state, &sender, *amount),
         TxKind::Unbond { amount } => bond::check_unbond(state, &sender, *amount),
-        TxKind::Evidence(evidence) => evidence::check_stateful(state, &sender, evidence),
+        TxKind::Evidence(evidence) => evidence::check_stateful(state, &sender, evidence, None),
+        TxKind::ExpertEvidence(e) => {
+            evidence::check_stateful(state, &sender, &e.evidence, Some(&e.weights))
+        }
         TxKind::OfferCreate(new) => offer::check_create(state, &t.sender, new),
         TxKind::OfferWithdraw { offer } => offer::check_withdraw(state, &t.sender, *offer),
         TxKind::OrderCreate(new) => order::check_create(state, &t.sender, &sender, new),
@@ -481,7 +503,10 @@ pub(crate) fn execute(state: &State, tx: &SignedTx) -> Result<Writes, TxError> {
         TxKind::Credit(signed) => credit::execute(&mut staged, &signed.receipt, charge),
         TxKind::Bond { amount } => bond::execute_bond(&mut staged, &t.sender, *amount),
         TxKind::Unbond { amount } => bond::execute_unbond(&mut staged, &t.sender, *amount),
-        TxKind::Evidence(evidence) => evidence::execute(&mut staged, &t.sender, evidence),
+        TxKind::Evidence(evidence) => evidence::execute(&mut staged, &t.sender, evidence, None),
+        TxKind::ExpertEvidence(e) => {
+            evidence::execute(&mut staged, &t.sender, &e.evidence, Some(&e.weights))
+        }
         TxKind::OfferCreate(new) => offer::execute_create(&mut staged, &t.sender, new),
         TxKind::OfferWithdraw { offer } => offer::execute_withdraw(&mut staged, *offer),
         TxKind::OrderCreate(new) => order::execute_create(&mut staged, &t.sender, new),
@@ -576,7 +601,7 @@ pub(crate) mod tests {
             ));
         }
         assert!(matches!(
-            SignedTx::from_bytes(&vec![0u8; MAX_EVIDENCE_TX_BYTES + 1]),
+            SignedTx::from_bytes(&vec![0u8; MAX_EXPERT_EVIDENCE_TX_BYTES + 1]),
             Err(TxError::TooLarge(_))
         ));
         // Only evidence may be larger than a plain transaction.

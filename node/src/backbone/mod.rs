@@ -138,6 +138,7 @@ pub fn run(args: Args) -> Result<()> {
     let reporting = args.ledger.as_deref().map(|url| Reporting {
         ledger: kvasir_api::Client::new(url),
         key: key.clone(),
+        model: args.model.clone(),
     });
     let auditor = Auditor::new(args.audit_rate, args.probation, reporting);
     let mut experts = RemoteExperts::attach(

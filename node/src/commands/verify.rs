@@ -8,7 +8,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use kvasir_api::reports::VerifyReport;
 use kvasir_ledger::{verify_chain, Genesis, SledStore, Storage};
 
-use crate::answers::PinnedAnswers;
+use crate::answers::evidence_check;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -18,8 +18,9 @@ pub struct Args {
     /// The chain's genesis.json: a store holding another chain is refused.
     #[arg(long)]
     genesis: Option<PathBuf>,
-    /// A checkpoint the genesis pins, to recompute the chain's evidence with; repeat it for
-    /// each pinned model, all of them (a chain that holds evidence does not verify without).
+    /// Format-1 chains only: a checkpoint the genesis pins, to recompute the chain's evidence
+    /// with; repeat it for each pinned model, all of them (a chain that holds evidence does
+    /// not verify without). A format-2 chain's evidence carries its weights.
     #[arg(long = "model", value_name = "DIR")]
     models: Vec<PathBuf>,
     /// Print the report as one JSON object.
@@ -46,10 +47,13 @@ pub fn run(args: Args) -> Result<()> {
         ProgressStyle::with_template("verifying {bar:40} {pos}/{len} blocks {per_sec} eta {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let answers = if args.models.is_empty() {
+    // A format-1 chain's evidence is recomputed only with the checkpoints given; a format-2
+    // chain's always, from the weights it carries.
+    let genesis = store.genesis()?;
+    let answers = if args.models.is_empty() && genesis.params.format == 1 {
         None
     } else {
-        PinnedAnswers::shared(PinnedAnswers::for_genesis(&store.genesis()?, &args.models)?)
+        evidence_check(&genesis, &args.models)?
     };
     let report = verify_chain(&store, trusted.as_ref(), answers, |done, _| {
         bar.set_position(done)

@@ -27,7 +27,7 @@ use kvasir_inference::synth::{preset, synthesize};
 use kvasir_ledger::fraction::Fraction;
 use kvasir_ledger::{verify_chain, Address, Amount, Genesis, Keypair, SledStore};
 
-use crate::answers::PinnedAnswers;
+use crate::answers::evidence_check;
 use crate::engine::{load_local, model_pin, run_generation, Backend};
 use kvasir_devnet::chain::{
     genesis_path, init_sealed, install_dev_chain, key_path, load_template, MAX_VALIDATORS,
@@ -197,7 +197,14 @@ pub fn run(args: Args) -> Result<()> {
     );
 
     let run_dir = dir.join("swarm");
-    let mut swarm = Loopback::start(&current_exe()?, &run_dir, dir, Some(&pinned_dirs))?;
+    // Validators of a format-2 chain judge evidence from the weights it carries; those of a
+    // format-1 chain, with the pinned checkpoints.
+    let judged_with = if genesis.params.format == 1 {
+        pinned_dirs.clone()
+    } else {
+        Vec::new()
+    };
+    let mut swarm = Loopback::start(&current_exe()?, &run_dir, dir, Some(&judged_with))?;
     let ledger_url = swarm.ledger_url().context("the ledger did not start")?;
     println!(
         "ledger {ledger_url} ({validators} validator{}), hub {} (registry http://{}), gateway wss://localhost:{}",
@@ -459,8 +466,8 @@ pub fn run(args: Args) -> Result<()> {
     drop(backbone);
     market::close(&ledger, &mut placed)?;
     swarm.stop();
-    // Evidence in the chain is recomputed with the checkpoint the ledger judged it with.
-    let answers = PinnedAnswers::shared(PinnedAnswers::for_genesis(&genesis, &pinned_dirs)?);
+    // Evidence in the chain is recomputed as the ledger judged it.
+    let answers = evidence_check(&genesis, &judged_with)?;
     for index in 0..validators {
         let store = SledStore::open(&ledger_dir(dir, index))?;
         let verified = verify_chain(&store, Some(&genesis), answers.clone(), |_, _| {})?;

@@ -46,6 +46,7 @@ use kvasir_ledger::fraction::Fraction;
 use kvasir_ledger::mempool::MempoolError;
 use kvasir_ledger::state::{MeterKey, SessionKey};
 use kvasir_ledger::store::{Storage, TxLocation};
+use kvasir_ledger::tx::Evidence;
 use kvasir_ledger::{Address, Amount, Block, Certificate, Hash, SignedTx, TxKind};
 use utoipa::OpenApi;
 
@@ -149,6 +150,9 @@ fn bad_body(rejection: JsonRejection) -> ApiError {
 }
 
 pub fn router(ledger: Arc<Ledger>) -> Router {
+    // A batch must fit the largest evidence this chain takes, in hex, with room for the JSON.
+    let batch_body =
+        MAX_BATCH_BODY.max(2 * ledger.state().genesis().max_evidence_bytes() + (64 << 10));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/head", get(head))
@@ -162,7 +166,7 @@ pub fn router(ledger: Arc<Ledger>) -> Router {
         .route("/txs", post(submit))
         .route(
             "/txs/batch",
-            post(submit_batch).layer(DefaultBodyLimit::max(MAX_BATCH_BODY)),
+            post(submit_batch).layer(DefaultBodyLimit::max(batch_body)),
         )
         .route("/txs/{hash}", get(tx_status))
         .route("/sessions/{hub}/{session}", get(session))
@@ -413,6 +417,16 @@ async fn history(
     }))
 }
 
+fn evidence_event(reporter: &Address, evidence: &Evidence) -> HistoryEvent {
+    HistoryEvent::Evidence {
+        reporter: *reporter,
+        worker: evidence.worker,
+        hub: evidence.hub,
+        session_id: evidence.session,
+        request_id: evidence.request_id,
+    }
+}
+
 /// One line of an account's history, as `address` sees `tx`.
 fn history_entry(tx: &SignedTx, address: &Address, location: TxLocation) -> HistoryEntry {
     let t = &tx.tx;
@@ -441,13 +455,8 @@ fn history_entry(tx: &SignedTx, address: &Address, location: TxLocation) -> Hist
         TxKind::Unbond { amount } => HistoryEvent::Unbond {
             amount: (*amount).into(),
         },
-        TxKind::Evidence(evidence) => HistoryEvent::Evidence {
-            reporter: t.sender,
-            worker: evidence.worker,
-            hub: evidence.hub,
-            session_id: evidence.session,
-            request_id: evidence.request_id,
-        },
+        TxKind::Evidence(evidence) => evidence_event(&t.sender, evidence),
+        TxKind::ExpertEvidence(e) => evidence_event(&t.sender, &e.evidence),
         TxKind::OfferCreate(new) => HistoryEvent::OfferCreate {
             model: new.model.clone(),
             experts: new.experts.to_string(),

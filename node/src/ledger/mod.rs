@@ -30,13 +30,12 @@ use kvasir_ledger::state::AnswerCheck;
 use kvasir_ledger::tx::{check_action, check_evidence_standing};
 use kvasir_ledger::{
     apply_block, check_clock, check_stateless, produce_block, Address, Block, Certificate,
-    ChangeSet, Genesis, Hash, Keypair, SignedTx, SledStore, State, Storage, TxError, TxKind,
-    VerifiedTx,
+    ChangeSet, Genesis, Hash, Keypair, SignedTx, SledStore, State, Storage, TxError, VerifiedTx,
 };
 
 use self::evidence_gate::EvidenceGate;
 use self::forward::Forwarder;
-use crate::answers::PinnedAnswers;
+use crate::answers::evidence_check;
 use crate::listen::{Acceptor, Limits as ConnectionLimits};
 use crate::metrics::Histogram;
 use kvasir_wire::link;
@@ -87,9 +86,11 @@ pub struct Args {
     /// total).
     #[arg(long, default_value_t = 4096)]
     max_connections: usize,
-    /// A checkpoint evidence is recomputed with; repeat it for each model the genesis pins.
-    /// Every pinned model is required, and nothing else (the node refuses to start
-    /// otherwise): validators judging evidence with different models would disagree.
+    /// Format-1 chains only: a checkpoint evidence is recomputed with; repeat it for each
+    /// model the genesis pins. Every pinned model is required, and nothing else (the node
+    /// refuses to start otherwise): validators judging evidence with different models would
+    /// disagree. A format-2 chain's evidence carries the disputed expert's weights, checked
+    /// against the genesis pin, and its nodes need no checkpoint.
     #[arg(long = "model", value_name = "DIR")]
     models: Vec<PathBuf>,
 }
@@ -255,7 +256,7 @@ impl Ledger {
             .into_iter()
             .map(|verified| {
                 let verified = verified?;
-                if let TxKind::Evidence(e) = &verified.tx().tx.kind {
+                if let Some((e, _)) = verified.tx().tx.kind.evidence() {
                     if sessions.len() >= EVIDENCE_PER_REQUEST {
                         return Err(Refusal::EvidenceBusy);
                     }
@@ -319,7 +320,7 @@ impl Ledger {
     /// cannot take its turn soon is refused (`EvidenceBusy`, resubmitted by its reporter).
     /// With it, whether the transaction's action was checked.
     fn judge_evidence(&self, verified: VerifiedTx) -> Result<(VerifiedTx, bool), Refusal> {
-        let TxKind::Evidence(evidence) = &verified.tx().tx.kind else {
+        let Some((evidence, _)) = verified.tx().tx.kind.evidence() else {
             return Ok((verified, false));
         };
         // On a chain with a deposit, admission asks only the cheap checks (standing, fee
@@ -532,7 +533,7 @@ struct Applied {
 pub fn run(args: Args) -> Result<()> {
     let genesis = Genesis::load(&args.genesis)?;
     let validator = args.key.as_deref().map(kvasir_keyfile::open).transpose()?;
-    let answers = PinnedAnswers::shared(PinnedAnswers::for_genesis(&genesis, &args.models)?);
+    let answers = evidence_check(&genesis, &args.models)?;
     let mut ledger = Ledger::open(&genesis, &args.data_dir, validator.clone(), answers)
         .with_context(|| format!("opening the ledger in {}", args.data_dir.display()))?;
     if !args.forward.is_empty() {
@@ -685,16 +686,18 @@ mod tests {
     fn evidence_waits_its_turn_only_when_worth_a_recomputation_and_never_from_a_full_sender() {
         use kvasir_ledger::genesis::ModelPin;
         use kvasir_ledger::keys::Signature;
-        use kvasir_ledger::tx::Evidence;
+        use kvasir_ledger::tx::{Evidence, ExpertEvidence, ExpertWeights};
         let dir = tempfile::tempdir().unwrap();
+        let config = b"{}".to_vec();
         let pin = ModelPin {
             id: "m".into(),
-            config_hash: Hash([1; 32]),
+            config_hash: Hash(*blake3::hash(&config).as_bytes()),
             experts_root: Hash([2; 32]),
             name: "m".into(),
             shape: Some(kvasir_ledger::genesis::ModelShape {
                 layers: 1,
                 experts: 1,
+                expert_bytes: 1 << 10,
             }),
             arithmetic: 1,
         };
@@ -719,10 +722,22 @@ mod tests {
             signature: Signature([0; 64]),
         };
         evidence.signature = evidence.claim().sign(&chain_id, &worker);
+        let weights = ExpertWeights {
+            expert: 0,
+            config,
+            gate: vec![0; 64],
+            up: vec![0; 64],
+            down: vec![0; 64],
+            path: Vec::new(),
+        };
         let report = |from: &Keypair, nonce| {
+            let evidence = ExpertEvidence {
+                evidence: evidence.clone(),
+                weights: weights.clone(),
+            };
             sign(
                 &ledger,
-                TxKind::Evidence(Box::new(evidence.clone())),
+                TxKind::ExpertEvidence(Box::new(evidence)),
                 from,
                 nonce,
             )

@@ -21,7 +21,7 @@ fn operators_offer_a_buyer_orders_the_chain_places_and_closing_refunds_once() {
     // offer: its short name is its directory's, `tiny`.
     let model = kvasir_tests::model("tiny");
     kvasir_tests::genesis_init_with(&chain, &["--model", kvasir_tests::path_str(&model)]);
-    let node = Node::start_with_model(&chain, &dir.path().join("ledger"), &model);
+    let node = Node::start(&chain, &dir.path().join("ledger"));
     let key = |name: &str| dir.path().join(format!("{name}.key"));
     let (cheap, dear, buyer) = (key("cheap"), key("dear"), key("buyer"));
     node.funded_key(&chain, &cheap, "30");

@@ -8,6 +8,7 @@
 //! of its own so the generation never waits on the ledger.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -15,13 +16,14 @@ use std::time::{Duration, Instant};
 
 use kvasir_api::generation::{AuditReport, CaughtWorker};
 use kvasir_api::Client;
-use kvasir_ledger::tx::Evidence;
+use kvasir_ledger::tx::{Evidence, ExpertEvidence, ExpertWeights};
 use kvasir_ledger::{Address, Amount, Keypair, TxKind};
 use rand::rngs::OsRng;
 use rand::Rng;
 
 use super::remote::SignedAnswer;
 use crate::backbone::lock;
+use crate::expert_evidence::ExpertProver;
 
 /// Worker keys whose answers are counted for probation; past it the counts start over, so a
 /// peer churning keys cannot grow the map (a key seen again is on probation again).
@@ -32,10 +34,25 @@ const MAX_QUEUED_EVIDENCE: usize = 64;
 const COMMIT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Where evidence goes: the ledger API and the key that signs it (and is paid the
-/// reporter's share).
+/// reporter's share); and the checkpoint whose experts evidence on a format-2 chain carries.
 pub struct Reporting {
     pub ledger: Client,
     pub key: Keypair,
+    pub model: PathBuf,
+}
+
+/// The expert of a wrong answer that an audit found wrong first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Disputed {
+    pub layer: usize,
+    pub expert: usize,
+}
+
+/// What the reporter thread submits: the answer, and the expert it got wrong.
+struct Catch {
+    index: usize,
+    evidence: Evidence,
+    disputed: Disputed,
 }
 
 pub struct Auditor {
@@ -44,7 +61,7 @@ pub struct Auditor {
     probation: u64,
     answers_seen: Mutex<HashMap<Address, u64>>,
     report: Arc<Mutex<AuditReport>>,
-    evidence: Option<SyncSender<(usize, Evidence)>>,
+    evidence: Option<SyncSender<Catch>>,
     reporter: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -99,17 +116,18 @@ impl Auditor {
             .store(rate.clamp(0.0, 1.0).to_bits(), Ordering::Relaxed);
     }
 
-    /// Records one audit; for a mismatch, records the catch and queues its evidence.
-    pub fn audited(&self, answer: &SignedAnswer, matched: bool) {
+    /// Records one audit; for a mismatch (`wrong`, the expert found wrong), records the
+    /// catch and queues its evidence.
+    pub fn audited(&self, answer: &SignedAnswer, wrong: Option<Disputed>) {
         let answer_number = lock(&self.answers_seen)
             .get(&answer.worker)
             .copied()
             .unwrap_or_default();
         let mut report = lock(&self.report);
         report.audits += 1;
-        if matched {
+        let Some(disputed) = wrong else {
             return;
-        }
+        };
         report.mismatches += 1;
         let index = report.caught.len();
         report.caught.push(CaughtWorker {
@@ -134,7 +152,12 @@ impl Auditor {
             caught.error = Some("no --ledger given: the evidence was not submitted".into());
             return;
         };
-        match queue.try_send((index, evidence_of(answer))) {
+        let catch = Catch {
+            index,
+            evidence: evidence_of(answer),
+            disputed,
+        };
+        match queue.try_send(catch) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => {
                 caught.error = Some("too much evidence waiting: this one was not submitted".into())
@@ -176,6 +199,21 @@ impl Drop for Auditor {
     }
 }
 
+/// The weights of the `disputed` expert of the checkpoint in `model`, its prover opened on
+/// first use.
+fn expert_weights(
+    prover: &mut Option<ExpertProver>,
+    model: &Path,
+    disputed: Disputed,
+) -> anyhow::Result<ExpertWeights> {
+    let prover = match prover {
+        Some(prover) => prover,
+        None => prover.insert(ExpertProver::open(model)?),
+    };
+    let expert = u16::try_from(disputed.expert)?;
+    prover.weights(disputed.layer, expert)
+}
+
 /// The Evidence transaction body quoting `answer`.
 fn evidence_of(answer: &SignedAnswer) -> Evidence {
     Evidence {
@@ -192,13 +230,16 @@ fn evidence_of(answer: &SignedAnswer) -> Evidence {
 
 /// The reporter thread: signs and submits each piece of evidence in turn (one at a time, so
 /// nonces follow each other) and records what became of it.
-fn report_evidence(
-    reporting: Reporting,
-    queue: Receiver<(usize, Evidence)>,
-    report: Arc<Mutex<AuditReport>>,
-) {
-    for (index, evidence) in queue {
-        let outcome = submit(&reporting, evidence);
+fn report_evidence(reporting: Reporting, queue: Receiver<Catch>, report: Arc<Mutex<AuditReport>>) {
+    // Opened at the first catch on a format-2 chain: it reads every expert once.
+    let mut prover = None;
+    for Catch {
+        index,
+        evidence,
+        disputed,
+    } in queue
+    {
+        let outcome = submit(&reporting, &mut prover, evidence, disputed);
         let mut report = lock(&report);
         let Some(caught) = report.caught.get_mut(index) else {
             continue;
@@ -236,18 +277,29 @@ struct Reported {
 
 type Submitted = Result<Reported, (Option<kvasir_ledger::Hash>, String)>;
 
-fn submit(reporting: &Reporting, evidence: Evidence) -> Submitted {
+fn submit(
+    reporting: &Reporting,
+    prover: &mut Option<ExpertProver>,
+    evidence: Evidence,
+    disputed: Disputed,
+) -> Submitted {
     let failed = |hash, e: kvasir_api::ClientError| (hash, e.to_string());
     let ledger = &reporting.ledger;
     let params = ledger.params().map_err(|e| failed(None, e))?;
     let chain_id = params.chain_id;
+    let kind = if params.format >= 2 {
+        let weights = expert_weights(prover, &reporting.model, disputed)
+            .map_err(|e| (None, format!("{e:#}")))?;
+        TxKind::ExpertEvidence(Box::new(ExpertEvidence { evidence, weights }))
+    } else {
+        TxKind::Evidence(Box::new(evidence))
+    };
     // Busy validators are asked again until the pay this evidence should cancel could have
     // settled: the challenge window, at the chain's block interval.
     let window = params
         .challenge_window
         .saturating_mul(params.block_interval_ms);
     let retry_until = COMMIT_TIMEOUT.max(Duration::from_millis(window));
-    let kind = TxKind::Evidence(Box::new(evidence));
     let tx = ledger
         .sign_next(&chain_id, kind, &reporting.key, Amount::ZERO)
         .map_err(|e| failed(None, e))?;

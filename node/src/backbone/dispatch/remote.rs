@@ -20,7 +20,7 @@ use kvasir_ledger::answer::AnswerClaim;
 use kvasir_ledger::keys::{Address, Keypair, Signature};
 use tokio_tungstenite::tungstenite::Bytes;
 
-use super::audit::Auditor;
+use super::audit::{Auditor, Disputed};
 use super::choice::{Choice, SHUN};
 use super::hub_link::{maintain_link, HubLink, InFlight};
 use super::placements::Placements;
@@ -54,11 +54,12 @@ pub struct RemoteExperts {
 
 /// Whether two answers are the same bits (not merely equal floats: -0.0 is not 0.0, and a
 /// NaN is itself).
-fn same_bits(a: &[Vec<f32>], b: &[Vec<f32>]) -> bool {
-    a.len() == b.len()
-        && a.iter().zip(b).all(|(x, y)| {
-            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
-        })
+/// The first of `a`'s partials whose bits differ from `b`'s (or that `b` lacks), if any.
+fn first_difference(a: &[Vec<f32>], b: &[Vec<f32>]) -> Option<usize> {
+    let same = |x: &Vec<f32>, y: &Vec<f32>| {
+        x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
+    };
+    (0..a.len().max(b.len())).find(|&i| !a.get(i).zip(b.get(i)).is_some_and(|(x, y)| same(x, y)))
 }
 
 /// One worker's share of a layer step.
@@ -389,9 +390,13 @@ impl RemoteExperts {
             return Ok(partials);
         }
         let own = self.local.evaluate(layer, requests)?;
-        let matched = same_bits(&partials, &own);
-        self.auditor.audited(signed, matched);
-        if matched {
+        // The expert a wrong answer got wrong first: the one its evidence carries.
+        let wrong = first_difference(&partials, &own).map(|i| Disputed {
+            layer,
+            expert: requests.get(i).map_or(0, |r| r.expert),
+        });
+        self.auditor.audited(signed, wrong);
+        if wrong.is_none() {
             return Ok(partials);
         }
         // Every session of its key, for good.
