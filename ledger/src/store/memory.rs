@@ -48,7 +48,12 @@ impl KeyValue for MemoryStore {
 
     fn write(&self, batch: Batch) -> Result<(), StoreError> {
         let mut entries = self.entries.write().unwrap_or_else(PoisonError::into_inner);
-        entries.extend(batch.into_inserts());
+        for (key, value) in batch.into_writes() {
+            match value {
+                Some(value) => entries.insert(key, value),
+                None => entries.remove(&key),
+            };
+        }
         Ok(())
     }
 }

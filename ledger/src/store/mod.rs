@@ -9,8 +9,10 @@
 //! Everything lives under short key prefixes, so a block, its state changes, its transaction
 //! index and the new head go in one batch: a crash at any instant leaves either the whole
 //! block or none of it. Beside the block and state, two indexes: where each transaction was
-//! included, and per account the locations of the transactions it is a party to (so an
-//! account's history is a range read, however long the chain).
+//! included, and per account and block the indices of the transactions it is a party to
+//! (so an account's history is a range read, however long the chain, and a block adds one
+//! entry per account it touches rather than one per transaction and party: what a store
+//! pays most for is the number of keys a commit writes).
 
 mod memory;
 mod sled;
@@ -37,7 +39,12 @@ const BLOCK_HASH: &[u8] = b"h/";
 const ACCOUNT: &[u8] = b"a/";
 const RECEIPT: &[u8] = b"r/";
 const TX: &[u8] = b"t/";
-const HISTORY: &[u8] = b"x/";
+/// Per (account, height): the indices of the block's transactions the account is a party
+/// to, u32 big-endian each, ascending.
+const HISTORY: &[u8] = b"y/";
+/// The history index as it was first written, one key per (account, location): replaced by
+/// `HISTORY` when a store is opened.
+const HISTORY_PER_TX: &[u8] = b"x/";
 const CERTIFICATE: &[u8] = b"c/";
 const OFFER: &[u8] = b"o/";
 const ORDER: &[u8] = b"d/";
@@ -50,9 +57,11 @@ const FORMAT: &[u8] = b"m/format";
 /// 2: the market (orders on receipts and pending rewards, offers, orders, placements).
 /// A record without the key is of format 1.
 const FORMAT_VERSION: u8 = 2;
-/// Present once every stored block is in the HISTORY index (stores written before it existed
-/// are indexed when opened).
-const HISTORY_INDEXED: &[u8] = b"m/history-indexed";
+/// Present once every stored block is in the HISTORY index (stores written before it existed,
+/// or with the index per transaction, are indexed when opened).
+const HISTORY_INDEXED: &[u8] = b"m/history-by-block";
+/// What marked the index per transaction.
+const HISTORY_PER_TX_INDEXED: &[u8] = b"m/history-indexed";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -109,18 +118,22 @@ impl TxLocation {
 /// fills one, so an engine never sees anything but the layout below.
 #[derive(Default)]
 pub struct Batch {
-    inserts: Vec<(Vec<u8>, Vec<u8>)>,
+    writes: Vec<(Vec<u8>, Option<Vec<u8>>)>,
 }
 
 impl Batch {
     fn insert(&mut self, key: Vec<u8>, value: impl Into<Vec<u8>>) {
-        self.inserts.push((key, value.into()));
+        self.writes.push((key, Some(value.into())));
     }
 
-    /// The (key, value) pairs to insert, in the order they were added; a later insert of
-    /// the same key wins.
-    pub fn into_inserts(self) -> Vec<(Vec<u8>, Vec<u8>)> {
-        self.inserts
+    fn remove(&mut self, key: Vec<u8>) {
+        self.writes.push((key, None));
+    }
+
+    /// Each key with its new value, or none to remove it, in the order they were added; a
+    /// later write of the same key wins.
+    pub fn into_writes(self) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+        self.writes
     }
 }
 
@@ -135,7 +148,7 @@ pub trait KeyValue {
     /// The entries with `start <= key < end`.
     fn range(&self, start: &[u8], end: &[u8]) -> Entries<'_>;
 
-    /// Applies every insert in `batch` at once, durably: when this returns `Ok` a crash
+    /// Applies every write in `batch` at once, durably: when this returns `Ok` a crash
     /// loses none of it, and a crash at any instant before leaves none of it.
     fn write(&self, batch: Batch) -> Result<(), StoreError>;
 }
@@ -243,21 +256,35 @@ impl<K: KeyValue> Storage for K {
         limit: usize,
     ) -> Result<Vec<TxLocation>, StoreError> {
         let start = history_key(address, &[]);
+        // The block of `before` itself is read too, for the indices below it.
         let end = match before {
-            Some(location) => history_key(address, &location.to_bytes()),
-            None => history_key(address, &[0xff; 13]),
+            Some(location) => history_key(address, &(location.height + 1).to_be_bytes()),
+            None => history_key(address, &[0xff; 9]),
         };
-        self.range(&start, &end)
-            .rev()
-            .take(limit)
-            .map(|entry| {
-                let (k, _) = entry?;
-                TxLocation::from_bytes(
-                    "history index",
-                    k.get(HISTORY.len() + 32..).unwrap_or_default(),
-                )
-            })
-            .collect()
+        let mut found = Vec::new();
+        for entry in self.range(&start, &end).rev() {
+            let (k, v) = entry?;
+            let height = be_u64(
+                "history key",
+                k.get(HISTORY.len() + 32..).unwrap_or_default(),
+            )?;
+            if v.len() % 4 != 0 {
+                return Err(StoreError::Corrupt("history entry".into()));
+            }
+            let newest_first = v.chunks_exact(4).rev().map(|index| TxLocation {
+                height,
+                index: u32::from_be_bytes([index[0], index[1], index[2], index[3]]),
+            });
+            for location in newest_first {
+                if before.is_none_or(|b| location.to_bytes() < b.to_bytes()) {
+                    found.push(location);
+                }
+                if found.len() >= limit {
+                    return Ok(found);
+                }
+            }
+        }
+        Ok(found)
     }
 
     fn load_state(&self) -> Result<State, StoreError> {
@@ -403,7 +430,8 @@ fn check_genesis(store: &dyn Storage, genesis: &Genesis) -> Result<(), StoreErro
     Ok(())
 }
 
-/// Brings a record written before the account history index existed up to date.
+/// Brings a record written before the account history index existed, or with the index per
+/// transaction, up to date: the index per block is written and the old one removed.
 fn index_history_if_missing(kv: &impl KeyValue) -> Result<(), StoreError> {
     const BLOCKS_PER_BATCH: u64 = 1_000;
     if kv.get(HISTORY_INDEXED)?.is_some() {
@@ -411,6 +439,13 @@ fn index_history_if_missing(kv: &impl KeyValue) -> Result<(), StoreError> {
     }
     let head = kv.head()?;
     let mut batch = Batch::default();
+    let old: Vec<Vec<u8>> = scan_prefix(kv, HISTORY_PER_TX)
+        .map(|entry| entry.map(|(k, _)| k))
+        .collect::<Result<_, _>>()?;
+    for key in old {
+        batch.remove(key);
+    }
+    batch.remove(HISTORY_PER_TX_INDEXED.to_vec());
     for height in 0..=head {
         let block = kv
             .block(height)?
@@ -466,10 +501,22 @@ fn write_block(batch: &mut Batch, block: &Block, changes: &ChangeSet) {
 }
 
 fn write_history(batch: &mut Batch, block: &Block) {
+    let mut indices: std::collections::BTreeMap<Address, Vec<u8>> = Default::default();
     for (location, tx) in locations(block) {
         for party in tx.tx.parties() {
-            batch.insert(history_key(&party, &location.to_bytes()), []);
+            let listed = indices.entry(party).or_default();
+            // A party twice in one transaction (a transfer to oneself is refused, but a
+            // reporter may be the worker it reports) is listed once.
+            if listed.get(listed.len().saturating_sub(4)..)
+                != Some(&location.index.to_be_bytes()[..])
+            {
+                listed.extend(location.index.to_be_bytes());
+            }
         }
+    }
+    let height = block.header.height.to_be_bytes();
+    for (party, listed) in indices {
+        batch.insert(history_key(&party, &height), listed);
     }
 }
 

@@ -162,8 +162,11 @@ impl KeyValue for SledStore {
 
     fn write(&self, batch: Batch) -> Result<(), StoreError> {
         let mut sled_batch = sled::Batch::default();
-        for (key, value) in batch.into_inserts() {
-            sled_batch.insert(key, value);
+        for (key, value) in batch.into_writes() {
+            match value {
+                Some(value) => sled_batch.insert(key, value),
+                None => sled_batch.remove(key),
+            }
         }
         self.db.apply_batch(sled_batch)?;
         self.db.flush()?;
@@ -174,7 +177,9 @@ impl KeyValue for SledStore {
 #[cfg(test)]
 mod tests {
     use super::super::tests::{commit_blocks, three_blocks, three_blocks_history};
-    use super::super::{Storage, FORMAT, HISTORY, HISTORY_INDEXED};
+    use super::super::{
+        Storage, FORMAT, HISTORY, HISTORY_INDEXED, HISTORY_PER_TX, HISTORY_PER_TX_INDEXED,
+    };
     use super::*;
     use crate::genesis::tests::test_genesis;
 
@@ -211,24 +216,39 @@ mod tests {
         assert_eq!(store.load_state().unwrap().root(), state.root());
     }
 
+    /// A store written before the history index, or with the index one key per transaction
+    /// and party as it was first written: indexed per block when opened, the old keys gone.
     #[test]
     fn a_store_written_before_the_history_index_is_indexed_when_opened() {
-        let dir = tempfile::tempdir().unwrap();
-        let (genesis, keys) = test_genesis();
-        let store = SledStore::create(dir.path(), &genesis).unwrap();
-        commit_blocks(&store, &keys, &three_blocks(&keys));
-        for entry in store.db.scan_prefix(HISTORY) {
-            store.db.remove(entry.unwrap().0).unwrap();
+        for per_tx in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let (genesis, keys) = test_genesis();
+            let store = SledStore::create(dir.path(), &genesis).unwrap();
+            commit_blocks(&store, &keys, &three_blocks(&keys));
+            for entry in store.db.scan_prefix(HISTORY) {
+                store.db.remove(entry.unwrap().0).unwrap();
+            }
+            store.db.remove(HISTORY_INDEXED).unwrap();
+            let bob = keys.bob.address();
+            assert_eq!(store.history(&bob, None, 10).unwrap(), vec![]);
+            if per_tx {
+                for location in three_blocks_history() {
+                    let mut key = [HISTORY_PER_TX, bob.as_bytes()].concat();
+                    key.extend(location.height.to_be_bytes());
+                    key.extend(location.index.to_be_bytes());
+                    store.db.insert(key, &[]).unwrap();
+                }
+                store.db.insert(HISTORY_PER_TX_INDEXED, &[]).unwrap();
+            }
+            drop(store);
+            let store = SledStore::open(dir.path()).unwrap();
+            assert_eq!(
+                store.history(&bob, None, 10).unwrap(),
+                three_blocks_history()
+            );
+            assert_eq!(store.db.scan_prefix(HISTORY_PER_TX).count(), 0);
+            assert!(store.db.get(HISTORY_PER_TX_INDEXED).unwrap().is_none());
         }
-        store.db.remove(HISTORY_INDEXED).unwrap();
-        let bob = keys.bob.address();
-        assert_eq!(store.history(&bob, None, 10).unwrap(), vec![]);
-        drop(store);
-        let store = SledStore::open(dir.path()).unwrap();
-        assert_eq!(
-            store.history(&bob, None, 10).unwrap(),
-            three_blocks_history()
-        );
     }
 
     #[test]
