@@ -2,7 +2,9 @@
 //! among honest ones is caught by the backbone's audits, its Evidence is recomputed and
 //! accepted by the ledger, its session's pending rewards are cancelled, half its bond is
 //! slashed, its key is jailed and refused at its next hello; the honest workers are paid
-//! exactly, and the output equals the all-local run bit for bit.
+//! exactly, and the output equals the all-local run bit for bit. The ledger runs without the
+//! model, as any format-2 validator may: the evidence carries the disputed expert's weights
+//! and their proof against the genesis pin.
 
 use std::time::{Duration, Instant};
 
