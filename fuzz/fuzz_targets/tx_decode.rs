@@ -1,7 +1,7 @@
 //! A transaction from a stranger (the ledger's `POST /txs` body). Decoding never panics and
 //! accepts only the canonical encoding. Then the same action, re-signed by the dev key that may
 //! send it (the faucet for a transfer, a bond, an unbond, the market's offers and orders, and
-//! evidence, whose answer it also re-signs as the worker; the gateway for a credit, whose
+//! evidence with or without the expert's weights, whose answer it also re-signs as the worker; the gateway for a credit, whose
 //! receipt the hub re-signs; an order the faucet can fund is matched at the boundary), goes
 //! through admission and into a produced block: the producer and a verifier
 //! replaying that block reach the same state, and supply is unchanged.
@@ -36,6 +36,11 @@ fuzz_target!(|bytes: &[u8]| {
             evidence.worker = chain.faucet.address();
             evidence.signature = evidence.claim().sign(&chain_id, &chain.faucet);
             (&chain.faucet, TxKind::Evidence(evidence))
+        }
+        TxKind::ExpertEvidence(mut e) => {
+            e.evidence.worker = chain.faucet.address();
+            e.evidence.signature = e.evidence.claim().sign(&chain_id, &chain.faucet);
+            (&chain.faucet, TxKind::ExpertEvidence(e))
         }
         kind @ (TxKind::OfferCreate(_)
         | TxKind::OfferWithdraw { .. }
