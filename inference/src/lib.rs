@@ -11,6 +11,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod generate;
+pub mod gguf;
 pub mod kernels;
 pub mod model;
 pub mod moe;

@@ -7,5 +7,6 @@ pub mod bf16;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod quant;
 #[cfg(target_arch = "x86_64")]
 mod simd;

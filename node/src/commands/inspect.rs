@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 use kvasir_api::reports::{ModelReport, SliceReport};
 use kvasir_inference::checkpoint::Checkpoint;
 use kvasir_inference::config::{Config, Mixer};
+use kvasir_inference::gguf::{is_gguf, Gguf};
 
 use kvasir_wire::model_id;
 use kvasir_wire::spec::ExpertSpec;
@@ -24,10 +25,30 @@ fn expert_of(name: &str) -> Option<(usize, usize)> {
     Some((layer.parse().ok()?, expert.parse().ok()?))
 }
 
-pub fn report(dir: &Path, slice: Option<&ExpertSpec>) -> Result<ModelReport> {
-    let reading = || format!("reading the checkpoint in {}", dir.display());
-    let config = Config::load(dir).with_context(reading)?;
-    let checkpoint = Checkpoint::open(dir).with_context(reading)?;
+/// The report of the checkpoint at `path`: a Hugging Face directory or a GGUF file.
+pub fn report(path: &Path, slice: Option<&ExpertSpec>) -> Result<ModelReport> {
+    let reading = || format!("reading the checkpoint in {}", path.display());
+    let weights = if is_gguf(path) {
+        gguf_weights(path)
+    } else {
+        safetensors_weights(path)
+    }
+    .with_context(reading)?;
+    Ok(summary(model_id(path)?, weights, slice))
+}
+
+/// What a report is made of: the config, the bytes of each expert, of everything, and of what
+/// the engine leaves out.
+struct Weights {
+    config: Config,
+    per_expert: BTreeMap<(usize, usize), u64>,
+    total_bytes: u64,
+    skipped_bytes: u64,
+}
+
+fn safetensors_weights(dir: &Path) -> Result<Weights> {
+    let config = Config::load(dir)?;
+    let checkpoint = Checkpoint::open(dir)?;
     let mut per_expert: BTreeMap<(usize, usize), u64> = BTreeMap::new();
     let mut total_bytes = 0u64;
     for (name, bytes) in checkpoint.tensor_sizes() {
@@ -36,6 +57,48 @@ pub fn report(dir: &Path, slice: Option<&ExpertSpec>) -> Result<ModelReport> {
             *per_expert.entry(key).or_default() += bytes;
         }
     }
+    Ok(Weights {
+        config,
+        per_expert,
+        total_bytes,
+        skipped_bytes: checkpoint.skipped_bytes(),
+    })
+}
+
+/// A GGUF file stacks each layer's experts in one tensor per matrix (`ffn_*_exps`): each
+/// expert holds an equal share of its bytes.
+fn gguf_weights(path: &Path) -> Result<Weights> {
+    let file = Gguf::open(path)?;
+    let header = file.header();
+    let config = kvasir_inference::gguf::config::config(header)?;
+    let mut per_expert: BTreeMap<(usize, usize), u64> = BTreeMap::new();
+    for layer in config.moe_layers() {
+        for part in ["gate", "up", "down"] {
+            let name = format!("blk.{layer}.ffn_{part}_exps.weight");
+            let Some(tensor) = header.tensor(&name) else {
+                anyhow::bail!("tensor {name} is missing");
+            };
+            let share = tensor.byte_len() / config.num_experts.max(1) as u64;
+            for expert in 0..config.num_experts {
+                *per_expert.entry((layer, expert)).or_default() += share;
+            }
+        }
+    }
+    Ok(Weights {
+        config,
+        per_expert,
+        total_bytes: header.tensors.iter().map(|t| t.byte_len()).sum(),
+        skipped_bytes: 0,
+    })
+}
+
+fn summary(model_id: String, weights: Weights, slice: Option<&ExpertSpec>) -> ModelReport {
+    let Weights {
+        config,
+        per_expert,
+        total_bytes,
+        skipped_bytes,
+    } = weights;
     let moe_layers: Vec<usize> = config.moe_layers().collect();
     let expert_bytes: u64 = per_expert.values().sum();
     let slice = slice.map(|spec| {
@@ -50,8 +113,8 @@ pub fn report(dir: &Path, slice: Option<&ExpertSpec>) -> Result<ModelReport> {
             bytes: chosen.iter().sum(),
         }
     });
-    Ok(ModelReport {
-        model_id: model_id(dir)?,
+    ModelReport {
+        model_id,
         family: config.model_type.clone(),
         layers: config.num_hidden_layers,
         linear_attention_layers: (0..config.num_hidden_layers)
@@ -64,10 +127,10 @@ pub fn report(dir: &Path, slice: Option<&ExpertSpec>) -> Result<ModelReport> {
         bytes_per_expert: per_expert.values().copied().max().unwrap_or(0),
         expert_bytes,
         total_bytes,
-        skipped_bytes: checkpoint.skipped_bytes(),
+        skipped_bytes,
         expert_share: expert_bytes as f64 / total_bytes.max(1) as f64,
         slice,
-    })
+    }
 }
 
 fn mib(bytes: u64) -> String {
@@ -142,6 +205,33 @@ mod tests {
         ] {
             assert_eq!(expert_of(other), None, "{other}");
         }
+    }
+
+    /// A GGUF file, as llama.cpp's library writes one: its stacked experts counted per
+    /// expert (Q8_0 gate and up, Q4_0 down), its id the hash of its header.
+    #[test]
+    fn a_gguf_file_is_counted_from_its_stacked_experts() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../inference/tests/data/gguf/tiny-qwen3moe-q8_0.gguf");
+        let slice: ExpertSpec = "*:0-3".parse().unwrap();
+        let report = report(&path, Some(&slice)).unwrap();
+        assert_eq!(report.family, "qwen3_moe");
+        assert_eq!(report.moe_layers, [1]);
+        assert_eq!((report.experts, report.experts_per_token), (8, 2));
+        // Each expert: 32 x 64 values of gate and up in Q8_0, 64 x 32 of down in Q4_0.
+        let each = 2 * (32 * 64 / 32 * 34) + 64 * 32 / 32 * 18;
+        assert_eq!(report.bytes_per_expert, each);
+        assert_eq!(
+            report.slice.as_ref().map(|s| (s.count, s.bytes)),
+            Some((4, 4 * each))
+        );
+        assert_eq!(report.model_id.len(), 32);
+        assert_eq!(report.model_id, model_id(&path).unwrap());
+        let printed = text(&report);
+        assert!(
+            printed.contains("1 routing to experts, 1 dense"),
+            "{printed}"
+        );
     }
 
     #[test]

@@ -38,7 +38,7 @@ pub enum ModelCommand {
     /// experts, bytes per expert and the share of the weights in experts, and with
     /// `--experts` the bytes a worker serving that slice holds.
     Inspect {
-        /// Checkpoint directory.
+        /// Checkpoint directory, or a GGUF file (`*.gguf`, qwen3moe or qwen2moe).
         #[arg(long)]
         model: PathBuf,
         /// A slice, `LAYERS:EXPERTS` items (`*:0-63`).
