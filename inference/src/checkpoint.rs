@@ -9,6 +9,9 @@
 //! `mlp.experts.down_proj` of `experts x hidden x width`, as transformers holds them) read
 //! as one `mlp.experts.E.{gate,up,down}_proj.weight` per expert: each is a contiguous run
 //! of the fused tensor's bytes, so nothing is copied.
+//!
+//! A GGUF file (`gguf`) opens as a checkpoint too: its tensors under the same names, its
+//! stacked experts one entry each.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -19,6 +22,7 @@ use memmap2::Mmap;
 use safetensors::SafeTensors;
 use serde::Deserialize;
 
+use crate::gguf::{self, GgmlType};
 use crate::weights::{DType, Weight};
 use crate::LoadError;
 
@@ -90,9 +94,7 @@ fn split_fused(name: &str, entry: Entry) -> Result<Vec<(String, Entry)>, String>
         ));
     }
     let rows = rows / parts.len();
-    let part_bytes = rows
-        .checked_mul(cols)
-        .and_then(|v| v.checked_mul(entry.dtype.size()));
+    let part_bytes = rows.checked_mul(cols).and_then(|v| entry.dtype.bytes(v));
     let total = part_bytes
         .and_then(|v| v.checked_mul(parts.len()))
         .and_then(|v| v.checked_mul(experts));
@@ -126,7 +128,11 @@ fn split_fused(name: &str, entry: Entry) -> Result<Vec<(String, Entry)>, String>
 }
 
 impl Checkpoint {
+    /// The checkpoint in directory `dir`, or the GGUF file `dir` names.
     pub fn open(dir: &Path) -> Result<Checkpoint, LoadError> {
+        if gguf::is_gguf(dir) {
+            return Checkpoint::open_gguf(dir);
+        }
         let index_path = dir.join("model.safetensors.index.json");
         let files: Vec<PathBuf> = if index_path.exists() {
             let text =
@@ -218,6 +224,95 @@ impl Checkpoint {
         }
         self.maps.push(Arc::new(map));
         Ok(())
+    }
+
+    /// A GGUF file's tensors under the engine's names (`gguf::names`): each stacked expert
+    /// tensor as one entry per expert (a contiguous run of its bytes, as for fused experts),
+    /// tensors the engine does not use left out.
+    fn open_gguf(path: &Path) -> Result<Checkpoint, LoadError> {
+        let format = |reason: String| LoadError::Format {
+            file: path.display().to_string(),
+            reason,
+        };
+        let (map, header) = gguf::Gguf::open(path)
+            .map_err(|e| format(e.to_string()))?
+            .into_parts();
+        let mut checkpoint = Checkpoint {
+            maps: vec![map],
+            entries: HashMap::new(),
+            multimodal: false,
+            skipped_bytes: 0,
+        };
+        for tensor in &header.tensors {
+            let stacked = gguf::names::stacked_experts(&tensor.name);
+            let name = gguf::names::engine_name(&tensor.name);
+            if stacked.is_none() && name.is_none() {
+                checkpoint.skipped_bytes += tensor.byte_len();
+                continue;
+            }
+            let dtype = match tensor.kind {
+                GgmlType::F32 => DType::F32,
+                GgmlType::F16 => DType::F16,
+                GgmlType::BF16 => DType::BF16,
+                GgmlType::Q8_0 => DType::Q8_0,
+                GgmlType::Q4_0 => DType::Q4_0,
+                other => {
+                    return Err(LoadError::DType {
+                        name: tensor.name.clone(),
+                        dtype: other.name().to_string(),
+                    })
+                }
+            };
+            // The Hugging Face shape is the GGUF dimensions reversed.
+            let mut shape: Vec<usize> = tensor.dims.iter().rev().map(|d| *d as usize).collect();
+            let entry = |start: usize, end: usize, shape: Vec<usize>| Entry {
+                stored: tensor.name.clone(),
+                file: 0,
+                start,
+                end,
+                dtype,
+                shape,
+            };
+            let entries = match (stacked, name) {
+                (Some((layer, part)), _) => {
+                    let [experts, rows, cols] = shape[..] else {
+                        return Err(format(format!(
+                            "stacked expert tensor {} has dimensions {:?}",
+                            tensor.name, tensor.dims
+                        )));
+                    };
+                    if experts > MAX_FUSED_EXPERTS {
+                        return Err(format(format!("{} stacks {experts} experts", tensor.name)));
+                    }
+                    // Whole rows of whole blocks (checked as the header was read), so the
+                    // bytes split evenly.
+                    let each = (tensor.end - tensor.start) / experts;
+                    (0..experts)
+                        .map(|expert| {
+                            let start = tensor.start + expert * each;
+                            (
+                                format!("model.layers.{layer}.mlp.experts.{expert}.{part}.weight"),
+                                entry(start, start + each, vec![rows, cols]),
+                            )
+                        })
+                        .collect()
+                }
+                (None, Some(name)) => {
+                    // A shared expert's gate is one row, which GGUF stores as a vector.
+                    if name.ends_with("shared_expert_gate.weight") && shape.len() == 1 {
+                        shape.insert(0, 1);
+                    }
+                    vec![(name, entry(tensor.start, tensor.end, shape))]
+                }
+                (None, None) => Vec::new(),
+            };
+            for (name, entry) in entries {
+                if checkpoint.entries.insert(name.clone(), entry).is_some() {
+                    return Err(format(format!("tensor {name} appears twice")));
+                }
+            }
+        }
+        Ok(checkpoint)
     }
 
     /// Every tensor's name, dtype, shape and place, one line each in name order: what two
@@ -314,6 +409,42 @@ mod tests {
         safetensors::serialize_to_file(views, &None, &dir.path().join("model.safetensors"))
             .unwrap();
         dir
+    }
+
+    /// A GGUF file: stacked experts split per expert under the engine's names, a shared
+    /// expert's gate vector read as one row, tensors the engine does not use left out, and a
+    /// type it does not run (a K-quant, for now) refused naming the tensor.
+    #[test]
+    fn a_gguf_file_reads_under_the_engines_names() {
+        use crate::gguf::tests::Writer;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.gguf");
+        let q8 = |blocks: usize| vec![0u8; blocks * 34];
+        let file = Writer::default()
+            .tensor("blk.0.ffn_up_exps.weight", &[32, 2, 3], 8, &q8(6))
+            .tensor("blk.0.ffn_gate_inp_shexp.weight", &[32], 0, &[0; 128])
+            .tensor("rope_freqs.weight", &[32], 0, &[0; 128])
+            .finish();
+        std::fs::write(&path, file).unwrap();
+        let checkpoint = Checkpoint::open(&path).unwrap();
+        for expert in 0..3 {
+            let name = format!("model.layers.0.mlp.experts.{expert}.up_proj.weight");
+            let weight = checkpoint.tensor(&name, &[2, 32]).unwrap();
+            assert_eq!((weight.dtype(), weight.byte_len()), (DType::Q8_0, 2 * 34));
+        }
+        assert!(checkpoint
+            .tensor("model.layers.0.mlp.shared_expert_gate.weight", &[1, 32])
+            .is_ok());
+        assert_eq!(checkpoint.skipped_bytes(), 128);
+        let k_quant = Writer::default()
+            .tensor("blk.0.ffn_down_exps.weight", &[256, 1, 1], 12, &[0; 144])
+            .finish();
+        std::fs::write(&path, k_quant).unwrap();
+        let error = Checkpoint::open(&path).err().unwrap().to_string();
+        assert!(
+            error.contains("blk.0.ffn_down_exps.weight") && error.contains("Q4_K"),
+            "{error}"
+        );
     }
 
     #[test]

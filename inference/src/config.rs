@@ -207,8 +207,15 @@ fn default_model_type() -> String {
 
 impl Config {
     /// `config.json` in `dir`, with the end tokens of `generation_config.json` when the
-    /// checkpoint has one.
+    /// checkpoint has one; or the metadata of the GGUF file `dir` names.
     pub fn load(dir: &Path) -> Result<Config, LoadError> {
+        if crate::gguf::is_gguf(dir) {
+            let file = crate::gguf::Gguf::open(dir).map_err(|e| LoadError::Format {
+                file: dir.display().to_string(),
+                reason: e.to_string(),
+            })?;
+            return crate::gguf::config::config(file.header());
+        }
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path).map_err(|e| LoadError::io(&path, e))?;
         let mut config = Config::parse(&text).map_err(in_file(&path))?;

@@ -43,7 +43,7 @@ pub enum LoadError {
         expected: Vec<usize>,
         found: Vec<usize>,
     },
-    #[error("tensor {name} has dtype {dtype}; this engine reads f32, bf16 and f16")]
+    #[error("tensor {name} has dtype {dtype}; this engine reads f32, bf16 and f16, and Q8_0 and Q4_0 from GGUF files")]
     DType { name: String, dtype: String },
     #[error("tokenizer: {0}")]
     Tokenizer(String),

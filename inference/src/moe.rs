@@ -47,14 +47,14 @@ impl SwiGlu {
         width: usize,
     ) -> Result<SwiGlu, LoadError> {
         let matrix = |name: &str, bytes: &[u8], rows: usize, cols: usize| {
-            let expected = rows
-                .checked_mul(cols)
-                .and_then(|n| n.checked_mul(dtype.size()));
+            let expected = rows.checked_mul(cols).and_then(|n| dtype.bytes(n));
             if expected != Some(bytes.len()) {
-                return Err(LoadError::Shape {
-                    name: name.to_string(),
-                    expected: vec![rows, cols],
-                    found: vec![bytes.len() / dtype.size()],
+                return Err(LoadError::Format {
+                    file: name.to_string(),
+                    reason: format!(
+                        "{} bytes, where {rows} x {cols} values of {dtype:?} take {expected:?}",
+                        bytes.len()
+                    ),
                 });
             }
             Ok(Weight::owned_bytes(bytes, dtype, rows, cols))

@@ -9,8 +9,14 @@ pub struct Tokenizer {
 }
 
 impl Tokenizer {
+    /// `tokenizer.json` in the checkpoint directory `dir`, or beside the GGUF file `dir`
+    /// names (reading a GGUF file's own tokenizer from its metadata is not written yet).
     pub fn load(dir: &Path) -> Result<Tokenizer, LoadError> {
-        let path = dir.join("tokenizer.json");
+        let path = if crate::gguf::is_gguf(dir) {
+            dir.with_file_name("tokenizer.json")
+        } else {
+            dir.join("tokenizer.json")
+        };
         let inner = tokenizers::Tokenizer::from_file(&path)
             .map_err(|e| LoadError::Tokenizer(format!("{}: {e}", path.display())))?;
         Ok(Tokenizer { inner })

@@ -1,10 +1,13 @@
-//! Weights as stored: f32, bf16 or f16, memory-mapped from safetensors where alignment
-//! allows (bf16 stays bf16 in memory and is widened inside kernels), owned otherwise.
+//! Weights as stored: f32, bf16 or f16, or quantized in blocks (Q8_0, Q4_0, from GGUF files),
+//! memory-mapped where alignment allows (bf16 stays bf16 in memory and is widened inside
+//! kernels; quantized blocks stay blocks, `kernels::quant`), owned otherwise.
 
 use std::sync::{Arc, OnceLock};
 
 use half::f16;
 use memmap2::Mmap;
+
+use crate::kernels::quant::{self, BlockFormat};
 
 /// bf16 is the top half of an f32: widening is an exact shift (NaNs included).
 #[inline(always)]
@@ -17,13 +20,38 @@ pub enum DType {
     F32,
     BF16,
     F16,
+    /// Blocks of 32 values (`kernels::quant`).
+    Q8_0,
+    Q4_0,
 }
 
 impl DType {
-    pub fn size(self) -> usize {
+    /// The bytes `values` values take stored in this dtype; a quantized one stores whole
+    /// blocks only (None otherwise, or on overflow).
+    pub fn bytes(self, values: usize) -> Option<usize> {
+        match self.block_format() {
+            None => values.checked_mul(self.alignment()),
+            Some(format) => (values.is_multiple_of(quant::BLOCK))
+                .then(|| (values / quant::BLOCK).checked_mul(format.block_bytes()))
+                .flatten(),
+        }
+    }
+
+    /// The alignment a mapped view needs: a value's size; 1 for blocks (read bytewise).
+    fn alignment(self) -> usize {
         match self {
             DType::F32 => 4,
             DType::BF16 | DType::F16 => 2,
+            DType::Q8_0 | DType::Q4_0 => 1,
+        }
+    }
+
+    /// The block layout of a quantized dtype.
+    pub fn block_format(self) -> Option<BlockFormat> {
+        match self {
+            DType::Q8_0 => Some(BlockFormat::Q8_0),
+            DType::Q4_0 => Some(BlockFormat::Q4_0),
+            DType::F32 | DType::BF16 | DType::F16 => None,
         }
     }
 }
@@ -62,7 +90,7 @@ impl Weight {
         cols: usize,
     ) -> Weight {
         let bytes = &map[start..end];
-        if bytes.as_ptr().align_offset(dtype.size()) == 0 {
+        if bytes.as_ptr().align_offset(dtype.alignment()) == 0 {
             return Weight {
                 storage: Storage::Mapped { map, start, end },
                 dtype,
@@ -119,7 +147,14 @@ impl Weight {
 
     /// Bytes this weight occupies as stored.
     pub fn byte_len(&self) -> usize {
-        self.rows * self.cols * self.dtype.size()
+        self.dtype.bytes(self.rows * self.cols).unwrap_or(0)
+    }
+
+    /// Row `row`'s stored blocks, when quantized (the kernels read them as they are).
+    pub fn row_blocks(&self, row: usize) -> Option<&[u8]> {
+        let format = self.dtype.block_format()?;
+        let len = self.cols / quant::BLOCK * format.block_bytes();
+        self.bytes().get(row * len..(row + 1) * len)
     }
 
     fn bytes(&self) -> &[u8] {
@@ -147,6 +182,13 @@ impl Weight {
                     *o = f16::from_bits(*h).to_f32();
                 }
             }
+            DType::Q8_0 | DType::Q4_0 => {
+                if let (Some(format), Some(blocks)) =
+                    (self.dtype.block_format(), self.row_blocks(row))
+                {
+                    out.copy_from_slice(&quant::dequantize(format, blocks));
+                }
+            }
         }
     }
 
@@ -162,7 +204,7 @@ impl Weight {
     pub fn bf16_exponents(&self) -> Exponents {
         *self.exponents.get_or_init(|| match self.dtype {
             DType::BF16 => Exponents::of(bytemuck::cast_slice::<u8, u16>(self.bytes())),
-            DType::F32 | DType::F16 => Exponents::NONE,
+            DType::F32 | DType::F16 | DType::Q8_0 | DType::Q4_0 => Exponents::NONE,
         })
     }
 

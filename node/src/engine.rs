@@ -102,6 +102,12 @@ pub fn load_experts(
 /// ascending expert) of its gate, up and down weights as stored. Reads every expert's bytes
 /// once: on a frontier-size checkpoint this takes minutes, which a ledger node pays at start.
 pub fn model_pin(dir: &Path) -> Result<ModelPin> {
+    if kvasir_inference::gguf::is_gguf(dir) {
+        bail!(
+            "{} is a GGUF file: pinning a GGUF model in genesis (and its evidence) is not written yet; pin a checkpoint directory",
+            dir.display()
+        );
+    }
     let config_path = dir.join("config.json");
     let config_bytes = std::fs::read(&config_path)
         .with_context(|| format!("reading {}", config_path.display()))?;

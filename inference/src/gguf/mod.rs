@@ -14,6 +14,7 @@
 //! another is refused at open, naming the tensor and the type.
 
 pub mod config;
+pub mod names;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -227,6 +228,11 @@ impl Gguf {
     /// The header's bytes: the metadata and the tensors' names, shapes, types and places.
     pub fn header_bytes(&self) -> &[u8] {
         &self.map[..self.header.data_start]
+    }
+
+    /// The map and the parsed header, for a reader that keeps views of the tensors.
+    pub fn into_parts(self) -> (Arc<Mmap>, Header) {
+        (self.map, self.header)
     }
 
     /// The bytes of `tensor`, as stored.

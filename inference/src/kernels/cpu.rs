@@ -7,7 +7,9 @@
 //!
 //! A matrix product with bf16 weights (`matmul_t`: experts, dense layers, attention
 //! projections, routers, the lm head of a bf16 checkpoint) has its own, written down in
-//! `bf16`'s header: inputs rounded to bf16, then pairs of fused multiply-adds. Every other
+//! `bf16`'s header: inputs rounded to bf16, then pairs of fused multiply-adds. Quantized
+//! weights (Q8_0, Q4_0: GGUF files) have theirs in `quant`'s: an exact integer product,
+//! rounded once. Every other
 //! dot product (f32 and f16 weights; attention scores, norms) is this sum of `a[i] * b[i]`
 //! over `i < k`, in f32 with IEEE 754 rounding to nearest even, subnormals kept (never
 //! flushed):
@@ -33,6 +35,7 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 
 use super::bf16::{self, Rows};
+use super::quant::{self, BlockFormat, QuantizedRow};
 use crate::weights::{DType, Weight};
 
 /// Lanes of the fixed-order dot product.
@@ -151,6 +154,30 @@ pub(super) enum Input<'a> {
     LaneOrder(&'a [f32]),
 }
 
+/// `matmul_t` for quantized weights, in `kernels::quant`'s arithmetic: each input row
+/// quantized once, then every column's exact product with it. The product is exact, so how
+/// columns are spread over threads cannot change a bit.
+fn matmul_quantized(x: &[f32], rows: usize, w: &Weight, format: BlockFormat, out: &mut [f32]) {
+    let (n, k) = (w.rows(), w.cols());
+    let quantized: Vec<QuantizedRow> = x.chunks_exact(k).map(quant::quantize_row).collect();
+    let columns: Vec<Vec<f32>> = (0..n)
+        .into_par_iter()
+        .with_min_len(COLUMNS_PER_TASK)
+        .map(|j| match w.row_blocks(j) {
+            Some(blocks) => quantized
+                .iter()
+                .map(|q| quant::dot(format, blocks, q))
+                .collect(),
+            None => vec![f32::NAN; rows],
+        })
+        .collect();
+    for (j, column) in columns.iter().enumerate() {
+        for (r, value) in column.iter().enumerate() {
+            out[r * n + j] = *value;
+        }
+    }
+}
+
 /// `out[r][j] = dot(x[r], w[j])` for `x` of `rows x k` and `w` of `n x k` (the layout of a
 /// Hugging Face Linear weight), giving `out` of `rows x n`, in the reference arithmetic of
 /// `w`'s dtype (the module's header). Columns are spread over threads; each weight row is
@@ -171,6 +198,9 @@ pub fn matmul_t(x: &[f32], rows: usize, w: &Weight, out: &mut [f32]) {
             k,
             dtype: w.dtype(),
         });
+    }
+    if let Some(format) = w.dtype().block_format() {
+        return matmul_quantized(x, rows, w, format, out);
     }
     let isa = isa();
     // bf16 weights: the rows rounded once, for every column; `vdpbf16ps` where it is exact.

@@ -256,7 +256,7 @@ impl Model {
                     }
             })
             .sum();
-        per_layer + self.lm_head.byte_len() + h * self.embed.dtype().size()
+        per_layer + self.lm_head.byte_len() + self.embed.dtype().bytes(h).unwrap_or(0)
     }
 
     /// Bytes of one sequence's cache at `positions` positions, all of which a decode step

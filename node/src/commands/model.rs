@@ -52,7 +52,9 @@ pub enum ModelCommand {
 
 #[derive(clap::Args)]
 pub struct GenerateArgs {
-    /// Checkpoint directory (config.json, model.safetensors[.index.json], tokenizer.json).
+    /// Checkpoint directory (config.json, model.safetensors[.index.json], tokenizer.json), or
+    /// a GGUF file of qwen3moe or qwen2moe with F32, F16, BF16, Q8_0 or Q4_0 tensors and a
+    /// tokenizer.json beside it.
     #[arg(long)]
     model: PathBuf,
     #[arg(long)]

@@ -1,0 +1,99 @@
+//! llama.cpp's tensor names (`blk.3.attn_q.weight`) as the engine's, which are those of a
+//! Hugging Face checkpoint (`model.layers.3.self_attn.q_proj.weight`), so that a GGUF file
+//! loads through the same `Checkpoint` lookups as a safetensors directory. The converter
+//! keeps each matrix's layout for these architectures: a GGUF tensor's dimensions, innermost
+//! first, are the Hugging Face shape reversed, and its bytes are in the same order.
+
+/// Per-layer tensors: llama.cpp's suffix, the engine's.
+const LAYER: &[(&str, &str)] = &[
+    ("attn_norm.weight", "input_layernorm.weight"),
+    ("ffn_norm.weight", "post_attention_layernorm.weight"),
+    ("attn_q.weight", "self_attn.q_proj.weight"),
+    ("attn_k.weight", "self_attn.k_proj.weight"),
+    ("attn_v.weight", "self_attn.v_proj.weight"),
+    ("attn_q.bias", "self_attn.q_proj.bias"),
+    ("attn_k.bias", "self_attn.k_proj.bias"),
+    ("attn_v.bias", "self_attn.v_proj.bias"),
+    ("attn_output.weight", "self_attn.o_proj.weight"),
+    ("attn_q_norm.weight", "self_attn.q_norm.weight"),
+    ("attn_k_norm.weight", "self_attn.k_norm.weight"),
+    ("ffn_gate_inp.weight", "mlp.gate.weight"),
+    ("ffn_gate.weight", "mlp.gate_proj.weight"),
+    ("ffn_up.weight", "mlp.up_proj.weight"),
+    ("ffn_down.weight", "mlp.down_proj.weight"),
+    (
+        "ffn_gate_shexp.weight",
+        "mlp.shared_expert.gate_proj.weight",
+    ),
+    ("ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"),
+    (
+        "ffn_down_shexp.weight",
+        "mlp.shared_expert.down_proj.weight",
+    ),
+    ("ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight"),
+];
+
+/// Tensors outside the layers.
+const MODEL: &[(&str, &str)] = &[
+    ("token_embd.weight", "model.embed_tokens.weight"),
+    ("output_norm.weight", "model.norm.weight"),
+    ("output.weight", "lm_head.weight"),
+];
+
+/// The engine's name of GGUF tensor `name`, or None for one it does not use (or a stacked
+/// expert tensor: `stacked_experts`).
+pub fn engine_name(name: &str) -> Option<String> {
+    if let Some((_, engine)) = MODEL.iter().find(|(gguf, _)| *gguf == name) {
+        return Some(engine.to_string());
+    }
+    let (layer, suffix) = layer_of(name)?;
+    let (_, engine) = LAYER.iter().find(|(gguf, _)| *gguf == suffix)?;
+    Some(format!("model.layers.{layer}.{engine}"))
+}
+
+/// For a layer's experts stacked in one tensor (`blk.L.ffn_gate_exps.weight`: experts x
+/// rows x columns), the layer and the engine's name of each expert's part (`gate_proj`).
+pub fn stacked_experts(name: &str) -> Option<(usize, &'static str)> {
+    let (layer, suffix) = layer_of(name)?;
+    let part = match suffix {
+        "ffn_gate_exps.weight" => "gate_proj",
+        "ffn_up_exps.weight" => "up_proj",
+        "ffn_down_exps.weight" => "down_proj",
+        _ => return None,
+    };
+    Some((layer, part))
+}
+
+fn layer_of(name: &str) -> Option<(usize, &str)> {
+    let (layer, suffix) = name.strip_prefix("blk.")?.split_once('.')?;
+    Some((layer.parse().ok()?, suffix))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_map_to_the_engines_and_unknown_ones_to_none() {
+        assert_eq!(
+            engine_name("blk.12.attn_q.weight").as_deref(),
+            Some("model.layers.12.self_attn.q_proj.weight")
+        );
+        assert_eq!(
+            engine_name("output.weight").as_deref(),
+            Some("lm_head.weight")
+        );
+        assert_eq!(
+            stacked_experts("blk.3.ffn_down_exps.weight"),
+            Some((3, "down_proj"))
+        );
+        for other in [
+            "rope_freqs.weight",
+            "blk.x.attn_q.weight",
+            "blk.1.ffn_gate_exps.weight",
+        ] {
+            assert_eq!(engine_name(other), None, "{other}");
+        }
+        assert_eq!(stacked_experts("blk.1.attn_q.weight"), None);
+    }
+}
