@@ -41,6 +41,22 @@ fn a_gguf_file_generates_with_the_same_bits_on_any_thread_count() {
     assert_eq!(bits(one.last_logits()), bits(two.last_logits()));
     assert_eq!(one.last_logits().len(), 16);
     assert!(one.last_logits().iter().all(|v| v.is_finite()));
+    // The same bits on every machine (the aarch64 check runs this under qemu).
+    let mut hasher = blake3::Hasher::new();
+    for value in one.last_logits() {
+        hasher.update(&value.to_le_bytes());
+    }
+    assert_eq!(
+        (
+            one.generated().to_vec(),
+            hasher.finalize().to_hex().to_string()
+        ),
+        (
+            vec![5; 6],
+            "dc34688069f5fb44ad6a08153f4d2d9a4d12600ecf09f3e1464e379629ff651f".to_string()
+        ),
+        "the pinned bits of the GGUF fixture changed"
+    );
 }
 
 /// A stacked Q8_0 expert reads as its own matrix, rows as the converter laid them: its
