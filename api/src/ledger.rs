@@ -240,6 +240,12 @@ fn format_1() -> u8 {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct PinnedModelView {
     pub id: String,
+    /// The blake3 of its config.json, and the Merkle root over its experts' leaves: what
+    /// evidence's weights are checked against.
+    #[schema(value_type = HashText)]
+    pub config_hash: Hash,
+    #[schema(value_type = HashText)]
+    pub experts_root: Hash,
     /// Its short name; empty on a format-1 chain.
     pub name: String,
     /// Its layers, dense ones included, and experts per layer: a selection must lie within

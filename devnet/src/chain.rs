@@ -242,7 +242,7 @@ mod tests {
         let genesis = Genesis::from_json(DEV_GENESIS).unwrap();
         assert_eq!(
             genesis.hash().to_string(),
-            "80a5a6f85aab2ba498eda3346dfed1da211b6a559f13e93c6476f20ecd97a5d0"
+            "2a6cfaa770e09de424018d21a48e3c5f3838b452a875aae97a0190f7785dd160"
         );
         let roles: Vec<_> = DEV_KEYS.iter().map(|(role, _)| *role).collect();
         assert_eq!(roles, ROLES);

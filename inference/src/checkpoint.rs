@@ -347,8 +347,13 @@ impl Checkpoint {
 
     /// The stored bytes of tensor `name`, as the file holds them: what a weight hash covers.
     pub fn tensor_bytes(&self, name: &str) -> Result<&[u8], LoadError> {
+        Ok(self.stored(name)?.1)
+    }
+
+    /// Tensor `name`'s dtype and stored bytes.
+    pub fn stored(&self, name: &str) -> Result<(DType, &[u8]), LoadError> {
         let entry = self.entry(name)?;
-        Ok(&self.maps[entry.file][entry.start..entry.end])
+        Ok((entry.dtype, &self.maps[entry.file][entry.start..entry.end]))
     }
 
     /// The entry of `name`, or an error naming it as this checkpoint would store it.

@@ -137,7 +137,7 @@ const QWEN35_DEFAULTS: &[(&str, u64)] = &[
 const MAX_DIMENSION: usize = 1 << 20;
 
 /// The most layers a config may name: frontier models have about a hundred.
-const MAX_LAYERS: usize = 1024;
+pub(crate) const MAX_LAYERS: usize = 1024;
 
 /// The widest causal convolution a DeltaNet layer may have (Qwen3.5's is 4).
 const MAX_CONV_KERNEL: usize = 64;

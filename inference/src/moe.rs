@@ -36,17 +36,17 @@ impl SwiGlu {
         })
     }
 
-    /// An expert from its three matrices' bytes as a checkpoint stores them, in `dtype`:
+    /// An expert from its three matrices' bytes as a checkpoint stores them, in `dtypes`:
     /// gate and up `width x hidden`, down `hidden x width`. What a validator recomputes
     /// evidence with, from the weights the evidence carries; bytes of another length than
     /// those shapes are refused.
     pub fn from_bytes(
         [gate, up, down]: [&[u8]; 3],
-        dtype: DType,
+        dtypes: [DType; 3],
         hidden: usize,
         width: usize,
     ) -> Result<SwiGlu, LoadError> {
-        let matrix = |name: &str, bytes: &[u8], rows: usize, cols: usize| {
+        let matrix = |name: &str, bytes: &[u8], dtype: DType, rows: usize, cols: usize| {
             let expected = rows.checked_mul(cols).and_then(|n| dtype.bytes(n));
             if expected != Some(bytes.len()) {
                 return Err(LoadError::Format {
@@ -60,9 +60,9 @@ impl SwiGlu {
             Ok(Weight::owned_bytes(bytes, dtype, rows, cols))
         };
         Ok(SwiGlu {
-            gate: matrix("gate_proj", gate, width, hidden)?,
-            up: matrix("up_proj", up, width, hidden)?,
-            down: matrix("down_proj", down, hidden, width)?,
+            gate: matrix("gate_proj", gate, dtypes[0], width, hidden)?,
+            up: matrix("up_proj", up, dtypes[1], width, hidden)?,
+            down: matrix("down_proj", down, dtypes[2], hidden, width)?,
         })
     }
 

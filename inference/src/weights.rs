@@ -46,6 +46,31 @@ impl DType {
         }
     }
 
+    /// The dtype's stable one-byte tag: what a genesis pin's expert leaves commit to, so it
+    /// never changes for a dtype once given.
+    pub fn tag(self) -> u8 {
+        match self {
+            DType::F32 => 0,
+            DType::F16 => 1,
+            DType::BF16 => 2,
+            DType::Q8_0 => 3,
+            DType::Q4_0 => 4,
+        }
+    }
+
+    /// The dtype of a tag (`tag`), if any.
+    pub fn of_tag(tag: u8) -> Option<DType> {
+        [
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::Q8_0,
+            DType::Q4_0,
+        ]
+        .into_iter()
+        .find(|d| d.tag() == tag)
+    }
+
     /// The block layout of a quantized dtype.
     pub fn block_format(self) -> Option<BlockFormat> {
         match self {

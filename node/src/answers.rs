@@ -1,6 +1,6 @@
 //! Recomputing answers: what a validator does with evidence, and what the backbone's audit
 //! compares a worker's answer with. `ModelAnswers` holds every expert of a checkpoint whose
-//! identity (`engine::model_pin`) is the one a genesis pins, and turns a dispatch request
+//! identity (`engine::format_1_pin`) is the one a format-1 genesis pins, and turns a dispatch request
 //! body into the exact response body a correct worker sends, through the same translation
 //! the worker uses (`kvasir_wire::translate`), so correct means bit for bit. `PinnedAnswers` is
 //! one of them for each model the genesis pins: what a ledger node judges evidence with.
@@ -22,7 +22,7 @@ use kvasir_ledger::state::AnswerCheck;
 use kvasir_ledger::tx::{Evidence, ExpertWeights};
 use kvasir_ledger::{Genesis, Hash};
 
-use crate::engine::model_pin;
+use crate::engine::format_1_pin;
 use crate::expert_evidence::ExpertJudge;
 use kvasir_wire::Request;
 
@@ -38,7 +38,7 @@ impl ModelAnswers {
         let config = Config::load(dir)?;
         let checkpoint = Checkpoint::open(dir)?;
         Ok(ModelAnswers {
-            pin: model_pin(dir)?,
+            pin: format_1_pin(dir)?,
             hidden: config.hidden_size,
             experts: LocalExperts::load(&checkpoint, &config, |_, _| true)?,
         })
@@ -169,6 +169,20 @@ impl PinnedAnswers {
 /// (`PinnedAnswers::for_genesis`). None for a chain that pins no model.
 pub fn evidence_check(genesis: &Genesis, dirs: &[PathBuf]) -> Result<Option<Arc<dyn AnswerCheck>>> {
     if genesis.params.format >= 2 {
+        // Evidence is judged by this node's arithmetic: a node of another version would
+        // convict honest workers, and disagree with its peers.
+        if let Some(pin) = genesis
+            .models
+            .iter()
+            .find(|m| m.arithmetic != kvasir_inference::ARITHMETIC_VERSION)
+        {
+            bail!(
+                "this genesis judges model {} by version {} of the reference arithmetic, and this node computes version {}: run a node of that version",
+                pin.id,
+                pin.arithmetic,
+                kvasir_inference::ARITHMETIC_VERSION
+            );
+        }
         for dir in dirs {
             tracing::warn!(
                 "--model {} is not used: on this chain evidence carries the weights it is checked with",
@@ -394,7 +408,7 @@ pub(crate) mod tests {
     fn a_verdict_is_kept_for_the_next_check_and_only_the_newest_are() {
         let dir = tiny_checkpoint();
         let mut genesis = Genesis::from_json(kvasir_devnet::chain::DEV_GENESIS).unwrap();
-        genesis.models = vec![model_pin(&dir).unwrap()];
+        genesis.models = vec![format_1_pin(&dir).unwrap()];
         let answers = PinnedAnswers::for_genesis(&genesis, &[dir])
             .unwrap()
             .unwrap();
@@ -457,6 +471,20 @@ pub(crate) mod tests {
         assert!(error.contains("another"), "{error}");
     }
 
+    /// A format-2 node needs no checkpoint, but computes the pinned arithmetic's version.
+    #[test]
+    fn a_format_2_node_judges_without_a_model_but_only_in_the_pinned_arithmetic() {
+        let genesis = Genesis::from_json(kvasir_devnet::chain::DEV_GENESIS).unwrap();
+        assert!(evidence_check(&genesis, &[]).unwrap().is_some());
+        let mut later = genesis.clone();
+        later.models[1].arithmetic = kvasir_inference::ARITHMETIC_VERSION + 1;
+        let refused = evidence_check(&later, &[]).err().unwrap().to_string();
+        assert!(refused.contains("reference arithmetic"), "{refused}");
+        let mut none = genesis;
+        none.models.clear();
+        assert!(evidence_check(&none, &[]).unwrap().is_none());
+    }
+
     #[test]
     fn a_node_refuses_to_start_without_every_pinned_checkpoint_or_with_another() {
         let dir = tiny_checkpoint();
@@ -466,7 +494,7 @@ pub(crate) mod tests {
         assert!(PinnedAnswers::for_genesis(&genesis, &given)
             .unwrap()
             .is_none());
-        genesis.models.push(model_pin(&dir).unwrap());
+        genesis.models.push(format_1_pin(&dir).unwrap());
         let answers = PinnedAnswers::for_genesis(&genesis, &given)
             .unwrap()
             .unwrap();

@@ -17,6 +17,8 @@ use kvasir_inference::tokenizer::Tokenizer;
 use kvasir_ledger::genesis::{ModelPin, ModelShape};
 use kvasir_ledger::hash::{merkle_root, Hash};
 
+use crate::expert_evidence::{expert_leaves, Leaves};
+
 /// How many tokens, and how they are picked: shared by `generate` and `backbone`.
 #[derive(clap::Args, Clone, Copy)]
 pub struct SamplingArgs {
@@ -98,8 +100,9 @@ pub fn load_experts(
 }
 
 /// The identity a genesis `models` entry pins for the checkpoint in `dir`: its model id,
-/// the blake3 of its config.json, and the merkle root over one hash per expert (layer-major,
-/// ascending expert) of its gate, up and down weights as stored. Reads every expert's bytes
+/// the blake3 of its config.json, and the merkle root over one leaf per expert (layer-major,
+/// ascending expert) of its gate, up and down weights as stored, with their dtypes
+/// (`expert_evidence::Leaves::Tagged`). Reads every expert's bytes
 /// once: on a frontier-size checkpoint this takes minutes, which a ledger node pays at start.
 pub fn model_pin(dir: &Path) -> Result<ModelPin> {
     if kvasir_inference::gguf::is_gguf(dir) {
@@ -108,15 +111,11 @@ pub fn model_pin(dir: &Path) -> Result<ModelPin> {
             dir.display()
         );
     }
-    let config_path = dir.join("config.json");
-    let config_bytes = std::fs::read(&config_path)
-        .with_context(|| format!("reading {}", config_path.display()))?;
-    let config = Config::load(dir)?;
-    let checkpoint = Checkpoint::open(dir)?;
-    let (leaves, expert_bytes) = crate::expert_evidence::expert_leaves(&checkpoint, &config)?;
+    let (config_hash, config, checkpoint) = read_checkpoint(dir)?;
+    let (leaves, expert_bytes) = expert_leaves(&checkpoint, &config, Leaves::Tagged)?;
     Ok(ModelPin {
         id: kvasir_wire::model_id(dir)?,
-        config_hash: Hash(*blake3::hash(&config_bytes).as_bytes()),
+        config_hash,
         experts_root: merkle_root(&leaves),
         name: pin_name(dir),
         shape: Some(ModelShape {
@@ -126,6 +125,31 @@ pub fn model_pin(dir: &Path) -> Result<ModelPin> {
         }),
         arithmetic: kvasir_inference::ARITHMETIC_VERSION,
     })
+}
+
+/// The pin a format-1 genesis holds for the checkpoint in `dir`: its model id, config hash and
+/// the root over the leaves of format 1 (`Leaves::Untagged`), and nothing else. What a
+/// format-1 ledger node checks its `--model` checkpoints against.
+pub fn format_1_pin(dir: &Path) -> Result<ModelPin> {
+    let (config_hash, config, checkpoint) = read_checkpoint(dir)?;
+    let (leaves, _) = expert_leaves(&checkpoint, &config, Leaves::Untagged)?;
+    Ok(ModelPin {
+        id: kvasir_wire::model_id(dir)?,
+        config_hash,
+        experts_root: merkle_root(&leaves),
+        name: String::new(),
+        shape: None,
+        arithmetic: 0,
+    })
+}
+
+/// The blake3 of a checkpoint directory's config.json, the config, and the checkpoint.
+fn read_checkpoint(dir: &Path) -> Result<(Hash, Config, Checkpoint)> {
+    let config_path = dir.join("config.json");
+    let config_bytes = std::fs::read(&config_path)
+        .with_context(|| format!("reading {}", config_path.display()))?;
+    let hash = Hash(*blake3::hash(&config_bytes).as_bytes());
+    Ok((hash, Config::load(dir)?, Checkpoint::open(dir)?))
 }
 
 /// The short name a pin gets from its checkpoint's directory: `model-small` is `small`,

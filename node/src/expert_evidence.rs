@@ -9,11 +9,10 @@
 //! `AnswerCheck` on a format-2 chain, which needs nothing but the genesis.
 //!
 //! Why the verdict is safe for an honest worker: the config and the matrices are the pinned
-//! bytes (their hashes are checked before anything is computed), the expert's rows are the
-//! request's as the worker signed it, and the recomputation goes through the same kernels
-//! the worker's does, which are bit-exact. The pin does not commit to the matrices' dtype,
-//! only their bytes: four bytes a value can only be f32, but two may be bf16 or f16, so an
-//! answer that matches either reading is correct, and only one that matches none convicts.
+//! bytes, read as the pinned dtypes (a format-2 leaf commits to each matrix's dtype and
+//! length, `Leaves::Tagged`; all checked before anything is computed), the expert's rows are
+//! the request's as the worker signed it, and the recomputation goes through the same
+//! kernels the worker's does, which are bit-exact.
 
 use std::path::Path;
 
@@ -23,7 +22,7 @@ use kvasir_inference::config::Config;
 use kvasir_inference::moe::{canonical_nans, SwiGlu};
 use kvasir_inference::weights::DType;
 use kvasir_ledger::genesis::ModelPin;
-use kvasir_ledger::hash::{merkle_path, merkle_verify, Hash};
+use kvasir_ledger::hash::{merkle_path, merkle_root, merkle_verify, Hash};
 use kvasir_ledger::state::AnswerCheck;
 use kvasir_ledger::tx::{Evidence, ExpertWeights};
 use kvasir_wire::Request;
@@ -35,25 +34,55 @@ fn part_name(layer: usize, expert: usize, part: &str) -> String {
     format!("model.layers.{layer}.mlp.experts.{expert}.{part}.weight")
 }
 
+/// How a pin's leaves hash an expert.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Leaves {
+    /// Format 1: blake3 of gate, up and down's bytes, one after the other.
+    Untagged,
+    /// Format 2: blake3 of a domain tag, then for each matrix its dtype's tag, its length
+    /// (u64, little-endian) and its bytes; so the pin commits to how the bytes are read, and
+    /// no two splits of the bytes hash alike.
+    Tagged,
+}
+
+/// The domain tag of a format-2 expert leaf.
+const LEAF_TAG: &[u8] = b"kvasir-expert-v2";
+
+/// The leaf of an expert whose matrices are `parts` (dtype and stored bytes each).
+fn leaf(leaves: Leaves, parts: [(DType, &[u8]); 3]) -> Hash {
+    let mut hasher = blake3::Hasher::new();
+    if leaves == Leaves::Tagged {
+        hasher.update(LEAF_TAG);
+    }
+    for (dtype, bytes) in parts {
+        if leaves == Leaves::Tagged {
+            hasher.update(&[dtype.tag()]);
+            hasher.update(&(bytes.len() as u64).to_le_bytes());
+        }
+        hasher.update(bytes);
+    }
+    Hash(*hasher.finalize().as_bytes())
+}
+
 /// Every expert's leaf, layer-major (what a pin's `experts_root` is the root of), and the
 /// bytes of the largest expert (a pin's `expert_bytes`).
-pub fn expert_leaves(checkpoint: &Checkpoint, config: &Config) -> Result<(Vec<Hash>, u64)> {
-    let mut leaves = Vec::new();
+pub fn expert_leaves(
+    checkpoint: &Checkpoint,
+    config: &Config,
+    leaves: Leaves,
+) -> Result<(Vec<Hash>, u64)> {
+    let mut hashes = Vec::new();
     let mut largest = 0u64;
     for layer in config.moe_layers() {
         for expert in 0..config.num_experts {
-            let mut hasher = blake3::Hasher::new();
-            let mut bytes = 0u64;
-            for part in PARTS {
-                let stored = checkpoint.tensor_bytes(&part_name(layer, expert, part))?;
-                hasher.update(stored);
-                bytes += stored.len() as u64;
-            }
-            leaves.push(Hash(*hasher.finalize().as_bytes()));
-            largest = largest.max(bytes);
+            let [gate, up, down] =
+                PARTS.map(|part| checkpoint.stored(&part_name(layer, expert, part)));
+            let parts = [gate?, up?, down?];
+            largest = largest.max(parts.iter().map(|(_, b)| b.len() as u64).sum());
+            hashes.push(leaf(leaves, parts));
         }
     }
-    Ok((leaves, largest))
+    Ok((hashes, largest))
 }
 
 /// Where expert `expert` of layer `layer` sits among a pin's leaves, and how many there are.
@@ -85,13 +114,21 @@ impl ExpertProver {
             std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
         let config = Config::load(dir)?;
         let checkpoint = Checkpoint::open(dir)?;
-        let (leaves, _) = expert_leaves(&checkpoint, &config)?;
+        let (leaves, _) = expert_leaves(&checkpoint, &config, Leaves::Tagged)?;
         Ok(ExpertProver {
             config_bytes,
             config,
             checkpoint,
             leaves,
         })
+    }
+
+    /// What a pin of this checkpoint commits to: its config's hash and its experts' root.
+    pub fn commitments(&self) -> (Hash, Hash) {
+        (
+            Hash(*blake3::hash(&self.config_bytes).as_bytes()),
+            merkle_root(&self.leaves),
+        )
     }
 
     /// Expert `expert` of layer `layer`, with the pinned config and its leaf's path.
@@ -101,14 +138,16 @@ impl ExpertProver {
         };
         let [gate, up, down] = PARTS.map(|part| {
             self.checkpoint
-                .tensor_bytes(&part_name(layer, expert.into(), part))
+                .stored(&part_name(layer, expert.into(), part))
         });
+        let [gate, up, down] = [gate?, up?, down?];
         Ok(ExpertWeights {
             expert,
+            dtypes: [gate.0.tag(), up.0.tag(), down.0.tag()],
             config: self.config_bytes.clone(),
-            gate: gate?.to_vec(),
-            up: up?.to_vec(),
-            down: down?.to_vec(),
+            gate: gate.1.to_vec(),
+            up: up.1.to_vec(),
+            down: down.1.to_vec(),
             path: merkle_path(&self.leaves, index),
         })
     }
@@ -125,7 +164,7 @@ impl AnswerCheck for ExpertJudge {
         weights: Option<&ExpertWeights>,
     ) -> Result<bool, String> {
         let weights = weights.ok_or("evidence on this chain carries the expert's weights")?;
-        let (config, request) = pinned(model, evidence, weights)?;
+        let (config, request, dtypes) = pinned(model, evidence, weights)?;
         let expert = usize::from(weights.expert);
         let hidden = config.hidden_size;
         if request.hidden as usize != hidden {
@@ -146,31 +185,22 @@ impl AnswerCheck for ExpertJudge {
             // No correct response has this layout: whatever the weights, it is wrong.
             return Ok(true);
         };
-        let dtypes = readings(weights, hidden, config.moe_intermediate_size);
-        if dtypes.is_empty() {
-            return Err("the weights do not have the shapes the config gives".into());
-        }
-        for dtype in dtypes {
-            let matrices = [&weights.gate[..], &weights.up, &weights.down];
-            let swiglu = SwiGlu::from_bytes(matrices, dtype, hidden, config.moe_intermediate_size)
-                .map_err(|e| e.to_string())?;
-            // Evidence comes from anyone: a kernel bug it could reach must cost the evidence,
-            // not every validator's block producer.
-            let partial = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let mut partial = swiglu.forward(rows, rows.len() / hidden);
-                canonical_nans(&mut partial);
-                partial
-            }))
-            .map_err(|_| "recomputing the expert failed inside the kernels".to_string())?;
-            if partial
-                .iter()
-                .zip(&answered)
-                .all(|(a, b)| a.to_bits() == b.to_bits())
-            {
-                return Ok(false);
-            }
-        }
-        Ok(true)
+        let matrices = [&weights.gate[..], &weights.up, &weights.down];
+        let swiglu = SwiGlu::from_bytes(matrices, dtypes, hidden, config.moe_intermediate_size)
+            .map_err(|e| e.to_string())?;
+        // Evidence comes from anyone: a kernel bug it could reach must cost the evidence, not
+        // every validator's block producer.
+        let partial = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut partial = swiglu.forward(rows, rows.len() / hidden);
+            canonical_nans(&mut partial);
+            partial
+        }))
+        .map_err(|_| "recomputing the expert failed inside the kernels".to_string())?;
+        let same = partial
+            .iter()
+            .zip(&answered)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        Ok(!same)
     }
 }
 
@@ -180,7 +210,7 @@ fn pinned(
     model: &ModelPin,
     evidence: &Evidence,
     weights: &ExpertWeights,
-) -> Result<(Config, Request), String> {
+) -> Result<(Config, Request, [DType; 3]), String> {
     if Hash(*blake3::hash(&weights.config).as_bytes()) != model.config_hash {
         return Err("the config is not the one the genesis pins".into());
     }
@@ -200,17 +230,27 @@ fn pinned(
             "this model has no expert {expert} in layer {layer}"
         ));
     };
-    let mut hasher = blake3::Hasher::new();
-    for matrix in [&weights.gate, &weights.up, &weights.down] {
-        hasher.update(matrix);
-    }
-    let leaf = Hash(*hasher.finalize().as_bytes());
-    if !merkle_verify(&model.experts_root, &leaf, index, count, &weights.path) {
+    let [gate, up, down] = weights.dtypes.map(DType::of_tag);
+    let (Some(gate), Some(up), Some(down)) = (gate, up, down) else {
+        return Err(format!("dtype tags {:?} name no dtype", weights.dtypes));
+    };
+    let parts = [
+        (gate, &weights.gate[..]),
+        (up, &weights.up[..]),
+        (down, &weights.down[..]),
+    ];
+    if !merkle_verify(
+        &model.experts_root,
+        &leaf(Leaves::Tagged, parts),
+        index,
+        count,
+        &weights.path,
+    ) {
         return Err(format!(
             "the weights are not the pinned expert {expert} of layer {layer}"
         ));
     }
-    Ok((config, request))
+    Ok((config, request, [gate, up, down]))
 }
 
 /// The `len` values at `start` of the partials a response body carries, if the body is laid
@@ -235,19 +275,8 @@ fn answered_values(request: &Request, body: &[u8], start: usize, len: usize) -> 
     )
 }
 
-/// The dtypes the weights' lengths allow for an expert of this shape: f32 at four bytes a
-/// value, bf16 and f16 at two.
-fn readings(weights: &ExpertWeights, hidden: usize, width: usize) -> Vec<DType> {
-    let values = 3 * hidden * width;
-    match weights.byte_len() {
-        n if n == 4 * values as u64 => vec![DType::F32],
-        n if n == 2 * values as u64 => vec![DType::BF16, DType::F16],
-        _ => Vec::new(),
-    }
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use kvasir_inference::moe::LocalExperts;
     use kvasir_ledger::answer::body_hash;
@@ -268,7 +297,7 @@ mod tests {
         (dir, path)
     }
 
-    fn evidence_of(request: &Request, response_body: Vec<u8>) -> Evidence {
+    pub(crate) fn evidence_of(request: &Request, response_body: Vec<u8>) -> Evidence {
         let frame = kvasir_wire::Message::Request(request.clone()).encode();
         Evidence {
             worker: Address::from_bytes([1; 32]),
@@ -379,6 +408,14 @@ mod tests {
         path.path.reverse();
         path.path[0].0[0] ^= 1;
         changes.push(("not the pinned expert", path));
+        // The same bytes read as another dtype (f32 as bf16 would pass a length check): the
+        // leaf commits to the dtype.
+        let mut retyped = right.clone();
+        retyped.dtypes[0] = DType::BF16.tag();
+        changes.push(("not the pinned expert", retyped));
+        let mut untyped = right.clone();
+        untyped.dtypes[2] = 99;
+        changes.push(("name no dtype", untyped));
         let mut config_changed = right.clone();
         config_changed.config.push(b' ');
         changes.push(("config", config_changed));

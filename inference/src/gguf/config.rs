@@ -7,10 +7,12 @@
 //! Qwen3-MoE (`qwen3moe`) and Qwen2-MoE (`qwen2moe`); another architecture is refused by
 //! name.
 
+use std::collections::HashSet;
+
 use serde_json::{json, Map, Value as Json};
 
 use super::{Header, Value};
-use crate::config::Config;
+use crate::config::{Config, MAX_LAYERS};
 use crate::LoadError;
 
 /// The `config.json` model type of each GGUF architecture the engine reads, and whether its
@@ -40,16 +42,17 @@ pub fn config(header: &Header) -> Result<Config, LoadError> {
             .ok_or_else(|| bad(format!("{arch}.{name} is missing or not a count")))
     };
     let layers = count("block_count")?;
+    // Bounded before the layers are walked (`Config::parse` would refuse more anyway).
+    if layers > MAX_LAYERS as u64 {
+        return Err(bad(format!("{layers} layers, at most {MAX_LAYERS}")));
+    }
     let vocab = match header.get("tokenizer.ggml.tokens") {
         Some(Value::Array(tokens)) => tokens.len(),
         _ => return Err(bad("no tokenizer.ggml.tokens".into())),
     };
+    let tensors: HashSet<&str> = header.tensors.iter().map(|t| t.name.as_str()).collect();
     let dense_layers: Vec<u64> = (0..layers)
-        .filter(|l| {
-            header
-                .tensor(&format!("blk.{l}.ffn_gate_exps.weight"))
-                .is_none()
-        })
+        .filter(|l| !tensors.contains(format!("blk.{l}.ffn_gate_exps.weight").as_str()))
         .collect();
     let mut config = Map::new();
     let mut set = |field: &str, value: Json| {
@@ -194,5 +197,13 @@ mod tests {
             error.to_string().contains("qwen3moe.embedding_length"),
             "{error}"
         );
+        // A layer count no model has is refused before the layers are walked.
+        let bytes = Writer::default()
+            .text("general.architecture", "qwen3moe")
+            .u32("qwen3moe.block_count", u32::MAX)
+            .texts("tokenizer.ggml.tokens", &["a"])
+            .finish();
+        let error = config(&Header::parse(&bytes).unwrap()).unwrap_err();
+        assert!(error.to_string().contains("layers, at most"), "{error}");
     }
 }

@@ -31,6 +31,10 @@ const DEFAULT_ALIGNMENT: u64 = 32;
 const MAX_DIMS: u32 = 4;
 /// How deep arrays of arrays may nest.
 const MAX_ARRAY_DEPTH: usize = 2;
+/// The most metadata values a header may hold, arrays' items included: a value takes 32
+/// bytes in memory, where a file may spend one, so a file's size alone does not bound them.
+/// A 250,000-token vocabulary with its merges, scores and types is about a million.
+const MAX_METADATA_VALUES: usize = 1 << 23;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
@@ -245,7 +249,11 @@ impl Header {
     /// Parses the header of a whole GGUF file `bytes` (the tensors' ranges are checked
     /// against its length).
     pub fn parse(bytes: &[u8]) -> Result<Header, GgufError> {
-        let mut r = Reader { bytes, at: 0 };
+        let mut r = Reader {
+            bytes,
+            at: 0,
+            values: 0,
+        };
         if r.take(4)? != MAGIC {
             return Err(GgufError::NotGguf);
         }
@@ -388,6 +396,8 @@ fn tensor_place(
 struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
+    /// Metadata values read so far (`MAX_METADATA_VALUES`).
+    values: usize,
 }
 
 impl<'a> Reader<'a> {
@@ -446,6 +456,10 @@ impl<'a> Reader<'a> {
 
     /// A value of GGUF type `kind`, inside `depth` arrays.
     fn value(&mut self, kind: u32, depth: usize) -> Result<Value, GgufError> {
+        self.values += 1;
+        if self.values > MAX_METADATA_VALUES {
+            return Err(self.malformed(format!("more than {MAX_METADATA_VALUES} metadata values")));
+        }
         Ok(match kind {
             0 => Value::Int(self.array::<1>()?[0].into()),
             1 => Value::Int((self.array::<1>()?[0] as i8).into()),
@@ -465,9 +479,18 @@ impl<'a> Reader<'a> {
                     return Err(self.malformed("arrays nested too deep".into()));
                 }
                 let item = self.u32()?;
+                if item > 12 {
+                    return Err(self.malformed(format!("an array of unknown type {item}")));
+                }
                 let count = self.u64()?;
-                // The smallest item is one byte (an array's header alone is twelve).
+                // The smallest item is one byte (an array's header alone is twelve), and no
+                // more items than values are left.
                 let count = self.fits(count, 1, "array items")?;
+                if count > MAX_METADATA_VALUES - self.values {
+                    return Err(self.malformed(format!(
+                        "an array of {count} items, past {MAX_METADATA_VALUES} metadata values"
+                    )));
+                }
                 let mut items = Vec::with_capacity(count.min(1 << 16));
                 for _ in 0..count {
                     items.push(self.value(item, depth + 1)?);

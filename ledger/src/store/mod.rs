@@ -257,11 +257,14 @@ impl<K: KeyValue> Storage for K {
     ) -> Result<Vec<TxLocation>, StoreError> {
         let start = history_key(address, &[]);
         // The block of `before` itself is read too, for the indices below it.
-        let end = match before {
-            Some(location) => history_key(address, &(location.height + 1).to_be_bytes()),
+        let end = match before.and_then(|b| b.height.checked_add(1)) {
+            Some(next) => history_key(address, &next.to_be_bytes()),
             None => history_key(address, &[0xff; 9]),
         };
         let mut found = Vec::new();
+        if limit == 0 {
+            return Ok(found);
+        }
         for entry in self.range(&start, &end).rev() {
             let (k, v) = entry?;
             let height = be_u64(
@@ -434,17 +437,30 @@ fn check_genesis(store: &dyn Storage, genesis: &Genesis) -> Result<(), StoreErro
 /// transaction, up to date: the index per block is written and the old one removed.
 fn index_history_if_missing(kv: &impl KeyValue) -> Result<(), StoreError> {
     const BLOCKS_PER_BATCH: u64 = 1_000;
-    if kv.get(HISTORY_INDEXED)?.is_some() {
+    const REMOVALS_PER_BATCH: usize = 100_000;
+    // An older build that opened the store since it was indexed writes the old index again
+    // (and marks it): index anew then, or its blocks would be missing from the history.
+    if kv.get(HISTORY_INDEXED)?.is_some() && kv.get(HISTORY_PER_TX_INDEXED)?.is_none() {
         return Ok(());
+    }
+    // The old keys go in bounded batches; nothing reads them, so stopping anywhere between
+    // is harmless, and the marker is written last.
+    loop {
+        let old: Vec<Vec<u8>> = scan_prefix(kv, HISTORY_PER_TX)
+            .take(REMOVALS_PER_BATCH)
+            .map(|entry| entry.map(|(k, _)| k))
+            .collect::<Result<_, _>>()?;
+        if old.is_empty() {
+            break;
+        }
+        let mut batch = Batch::default();
+        for key in old {
+            batch.remove(key);
+        }
+        kv.write(batch)?;
     }
     let head = kv.head()?;
     let mut batch = Batch::default();
-    let old: Vec<Vec<u8>> = scan_prefix(kv, HISTORY_PER_TX)
-        .map(|entry| entry.map(|(k, _)| k))
-        .collect::<Result<_, _>>()?;
-    for key in old {
-        batch.remove(key);
-    }
     batch.remove(HISTORY_PER_TX_INDEXED.to_vec());
     for height in 0..=head {
         let block = kv
@@ -687,6 +703,7 @@ mod tests {
             newest_first
         );
         assert_eq!(store.history(&bob, None, 2).unwrap(), newest_first[..2]);
+        assert_eq!(store.history(&bob, None, 0).unwrap(), vec![]);
         assert_eq!(
             store.history(&bob, Some(at(3, 0)), 10).unwrap(),
             newest_first[1..]

@@ -58,12 +58,15 @@ pub struct ExpertEvidence {
 
 /// One expert's weights as the genesis pin commits to them: the pinned config.json (by
 /// `ModelPin::config_hash`), which gives the shapes and where the expert's leaf sits, and
-/// the three matrices as the checkpoint stores them, whose blake3 is that leaf under
-/// `ModelPin::experts_root` (by `path`).
+/// the three matrices as the checkpoint stores them, with their dtypes, which make that
+/// leaf under `ModelPin::experts_root` (by `path`).
 #[derive(Clone, Debug, PartialEq, Eq, BorshSerialize, BorshDeserialize)]
 pub struct ExpertWeights {
     /// The disputed expert: one of the request's, in the request's layer.
     pub expert: u16,
+    /// The stored dtype of gate, up and down (the engine's stable tags), which the leaf
+    /// commits to.
+    pub dtypes: [u8; 3],
     pub config: Vec<u8>,
     pub gate: Vec<u8>,
     pub up: Vec<u8>,
@@ -403,6 +406,7 @@ pub(crate) mod tests {
             evidence,
             weights: ExpertWeights {
                 expert: 0,
+                dtypes: [0; 3],
                 config: crate::genesis::tests::TEST_CONFIG.to_vec(),
                 gate: TEST_GATE.to_vec(),
                 up: Vec::new(),

@@ -149,6 +149,33 @@ fn bad_body(rejection: JsonRejection) -> ApiError {
     ApiError(status, kind, rejection.body_text())
 }
 
+/// Batch bodies over `MAX_BATCH_BODY` (evidence carrying a large pinned expert, on a chain
+/// that pins one) are read two at a time at most, the rest refused with 503: each may take
+/// hundreds of MiB while it is read, and anyone may send them. A body that does not say its
+/// length counts as large.
+async fn one_large_body_at_a_time(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    static LARGE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+    let length = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if length.is_some_and(|l| l <= MAX_BATCH_BODY) {
+        return next.run(request).await;
+    }
+    let Ok(_permit) = LARGE.try_acquire() else {
+        return axum::response::IntoResponse::into_response(ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy",
+            "two large batches are being read; send this one again shortly".into(),
+        ));
+    };
+    next.run(request).await
+}
+
 pub fn router(ledger: Arc<Ledger>) -> Router {
     // A batch must fit the largest evidence this chain takes, in hex, with room for the JSON.
     let batch_body =
@@ -166,7 +193,9 @@ pub fn router(ledger: Arc<Ledger>) -> Router {
         .route("/txs", post(submit))
         .route(
             "/txs/batch",
-            post(submit_batch).layer(DefaultBodyLimit::max(batch_body)),
+            post(submit_batch)
+                .layer(DefaultBodyLimit::max(batch_body))
+                .layer(axum::middleware::from_fn(one_large_body_at_a_time)),
         )
         .route("/txs/{hash}", get(tx_status))
         .route("/sessions/{hub}/{session}", get(session))
@@ -252,6 +281,8 @@ async fn params(State(ledger): State<Arc<Ledger>>) -> Json<ParamsView> {
             .iter()
             .map(|m| PinnedModelView {
                 id: m.id.clone(),
+                config_hash: m.config_hash,
+                experts_root: m.experts_root,
                 name: m.name.clone(),
                 layers: m.shape.map(|s| s.layers),
                 experts: m.shape.map(|s| s.experts),
@@ -764,4 +795,56 @@ async fn metrics(State(ledger): State<Arc<Ledger>>) -> String {
             credits,
         )
         .text()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+
+    use super::*;
+
+    /// Two large batch bodies are read at once; a third, or one that does not say its length,
+    /// is refused at once with 503 while they are; a small one is never held back.
+    #[test]
+    fn large_batch_bodies_are_read_two_at_a_time() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = Router::new().route(
+            "/",
+            post(|body: axum::body::Bytes| async move { body.len().to_string() })
+                .layer(DefaultBodyLimit::disable())
+                .layer(axum::middleware::from_fn(one_large_body_at_a_time)),
+        );
+        runtime.spawn(async move { axum::serve(listener, app).await });
+        let send = |head: &str| {
+            let mut stream = TcpStream::connect(addr).unwrap();
+            // A reply that never comes fails the test instead of hanging it.
+            let patience = Some(std::time::Duration::from_secs(10));
+            stream.set_read_timeout(patience).unwrap();
+            stream.write_all(head.as_bytes()).unwrap();
+            stream.write_all(b"x").unwrap();
+            stream
+        };
+        let status = |stream: &mut TcpStream| {
+            let mut reply = [0u8; 12];
+            stream.read_exact(&mut reply).unwrap();
+            String::from_utf8_lossy(&reply[9..12]).to_string()
+        };
+        let large = format!(
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+            MAX_BATCH_BODY + 1
+        );
+        // Two large bodies, still being sent, hold both places.
+        let _held = [send(&large), send(&large)];
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert_eq!(status(&mut send(&large)), "503");
+        let chunked = "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+        assert_eq!(status(&mut send(chunked)), "503");
+        let mut small = send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n");
+        assert_eq!(status(&mut small), "200");
+    }
 }

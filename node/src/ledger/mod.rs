@@ -724,6 +724,7 @@ mod tests {
         evidence.signature = evidence.claim().sign(&chain_id, &worker);
         let weights = ExpertWeights {
             expert: 0,
+            dtypes: [0; 3],
             config,
             gate: vec![0; 64],
             up: vec![0; 64],

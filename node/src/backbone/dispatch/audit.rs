@@ -15,7 +15,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kvasir_api::generation::{AuditReport, CaughtWorker};
+use kvasir_api::ledger::{ParamsView, PinnedModelView};
 use kvasir_api::Client;
+use kvasir_ledger::genesis::ModelPin;
+use kvasir_ledger::state::AnswerCheck;
 use kvasir_ledger::tx::{Evidence, ExpertEvidence, ExpertWeights};
 use kvasir_ledger::{Address, Amount, Keypair, TxKind};
 use rand::rngs::OsRng;
@@ -23,7 +26,7 @@ use rand::Rng;
 
 use super::remote::SignedAnswer;
 use crate::backbone::lock;
-use crate::expert_evidence::ExpertProver;
+use crate::expert_evidence::{ExpertJudge, ExpertProver};
 
 /// Worker keys whose answers are counted for probation; past it the counts start over, so a
 /// peer churning keys cannot grow the map (a key seen again is on probation again).
@@ -199,19 +202,61 @@ impl Drop for Auditor {
     }
 }
 
-/// The weights of the `disputed` expert of the checkpoint in `model`, its prover opened on
-/// first use.
-fn expert_weights(
-    prover: &mut Option<ExpertProver>,
-    model: &Path,
-    disputed: Disputed,
-) -> anyhow::Result<ExpertWeights> {
-    let prover = match prover {
-        Some(prover) => prover,
-        None => prover.insert(ExpertProver::open(model)?),
-    };
-    let expert = u16::try_from(disputed.expert)?;
-    prover.weights(disputed.layer, expert)
+/// What proves answers wrong on a format-2 chain: the checkpoint's experts, checked against
+/// the chain's pin of the model, and that pin.
+struct Proof {
+    prover: ExpertProver,
+    pin: ModelPin,
+}
+
+impl Proof {
+    /// The prover of the checkpoint in `model` (every expert hashed once), if it is the one
+    /// `params` pins under `model_id`: a backbone whose checkpoint is not the pinned one would
+    /// burn a deposit for every piece of evidence.
+    fn open(model: &Path, model_id: &str, params: &ParamsView) -> anyhow::Result<Proof> {
+        let Some(pinned) = params.models.iter().find(|m| m.id == model_id) else {
+            anyhow::bail!("the chain pins no model {model_id}: its evidence would be refused");
+        };
+        Proof::of(model, pinned)
+    }
+
+    /// The prover of the checkpoint in `model`, if `pinned` is its pin.
+    fn of(model: &Path, pinned: &PinnedModelView) -> anyhow::Result<Proof> {
+        let model_id = &pinned.id;
+        let prover = ExpertProver::open(model)?;
+        if prover.commitments() != (pinned.config_hash, pinned.experts_root) {
+            anyhow::bail!(
+                "the checkpoint in {} is not the one the chain pins as {model_id} (config {} / experts {})",
+                model.display(),
+                pinned.config_hash,
+                pinned.experts_root
+            );
+        }
+        let pin = ModelPin {
+            id: pinned.id.clone(),
+            config_hash: pinned.config_hash,
+            experts_root: pinned.experts_root,
+            name: pinned.name.clone(),
+            shape: None,
+            arithmetic: pinned.arithmetic,
+        };
+        Ok(Proof { prover, pin })
+    }
+
+    /// The weights of the `disputed` expert, once the validators' own check, run here, finds
+    /// the answer wrong with them: evidence they would judge right would burn the deposit.
+    fn weights(&self, evidence: &Evidence, disputed: Disputed) -> anyhow::Result<ExpertWeights> {
+        let weights = self
+            .prover
+            .weights(disputed.layer, u16::try_from(disputed.expert)?)?;
+        match ExpertJudge.is_wrong(&self.pin, evidence, Some(&weights)) {
+            Ok(true) => Ok(weights),
+            Ok(false) => anyhow::bail!(
+                "the validators would judge this answer right from the pinned weights: not submitted"
+            ),
+            Err(e) => anyhow::bail!("the validators would refuse this evidence ({e}): not submitted"),
+        }
+    }
 }
 
 /// The Evidence transaction body quoting `answer`.
@@ -231,15 +276,28 @@ fn evidence_of(answer: &SignedAnswer) -> Evidence {
 /// The reporter thread: signs and submits each piece of evidence in turn (one at a time, so
 /// nonces follow each other) and records what became of it.
 fn report_evidence(reporting: Reporting, queue: Receiver<Catch>, report: Arc<Mutex<AuditReport>>) {
-    // Opened at the first catch on a format-2 chain: it reads every expert once.
-    let mut prover = None;
+    // On a format-2 chain, opened now, before any catch (it reads every expert once, which
+    // takes minutes on a frontier-size model, and a catch must not wait for that past its
+    // challenge window); else at the first catch. Or the reason it cannot be, given to every
+    // catch after.
+    let mut proof: Option<Result<Proof, String>> = None;
+    if let Ok(params) = reporting.ledger.params() {
+        if params.format >= 2 {
+            let opened = kvasir_wire::model_id(&reporting.model)
+                .and_then(|id| Proof::open(&reporting.model, &id, &params));
+            if let Err(e) = &opened {
+                tracing::warn!("evidence cannot be proven: {e:#}");
+            }
+            proof = Some(opened.map_err(|e| format!("{e:#}")));
+        }
+    }
     for Catch {
         index,
         evidence,
         disputed,
     } in queue
     {
-        let outcome = submit(&reporting, &mut prover, evidence, disputed);
+        let outcome = submit(&reporting, &mut proof, evidence, disputed);
         let mut report = lock(&report);
         let Some(caught) = report.caught.get_mut(index) else {
             continue;
@@ -279,21 +337,26 @@ type Submitted = Result<Reported, (Option<kvasir_ledger::Hash>, String)>;
 
 fn submit(
     reporting: &Reporting,
-    prover: &mut Option<ExpertProver>,
+    proof: &mut Option<Result<Proof, String>>,
     evidence: Evidence,
     disputed: Disputed,
 ) -> Submitted {
     let failed = |hash, e: kvasir_api::ClientError| (hash, e.to_string());
     let ledger = &reporting.ledger;
     let params = ledger.params().map_err(|e| failed(None, e))?;
-    let chain_id = params.chain_id;
     let kind = if params.format >= 2 {
-        let weights = expert_weights(prover, &reporting.model, disputed)
+        let proof = proof.get_or_insert_with(|| {
+            Proof::open(&reporting.model, &evidence.model_id, &params).map_err(|e| format!("{e:#}"))
+        });
+        let proof = proof.as_ref().map_err(|e| (None, e.clone()))?;
+        let weights = proof
+            .weights(&evidence, disputed)
             .map_err(|e| (None, format!("{e:#}")))?;
         TxKind::ExpertEvidence(Box::new(ExpertEvidence { evidence, weights }))
     } else {
         TxKind::Evidence(Box::new(evidence))
     };
+    let chain_id = params.chain_id.clone();
     // Busy validators are asked again until the pay this evidence should cancel could have
     // settled: the challenge window, at the chain's block interval.
     let window = params
@@ -330,4 +393,72 @@ fn submit(
         submitted_at,
         height,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+
+    use crate::answers::tests::{honest_body, request};
+    use crate::engine::{model_pin, tiny_checkpoint};
+    use crate::expert_evidence::tests::evidence_of;
+    use kvasir_inference::checkpoint::Checkpoint;
+    use kvasir_inference::config::Config;
+    use kvasir_inference::moe::LocalExperts;
+
+    fn view(pin: &ModelPin) -> PinnedModelView {
+        PinnedModelView {
+            id: pin.id.clone(),
+            config_hash: pin.config_hash,
+            experts_root: pin.experts_root,
+            name: pin.name.clone(),
+            layers: None,
+            experts: None,
+            arithmetic: pin.arithmetic,
+        }
+    }
+
+    /// The backbone proves nothing the validators would not convict: a checkpoint that is not
+    /// the pinned one is refused before any evidence, and evidence of a right answer is not
+    /// submitted (either would burn its deposit); a wrong answer gets its expert's weights.
+    #[test]
+    fn only_evidence_the_validators_convict_on_is_submitted() {
+        let dir = tiny_checkpoint();
+        let pin = model_pin(&dir).unwrap();
+        let mut other = view(&pin);
+        other.experts_root = kvasir_ledger::Hash([7; 32]);
+        let refused = Proof::of(&dir, &other).err().unwrap().to_string();
+        assert!(refused.contains("not the one the chain pins"), "{refused}");
+
+        let proof = Proof::of(&dir, &view(&pin)).unwrap();
+        let config = Config::load(&dir).unwrap();
+        let worker =
+            LocalExperts::load(&Checkpoint::open(&dir).unwrap(), &config, |_, _| true).unwrap();
+        let mut rng = StdRng::seed_from_u64(21);
+        let mut request = request(&mut rng, 4, config.hidden_size, config.num_experts);
+        request.layer = config.moe_layers().next().unwrap() as u16;
+        request.experts.retain(|(_, rows)| !rows.is_empty());
+        let honest = honest_body(&worker, &request);
+        let disputed = Disputed {
+            layer: request.layer.into(),
+            expert: request.experts[0].0.into(),
+        };
+        let right = proof.weights(&evidence_of(&request, honest.clone()), disputed);
+        assert!(
+            right
+                .err()
+                .unwrap()
+                .to_string()
+                .contains("judge this answer right"),
+            "a right answer is not submitted"
+        );
+        let mut lie = honest;
+        lie[12] ^= 1;
+        let weights = proof
+            .weights(&evidence_of(&request, lie), disputed)
+            .unwrap();
+        assert_eq!(weights.expert, request.experts[0].0);
+    }
 }
