@@ -47,7 +47,7 @@ impl SwiGlu {
         width: usize,
     ) -> Result<SwiGlu, LoadError> {
         let matrix = |name: &str, bytes: &[u8], dtype: DType, rows: usize, cols: usize| {
-            let expected = rows.checked_mul(cols).and_then(|n| dtype.bytes(n));
+            let expected = dtype.matrix_bytes(rows, cols);
             if expected != Some(bytes.len()) {
                 return Err(LoadError::Format {
                     file: name.to_string(),

@@ -37,6 +37,12 @@ impl DType {
         }
     }
 
+    /// The bytes of a `rows x cols` matrix stored in this dtype: rows of whole blocks for a
+    /// quantized one (None otherwise, or on overflow).
+    pub fn matrix_bytes(self, rows: usize, cols: usize) -> Option<usize> {
+        self.bytes(cols)?.checked_mul(rows)
+    }
+
     /// The alignment a mapped view needs: a value's size; 1 for blocks (read bytewise).
     fn alignment(self) -> usize {
         match self {
@@ -172,13 +178,13 @@ impl Weight {
 
     /// Bytes this weight occupies as stored.
     pub fn byte_len(&self) -> usize {
-        self.dtype.bytes(self.rows * self.cols).unwrap_or(0)
+        self.dtype.matrix_bytes(self.rows, self.cols).unwrap_or(0)
     }
 
     /// Row `row`'s stored blocks, when quantized (the kernels read them as they are).
     pub fn row_blocks(&self, row: usize) -> Option<&[u8]> {
-        let format = self.dtype.block_format()?;
-        let len = self.cols / quant::BLOCK * format.block_bytes();
+        self.dtype.block_format()?;
+        let len = self.dtype.bytes(self.cols)?;
         self.bytes().get(row * len..(row + 1) * len)
     }
 
@@ -311,6 +317,17 @@ mod tests {
     use super::*;
     use half::bf16;
     use proptest::prelude::*;
+
+    /// A quantized matrix is rows of whole blocks: two rows of 48 values are refused, though
+    /// 96 values would fill three blocks.
+    #[test]
+    fn a_quantized_matrix_is_rows_of_whole_blocks() {
+        assert_eq!(DType::Q8_0.matrix_bytes(2, 64), Some(2 * 2 * 34));
+        assert_eq!(DType::Q4_0.matrix_bytes(3, 32), Some(3 * 18));
+        assert_eq!(DType::Q8_0.matrix_bytes(2, 48), None);
+        assert_eq!(DType::BF16.matrix_bytes(2, 48), Some(192));
+        assert_eq!(DType::F32.matrix_bytes(usize::MAX, 2), None);
+    }
 
     #[test]
     fn bf16_widening_is_exact_for_every_bit_pattern() {

@@ -111,11 +111,11 @@ pub fn model_pin(dir: &Path) -> Result<ModelPin> {
             dir.display()
         );
     }
-    let (config_hash, config, checkpoint) = read_checkpoint(dir)?;
+    let (config_bytes, config, checkpoint) = read_checkpoint(dir)?;
     let (leaves, expert_bytes) = expert_leaves(&checkpoint, &config, Leaves::Tagged)?;
     Ok(ModelPin {
         id: kvasir_wire::model_id(dir)?,
-        config_hash,
+        config_hash: config_hash(&config_bytes),
         experts_root: merkle_root(&leaves),
         name: pin_name(dir),
         shape: Some(ModelShape {
@@ -131,11 +131,11 @@ pub fn model_pin(dir: &Path) -> Result<ModelPin> {
 /// the root over the leaves of format 1 (`Leaves::Untagged`), and nothing else. What a
 /// format-1 ledger node checks its `--model` checkpoints against.
 pub fn format_1_pin(dir: &Path) -> Result<ModelPin> {
-    let (config_hash, config, checkpoint) = read_checkpoint(dir)?;
+    let (config_bytes, config, checkpoint) = read_checkpoint(dir)?;
     let (leaves, _) = expert_leaves(&checkpoint, &config, Leaves::Untagged)?;
     Ok(ModelPin {
         id: kvasir_wire::model_id(dir)?,
-        config_hash,
+        config_hash: config_hash(&config_bytes),
         experts_root: merkle_root(&leaves),
         name: String::new(),
         shape: None,
@@ -143,13 +143,17 @@ pub fn format_1_pin(dir: &Path) -> Result<ModelPin> {
     })
 }
 
-/// The blake3 of a checkpoint directory's config.json, the config, and the checkpoint.
-fn read_checkpoint(dir: &Path) -> Result<(Hash, Config, Checkpoint)> {
+/// A checkpoint directory's config.json as stored, the config, and the checkpoint: what a
+/// pin and evidence's weights are made from.
+pub(crate) fn read_checkpoint(dir: &Path) -> Result<(Vec<u8>, Config, Checkpoint)> {
     let config_path = dir.join("config.json");
     let config_bytes = std::fs::read(&config_path)
         .with_context(|| format!("reading {}", config_path.display()))?;
-    let hash = Hash(*blake3::hash(&config_bytes).as_bytes());
-    Ok((hash, Config::load(dir)?, Checkpoint::open(dir)?))
+    Ok((config_bytes, Config::load(dir)?, Checkpoint::open(dir)?))
+}
+
+fn config_hash(config_bytes: &[u8]) -> Hash {
+    Hash(*blake3::hash(config_bytes).as_bytes())
 }
 
 /// The short name a pin gets from its checkpoint's directory: `model-small` is `small`,

@@ -16,7 +16,7 @@
 
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use kvasir_inference::checkpoint::Checkpoint;
 use kvasir_inference::config::Config;
 use kvasir_inference::moe::{canonical_nans, SwiGlu};
@@ -109,11 +109,7 @@ pub struct ExpertProver {
 impl ExpertProver {
     /// Reads every expert of the checkpoint in `dir` once, for the leaves.
     pub fn open(dir: &Path) -> Result<ExpertProver> {
-        let path = dir.join("config.json");
-        let config_bytes =
-            std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-        let config = Config::load(dir)?;
-        let checkpoint = Checkpoint::open(dir)?;
+        let (config_bytes, config, checkpoint) = crate::engine::read_checkpoint(dir)?;
         let (leaves, _) = expert_leaves(&checkpoint, &config, Leaves::Tagged)?;
         Ok(ExpertProver {
             config_bytes,

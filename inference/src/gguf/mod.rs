@@ -526,20 +526,21 @@ pub(crate) mod tests {
     }
 
     impl Writer {
-        pub(crate) fn u32(mut self, key: &str, value: u32) -> Self {
+        /// A metadata entry of GGUF type `kind` holding `value`'s bytes.
+        fn scalar(mut self, key: &str, kind: u32, value: &[u8]) -> Self {
             text(&mut self.metadata, key);
-            self.metadata.extend(4u32.to_le_bytes());
-            self.metadata.extend(value.to_le_bytes());
+            self.metadata.extend(kind.to_le_bytes());
+            self.metadata.extend(value);
             self.kv_count += 1;
             self
         }
 
-        pub(crate) fn f32(mut self, key: &str, value: f32) -> Self {
-            text(&mut self.metadata, key);
-            self.metadata.extend(6u32.to_le_bytes());
-            self.metadata.extend(value.to_le_bytes());
-            self.kv_count += 1;
-            self
+        pub(crate) fn u32(self, key: &str, value: u32) -> Self {
+            self.scalar(key, 4, &value.to_le_bytes())
+        }
+
+        pub(crate) fn f32(self, key: &str, value: f32) -> Self {
+            self.scalar(key, 6, &value.to_le_bytes())
         }
 
         pub(crate) fn text(mut self, key: &str, value: &str) -> Self {
