@@ -25,7 +25,8 @@ pub const MAX_EXPERT_CONFIG_BYTES: usize = 64 << 10;
 /// The longest Merkle path from an expert to its pin's root: 2^40 experts.
 pub const MAX_EXPERT_PATH: usize = 40;
 /// What an evidence transaction carrying an expert takes beyond the bodies and the weights.
-pub const EXPERT_PROOF_OVERHEAD: usize = MAX_EXPERT_CONFIG_BYTES + 32 * MAX_EXPERT_PATH + 64;
+/// (A kilobyte for the rest: addresses, ids, the model id, signatures, lengths, the fee bid.)
+pub const EXPERT_PROOF_OVERHEAD: usize = MAX_EXPERT_CONFIG_BYTES + 32 * MAX_EXPERT_PATH + 1024;
 /// The largest evidence transaction any chain takes from outside: the bodies, the largest
 /// expert a pin may have and its proof. Each chain bounds its own by its largest pinned
 /// expert (`Genesis::max_evidence_bytes`).

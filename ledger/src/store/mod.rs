@@ -443,8 +443,12 @@ fn index_history_if_missing(kv: &impl KeyValue) -> Result<(), StoreError> {
     if kv.get(HISTORY_INDEXED)?.is_some() && kv.get(HISTORY_PER_TX_INDEXED)?.is_none() {
         return Ok(());
     }
-    // The old keys go in bounded batches; nothing reads them, so stopping anywhere between
-    // is harmless, and the marker is written last.
+    // The marker goes first and comes back last: a crash anywhere between leaves a store that
+    // is indexed again when next opened. The old keys go in bounded batches; nothing reads
+    // them.
+    let mut unmark = Batch::default();
+    unmark.remove(HISTORY_INDEXED.to_vec());
+    kv.write(unmark)?;
     loop {
         let old: Vec<Vec<u8>> = scan_prefix(kv, HISTORY_PER_TX)
             .take(REMOVALS_PER_BATCH)

@@ -249,6 +249,13 @@ mod tests {
                 store.history(&bob, None, 10).unwrap(),
                 three_blocks_history()
             );
+            // Opened again once indexed: nothing to do, the same history.
+            drop(store);
+            let store = SledStore::open(dir.path()).unwrap();
+            assert_eq!(
+                store.history(&bob, None, 10).unwrap(),
+                three_blocks_history()
+            );
             assert_eq!(store.db.scan_prefix(HISTORY_PER_TX).count(), 0);
             assert!(store.db.get(HISTORY_PER_TX_INDEXED).unwrap().is_none());
         }
