@@ -23,6 +23,7 @@ use safetensors::SafeTensors;
 use serde::Deserialize;
 
 use crate::gguf::{self, GgmlType};
+use crate::kernels::quant::BlockFormat;
 use crate::weights::{DType, Weight};
 use crate::LoadError;
 
@@ -254,14 +255,11 @@ impl Checkpoint {
                 GgmlType::F32 => DType::F32,
                 GgmlType::F16 => DType::F16,
                 GgmlType::BF16 => DType::BF16,
-                GgmlType::Q8_0 => DType::Q8_0,
-                GgmlType::Q4_0 => DType::Q4_0,
-                other => {
-                    return Err(LoadError::DType {
-                        name: tensor.name.clone(),
-                        dtype: other.name().to_string(),
-                    })
-                }
+                GgmlType::Q8_0 => DType::Quantized(BlockFormat::Q8_0),
+                GgmlType::Q4_0 => DType::Quantized(BlockFormat::Q4_0),
+                GgmlType::Q4K => DType::Quantized(BlockFormat::Q4K),
+                GgmlType::Q5K => DType::Quantized(BlockFormat::Q5K),
+                GgmlType::Q6K => DType::Quantized(BlockFormat::Q6K),
             };
             // The Hugging Face shape is the GGUF dimensions reversed.
             let mut shape: Vec<usize> = tensor.dims.iter().rev().map(|d| *d as usize).collect();
@@ -435,7 +433,10 @@ mod tests {
         for expert in 0..3 {
             let name = format!("model.layers.0.mlp.experts.{expert}.up_proj.weight");
             let weight = checkpoint.tensor(&name, &[2, 32]).unwrap();
-            assert_eq!((weight.dtype(), weight.byte_len()), (DType::Q8_0, 2 * 34));
+            assert_eq!(
+                (weight.dtype(), weight.byte_len()),
+                (DType::Quantized(BlockFormat::Q8_0), 2 * 34)
+            );
         }
         assert!(checkpoint
             .tensor("model.layers.0.mlp.shared_expert_gate.weight", &[1, 32])

@@ -43,7 +43,7 @@ pub enum LoadError {
         expected: Vec<usize>,
         found: Vec<usize>,
     },
-    #[error("tensor {name} has dtype {dtype}; this engine reads f32, bf16 and f16, and Q8_0 and Q4_0 from GGUF files")]
+    #[error("tensor {name} has dtype {dtype}; this engine reads f32, bf16 and f16, and Q8_0, Q4_0, Q4_K, Q5_K and Q6_K from GGUF files")]
     DType { name: String, dtype: String },
     #[error("tokenizer: {0}")]
     Tokenizer(String),

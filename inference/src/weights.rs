@@ -1,4 +1,5 @@
-//! Weights as stored: f32, bf16 or f16, or quantized in blocks (Q8_0, Q4_0, from GGUF files),
+//! Weights as stored: f32, bf16 or f16, or quantized in blocks (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K,
+//! from GGUF files),
 //! memory-mapped where alignment allows (bf16 stays bf16 in memory and is widened inside
 //! kernels; quantized blocks stay blocks, `kernels::quant`), owned otherwise.
 
@@ -20,9 +21,8 @@ pub enum DType {
     F32,
     BF16,
     F16,
-    /// Blocks of 32 values (`kernels::quant`).
-    Q8_0,
-    Q4_0,
+    /// Blocks of integers under binary16 scales (`kernels::quant`).
+    Quantized(BlockFormat),
 }
 
 impl DType {
@@ -31,8 +31,8 @@ impl DType {
     pub fn bytes(self, values: usize) -> Option<usize> {
         match self.block_format() {
             None => values.checked_mul(self.alignment()),
-            Some(format) => (values.is_multiple_of(quant::BLOCK))
-                .then(|| (values / quant::BLOCK).checked_mul(format.block_bytes()))
+            Some(format) => (values.is_multiple_of(format.block_values()))
+                .then(|| (values / format.block_values()).checked_mul(format.block_bytes()))
                 .flatten(),
         }
     }
@@ -48,7 +48,7 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::BF16 | DType::F16 => 2,
-            DType::Q8_0 | DType::Q4_0 => 1,
+            DType::Quantized(_) => 1,
         }
     }
 
@@ -59,29 +59,26 @@ impl DType {
             DType::F32 => 0,
             DType::F16 => 1,
             DType::BF16 => 2,
-            DType::Q8_0 => 3,
-            DType::Q4_0 => 4,
+            DType::Quantized(BlockFormat::Q8_0) => 3,
+            DType::Quantized(BlockFormat::Q4_0) => 4,
+            DType::Quantized(BlockFormat::Q4K) => 5,
+            DType::Quantized(BlockFormat::Q5K) => 6,
+            DType::Quantized(BlockFormat::Q6K) => 7,
         }
     }
 
     /// The dtype of a tag (`tag`), if any.
     pub fn of_tag(tag: u8) -> Option<DType> {
-        [
-            DType::F32,
-            DType::F16,
-            DType::BF16,
-            DType::Q8_0,
-            DType::Q4_0,
-        ]
-        .into_iter()
-        .find(|d| d.tag() == tag)
+        [DType::F32, DType::F16, DType::BF16]
+            .into_iter()
+            .chain(BlockFormat::ALL.map(DType::Quantized))
+            .find(|d| d.tag() == tag)
     }
 
     /// The block layout of a quantized dtype.
     pub fn block_format(self) -> Option<BlockFormat> {
         match self {
-            DType::Q8_0 => Some(BlockFormat::Q8_0),
-            DType::Q4_0 => Some(BlockFormat::Q4_0),
+            DType::Quantized(format) => Some(format),
             DType::F32 | DType::BF16 | DType::F16 => None,
         }
     }
@@ -213,10 +210,8 @@ impl Weight {
                     *o = f16::from_bits(*h).to_f32();
                 }
             }
-            DType::Q8_0 | DType::Q4_0 => {
-                if let (Some(format), Some(blocks)) =
-                    (self.dtype.block_format(), self.row_blocks(row))
-                {
+            DType::Quantized(format) => {
+                if let Some(blocks) = self.row_blocks(row) {
                     out.copy_from_slice(&quant::dequantize(format, blocks));
                 }
             }
@@ -235,7 +230,7 @@ impl Weight {
     pub fn bf16_exponents(&self) -> Exponents {
         *self.exponents.get_or_init(|| match self.dtype {
             DType::BF16 => Exponents::of(bytemuck::cast_slice::<u8, u16>(self.bytes())),
-            DType::F32 | DType::F16 | DType::Q8_0 | DType::Q4_0 => Exponents::NONE,
+            DType::F32 | DType::F16 | DType::Quantized(_) => Exponents::NONE,
         })
     }
 
@@ -322,9 +317,12 @@ mod tests {
     /// 96 values would fill three blocks.
     #[test]
     fn a_quantized_matrix_is_rows_of_whole_blocks() {
-        assert_eq!(DType::Q8_0.matrix_bytes(2, 64), Some(2 * 2 * 34));
-        assert_eq!(DType::Q4_0.matrix_bytes(3, 32), Some(3 * 18));
-        assert_eq!(DType::Q8_0.matrix_bytes(2, 48), None);
+        let q = DType::Quantized;
+        assert_eq!(q(BlockFormat::Q8_0).matrix_bytes(2, 64), Some(2 * 2 * 34));
+        assert_eq!(q(BlockFormat::Q4_0).matrix_bytes(3, 32), Some(3 * 18));
+        assert_eq!(q(BlockFormat::Q8_0).matrix_bytes(2, 48), None);
+        assert_eq!(q(BlockFormat::Q4K).matrix_bytes(2, 512), Some(2 * 2 * 144));
+        assert_eq!(q(BlockFormat::Q6K).matrix_bytes(1, 32), None);
         assert_eq!(DType::BF16.matrix_bytes(2, 48), Some(192));
         assert_eq!(DType::F32.matrix_bytes(usize::MAX, 2), None);
     }

@@ -222,7 +222,7 @@ impl CudaExperts {
                         DType::F32 | DType::F16 => {
                             DeviceWeight::F32(stream.clone_htod(&weight.to_f32()).map_err(driver)?)
                         }
-                        DType::Q8_0 | DType::Q4_0 => {
+                        DType::Quantized(_) => {
                             return Err(CudaError::Driver(format!(
                                 "{prefix}.{name} is quantized ({:?}): the CUDA backend runs f32, f16 and bf16 experts",
                                 weight.dtype()

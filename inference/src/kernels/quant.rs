@@ -11,25 +11,35 @@
 //!
 //! # The product
 //!
-//! A weight block of 32 values holds 8-bit (Q8_0) or 4-bit (Q4_0, `nibble - 8`) integers and
-//! a binary16 scale. For one weight row against one quantized activation row:
+//! A weight row is stored in blocks (`BlockFormat`): 32 values of 8 bits (Q8_0) or 4 bits
+//! (Q4_0) under one binary16 scale `d`; or 256 values (the K formats) in sub-blocks, each
+//! with a small integer scale (and, for Q4_K and Q5_K, an integer min) under the block's
+//! binary16 `d` (and `dmin`). Every stored value is thus an integer expression times a
+//! binary16 scale. For one weight row against one quantized activation row, per activation
+//! block of 32 (scale `d_x`, integers `x`):
 //!
-//! 1. Each block gives the integer `s = sum(w[j] * x[j])`, exact in 32 bits.
-//! 2. A finite binary16 scale is exactly `m * 2^e` with an integer `m` (|m| < 2^11) and
-//!    `-24 <= e <= 5`; the block's term is exactly `(m_w * m_x * s) * 2^(e_w + e_x)`, an
-//!    integer below 2^41 times a power of two between 2^-48 and 2^10.
-//! 3. The terms are summed exactly: the integers in 64 bits per power of two, then all of
-//!    them in 128 bits as a multiple of 2^-48.
-//! 4. That exact sum is rounded once to binary32, nearest even.
+//! 1. Q8_0, Q4_0: the term `d * d_x * s`, with `s = sum(w[j] * x[j])` exact in 32 bits.
+//! 2. Q4_K, Q5_K (sub-blocks of 32, values 0..32): `d * d_x * (scale * s)` and
+//!    `dmin * d_x * (-min * sum(x[j]))`.
+//! 3. Q6_K (sub-blocks of 16, values -32..32): `d * d_x * (scale_lo * s_lo + scale_hi * s_hi)`,
+//!    the sums over each half of the activation block.
+//!
+//! A finite binary16 scale is exactly `m * 2^e` with an integer `m` (|m| < 2^11) and
+//! `-24 <= e <= 5`; so each term is exactly an integer (below 2^48) times a power of two
+//! between 2^-48 and 2^10. The terms are summed exactly, in 128 bits per power of two, then
+//! all of them as a multiple of 2^-48; that exact sum is rounded once to binary32, nearest
+//! even.
 //!
 //! So the result is the exact dot product of the stored integers and scales, correctly
 //! rounded: it does not depend on the order of anything, and a kernel may reduce in
 //! whatever order its instructions like (VNNI, AMX, Arm's `sdot`, a GPU's `dp4a`) and still
-//! give these bits. A block with an infinite or NaN scale makes the product NaN.
+//! give these bits. A block with an infinite or NaN scale makes the product NaN. This is part
+//! of the reference arithmetic `crate::ARITHMETIC_VERSION` names: a format added gives new
+//! answers and moves no old bit; a change to any bit it gives is a new version.
 
 use half::f16;
 
-/// Values in a block.
+/// Values in an activation block (and in a Q8_0 or Q4_0 weight block).
 pub const BLOCK: usize = 32;
 
 /// A binary16 value as an exact integer times a power of two: `mantissa * 2^exponent`.
@@ -90,32 +100,33 @@ pub fn quantize_row(x: &[f32]) -> QuantizedRow {
 }
 
 /// An exact sum of block terms (the module's header, step 3).
-struct ExactSum {
-    by_power: [i64; POWERS],
+pub(super) struct ExactSum {
+    by_power: [i128; POWERS],
     not_finite: bool,
 }
 
 impl ExactSum {
-    fn new() -> ExactSum {
+    pub(super) fn new() -> ExactSum {
         ExactSum {
             by_power: [0; POWERS],
             not_finite: false,
         }
     }
 
-    /// Adds `s * w * x`, the block sum `s` times the two scales.
+    /// Adds `integer * w * x`: an integer (a block's sum, times the block's integer scale for
+    /// the K formats) times two binary16 scales, given as their bits.
     #[inline(always)]
-    fn add(&mut self, s: i32, w: Option<Scale>, x: Option<Scale>) {
-        let (Some(w), Some(x)) = (w, x) else {
+    pub(super) fn add(&mut self, integer: i64, w: u16, x: u16) {
+        let (Some(w), Some(x)) = (Scale::of_f16(w), Scale::of_f16(x)) else {
             self.not_finite = true;
             return;
         };
         let power = (w.exponent + x.exponent - LOWEST) as usize;
-        self.by_power[power] += i64::from(w.mantissa * x.mantissa) * i64::from(s);
+        self.by_power[power] += i128::from(i64::from(w.mantissa * x.mantissa) * integer);
     }
 
     /// The sum rounded once to binary32 (step 4).
-    fn finish(&self) -> f32 {
+    pub(super) fn finish(&self) -> f32 {
         if self.not_finite {
             return f32::NAN;
         }
@@ -123,7 +134,7 @@ impl ExactSum {
             .by_power
             .iter()
             .enumerate()
-            .map(|(power, sum)| i128::from(*sum) << power)
+            .map(|(power, sum)| *sum << power)
             .sum();
         // The conversion rounds to nearest even; the power of two after it is exact (the
         // result, when not zero, is at least 2^-48, far above binary32's subnormals).
@@ -131,77 +142,292 @@ impl ExactSum {
     }
 }
 
-/// The weight block formats this arithmetic takes, with their stored layout.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The weight block formats this arithmetic takes, with their stored layout (llama.cpp's).
+/// Binary16 values are little-endian.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BlockFormat {
-    /// 34 bytes: the binary16 scale, then 32 signed bytes.
+    /// 32 values in 34 bytes: the scale `d`, then 32 signed bytes; value `d * q`.
     Q8_0,
-    /// 18 bytes: the binary16 scale, then 16 bytes whose low nibbles are values 0..16 and
-    /// high nibbles values 16..32, each `nibble - 8`.
+    /// 32 values in 18 bytes: `d`, then 16 bytes whose low nibbles are values 0..16 and high
+    /// nibbles values 16..32; value `d * (nibble - 8)`.
     Q4_0,
+    /// 256 values in 144 bytes: `d`, `dmin`, 12 bytes of eight 6-bit scales and eight 6-bit
+    /// mins (`scale_and_min`), then 128 bytes of nibbles: sub-block `2c` is the low nibbles of
+    /// bytes `32c..32c + 32`, sub-block `2c + 1` their high nibbles. Value `j` of sub-block
+    /// `i` is `d * scale[i] * q - dmin * min[i]`.
+    Q4K,
+    /// 256 values in 176 bytes: as Q4_K, with 32 bytes of high bits between the scales and
+    /// the nibbles: value `l` of sub-block `i` adds 16 when bit `i` of high byte `l` is set.
+    Q5K,
+    /// 256 values in 210 bytes: 128 bytes of low nibbles, 64 bytes of high bit pairs, sixteen
+    /// signed 8-bit scales (one per 16 values), then `d`. Value `v` is
+    /// `d * scale[v / 16] * (q - 32)`, `q` six bits laid out as `q6k_value` reads them.
+    Q6K,
 }
 
 impl BlockFormat {
+    /// Every format, in the order of their tags.
+    pub const ALL: [BlockFormat; 5] = [
+        BlockFormat::Q8_0,
+        BlockFormat::Q4_0,
+        BlockFormat::Q4K,
+        BlockFormat::Q5K,
+        BlockFormat::Q6K,
+    ];
+
+    /// Values in a block: 32, or 256 for the K formats.
+    pub fn block_values(self) -> usize {
+        match self {
+            BlockFormat::Q8_0 | BlockFormat::Q4_0 => BLOCK,
+            BlockFormat::Q4K | BlockFormat::Q5K | BlockFormat::Q6K => 256,
+        }
+    }
+
     pub fn block_bytes(self) -> usize {
         match self {
             BlockFormat::Q8_0 => 34,
             BlockFormat::Q4_0 => 18,
+            BlockFormat::Q4K => 144,
+            BlockFormat::Q5K => 176,
+            BlockFormat::Q6K => 210,
         }
     }
 
-    /// The block's scale bits and its 32 integers.
+    /// llama.cpp's name for the format.
+    pub fn name(self) -> &'static str {
+        match self {
+            BlockFormat::Q8_0 => "Q8_0",
+            BlockFormat::Q4_0 => "Q4_0",
+            BlockFormat::Q4K => "Q4_K",
+            BlockFormat::Q5K => "Q5_K",
+            BlockFormat::Q6K => "Q6_K",
+        }
+    }
+
+    /// The block's integers and how they are scaled.
     #[inline(always)]
-    fn unpack(self, block: &[u8]) -> (u16, [i8; BLOCK]) {
-        let scale = u16::from_le_bytes([block[0], block[1]]);
-        let mut values = [0i8; BLOCK];
+    fn unpack(self, block: &[u8]) -> Unpacked {
+        let half = |at: usize| u16::from_le_bytes([block[at], block[at + 1]]);
+        let mut values = [0i8; 256];
         match self {
             BlockFormat::Q8_0 => {
                 for (v, b) in values.iter_mut().zip(&block[2..34]) {
                     *v = *b as i8;
                 }
+                Unpacked::Flat { d: half(0), values }
             }
             BlockFormat::Q4_0 => {
                 for (j, b) in block[2..18].iter().enumerate() {
                     values[j] = (b & 0x0f) as i8 - 8;
                     values[j + 16] = (b >> 4) as i8 - 8;
                 }
+                Unpacked::Flat { d: half(0), values }
+            }
+            BlockFormat::Q4K | BlockFormat::Q5K => {
+                let packed: &[u8; 12] = block[4..16].try_into().expect("12 bytes");
+                let (high, nibbles) = match self {
+                    BlockFormat::Q5K => (Some(&block[16..48]), &block[48..176]),
+                    _ => (None, &block[16..144]),
+                };
+                let mut scales = [0u8; 8];
+                let mut mins = [0u8; 8];
+                for i in 0..8 {
+                    (scales[i], mins[i]) = scale_and_min(packed, i);
+                    let bytes = &nibbles[32 * (i / 2)..32 * (i / 2) + 32];
+                    for (l, b) in bytes.iter().enumerate() {
+                        let nibble = if i % 2 == 0 { b & 0x0f } else { b >> 4 };
+                        let fifth = high.map_or(0, |h| ((h[l] >> i) & 1) << 4);
+                        values[32 * i + l] = (nibble | fifth) as i8;
+                    }
+                }
+                Unpacked::WithMins {
+                    d: half(0),
+                    dmin: half(2),
+                    scales,
+                    mins,
+                    values,
+                }
+            }
+            BlockFormat::Q6K => {
+                for (v, value) in values.iter_mut().enumerate() {
+                    *value = q6k_value(block, v);
+                }
+                let mut scales = [0i8; 16];
+                for (s, b) in scales.iter_mut().zip(&block[192..208]) {
+                    *s = *b as i8;
+                }
+                Unpacked::Sixteens {
+                    d: half(208),
+                    scales,
+                    values,
+                }
             }
         }
-        (scale, values)
+    }
+
+    /// Adds the block's product with the activation blocks under it to `sum`.
+    #[inline(always)]
+    fn add_product(self, block: &[u8], x_scales: &[u16], xs: &[i8], sum: &mut ExactSum) {
+        match self.unpack(block) {
+            Unpacked::Flat { d, values } => {
+                sum.add(i64::from(block_dot(&values[..BLOCK], xs)), d, x_scales[0]);
+            }
+            Unpacked::WithMins {
+                d,
+                dmin,
+                scales,
+                mins,
+                values,
+            } => {
+                for (i, (ws, xs)) in values
+                    .chunks_exact(BLOCK)
+                    .zip(xs.chunks_exact(BLOCK))
+                    .enumerate()
+                {
+                    let x_total: i64 = xs.iter().map(|x| i64::from(*x)).sum();
+                    sum.add(
+                        i64::from(scales[i]) * i64::from(block_dot(ws, xs)),
+                        d,
+                        x_scales[i],
+                    );
+                    sum.add(-i64::from(mins[i]) * x_total, dmin, x_scales[i]);
+                }
+            }
+            Unpacked::Sixteens { d, scales, values } => {
+                for (i, (ws, xs)) in values
+                    .chunks_exact(BLOCK)
+                    .zip(xs.chunks_exact(BLOCK))
+                    .enumerate()
+                {
+                    let low = i64::from(scales[2 * i]) * i64::from(block_dot(&ws[..16], &xs[..16]));
+                    let high =
+                        i64::from(scales[2 * i + 1]) * i64::from(block_dot(&ws[16..], &xs[16..]));
+                    sum.add(low + high, d, x_scales[i]);
+                }
+            }
+        }
+    }
+
+    /// The block's values, as llama.cpp's `dequantize_row_*` computes them in binary32.
+    fn dequantize_block(self, block: &[u8], out: &mut [f32]) {
+        let widen = |bits: u16| f16::from_bits(bits).to_f32();
+        match self.unpack(block) {
+            Unpacked::Flat { d, values } => {
+                for (o, v) in out.iter_mut().zip(values) {
+                    *o = f32::from(v) * widen(d);
+                }
+            }
+            Unpacked::WithMins {
+                d,
+                dmin,
+                scales,
+                mins,
+                values,
+            } => {
+                for (i, (out, values)) in out
+                    .chunks_exact_mut(BLOCK)
+                    .zip(values.chunks_exact(BLOCK))
+                    .enumerate()
+                {
+                    let scale = widen(d) * f32::from(scales[i]);
+                    let min = widen(dmin) * f32::from(mins[i]);
+                    for (o, v) in out.iter_mut().zip(values) {
+                        *o = scale * f32::from(*v) - min;
+                    }
+                }
+            }
+            Unpacked::Sixteens { d, scales, values } => {
+                for (v, o) in out.iter_mut().enumerate() {
+                    *o = widen(d) * f32::from(scales[v / 16]) * f32::from(values[v]);
+                }
+            }
+        }
     }
 }
 
-/// The product of one stored weight row (`format` blocks, as many as `x` has) and a
+/// A block's integers and how they are scaled.
+enum Unpacked {
+    /// Q8_0, Q4_0: 32 values, one scale.
+    Flat { d: u16, values: [i8; 256] },
+    /// Q4_K, Q5_K: 8 sub-blocks of 32 values (0..32), each with an integer scale and min.
+    WithMins {
+        d: u16,
+        dmin: u16,
+        scales: [u8; 8],
+        mins: [u8; 8],
+        values: [i8; 256],
+    },
+    /// Q6_K: 16 sub-blocks of 16 values (-32..32), each with a signed integer scale.
+    Sixteens {
+        d: u16,
+        scales: [i8; 16],
+        values: [i8; 256],
+    },
+}
+
+/// Sub-block `i`'s 6-bit scale and min in Q4_K's and Q5_K's 12 packed bytes: for the first
+/// four, the low six bits of bytes `i` and `i + 4`; for the last four, a nibble of byte
+/// `i + 4` below the top two bits of byte `i - 4` (scale) or of byte `i` (min).
+fn scale_and_min(packed: &[u8; 12], i: usize) -> (u8, u8) {
+    if i < 4 {
+        (packed[i] & 63, packed[i + 4] & 63)
+    } else {
+        (
+            (packed[i + 4] & 0x0f) | ((packed[i - 4] >> 6) << 4),
+            (packed[i + 4] >> 4) | ((packed[i] >> 6) << 4),
+        )
+    }
+}
+
+/// Value `v` of a Q6_K block, less 32, as llama.cpp's `dequantize_row_q6_K` reads it. Each
+/// half of 128 values has 64 bytes of low nibbles and 32 bytes of high bit pairs. Value
+/// `32g + l` of a half (`g` in 0..4, `l` in 0..32) takes the low nibble (`g` < 2) or the high
+/// nibble of low byte `l + 32 * (g % 2)`, and bits `2g..2g + 2` of high byte `l`.
+fn q6k_value(block: &[u8], v: usize) -> i8 {
+    let (half, within) = (v / 128, v % 128);
+    let (group, l) = (within / 32, within % 32);
+    let low = block[64 * half + l + 32 * (group % 2)];
+    let nibble = if group < 2 { low & 0x0f } else { low >> 4 };
+    let pair = (block[128 + 32 * half + l] >> (2 * group)) & 3;
+    (nibble | (pair << 4)) as i8 - 32
+}
+
+/// `sum(w[j] * x[j])`, exact in 32 bits for blocks of 32.
+#[inline(always)]
+fn block_dot(w: &[i8], x: &[i8]) -> i32 {
+    w.iter()
+        .zip(x)
+        .map(|(w, x)| i32::from(*w) * i32::from(*x))
+        .sum()
+}
+
+/// The product of one stored weight row (`format` blocks, as many values as `x` has) and a
 /// quantized activation row, in the reference arithmetic (the module's header).
 pub fn dot(format: BlockFormat, row: &[u8], x: &QuantizedRow) -> f32 {
-    debug_assert_eq!(row.len(), x.scales.len() * format.block_bytes());
+    let per_block = format.block_values();
+    debug_assert_eq!(row.len() / format.block_bytes() * per_block, x.values.len());
     let mut sum = ExactSum::new();
-    for ((block, &x_scale), xs) in row
+    for ((block, x_scales), xs) in row
         .chunks_exact(format.block_bytes())
-        .zip(&x.scales)
-        .zip(x.values.chunks_exact(BLOCK))
+        .zip(x.scales.chunks_exact(per_block / BLOCK))
+        .zip(x.values.chunks_exact(per_block))
     {
-        let (w_scale, ws) = format.unpack(block);
-        let s: i32 = ws
-            .iter()
-            .zip(xs)
-            .map(|(w, x)| i32::from(*w) * i32::from(*x))
-            .sum();
-        sum.add(s, Scale::of_f16(w_scale), Scale::of_f16(x_scale));
+        format.add_product(block, x_scales, xs, &mut sum);
     }
     sum.finish()
 }
 
-/// The values a stored row holds, `integer * scale` widened to binary32 (exact: an 8-bit
-/// integer times a binary16 scale needs at most 19 bits): for inspection and tests.
+/// The values a stored row holds, as llama.cpp's `dequantize_row_*` computes them in
+/// binary32 (exact for Q8_0 and Q4_0): for embeddings, inspection and tests.
 pub fn dequantize(format: BlockFormat, row: &[u8]) -> Vec<f32> {
-    row.chunks_exact(format.block_bytes())
-        .flat_map(|block| {
-            let (scale, values) = format.unpack(block);
-            let d = f16::from_bits(scale).to_f32();
-            values.map(|v| f32::from(v) * d)
-        })
-        .collect()
+    let mut out = vec![0f32; row.len() / format.block_bytes() * format.block_values()];
+    for (block, out) in row
+        .chunks_exact(format.block_bytes())
+        .zip(out.chunks_exact_mut(format.block_values()))
+    {
+        format.dequantize_block(block, out);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -209,25 +435,52 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// `dot` by another road: every value dequantized, each product of two in binary64
-    /// (exact: at most 38 significant bits) summed in 128-bit fixed point, then rounded.
+    /// `dot` by another road: each stored value and each activation exactly, as an integer
+    /// multiple of 2^-24 (every binary16 scale is one, and the K formats' values are integer
+    /// combinations of them), their products summed in 128-bit fixed point, then rounded.
     fn exact(format: BlockFormat, row: &[u8], x: &QuantizedRow) -> f32 {
-        let w = dequantize(format, row);
-        let xs: Vec<f64> = x
+        let fixed = |bits: u16| (f64::from(f16::from_bits(bits).to_f32()) * 2f64.powi(24)) as i128;
+        let w: Vec<i128> = row
+            .chunks_exact(format.block_bytes())
+            .flat_map(|block| match format.unpack(block) {
+                Unpacked::Flat { d, values } => values[..BLOCK]
+                    .iter()
+                    .map(|v| i128::from(*v) * fixed(d))
+                    .collect::<Vec<_>>(),
+                Unpacked::WithMins {
+                    d,
+                    dmin,
+                    scales,
+                    mins,
+                    values,
+                } => (0..256)
+                    .map(|v| {
+                        let i = v / BLOCK;
+                        i128::from(scales[i]) * i128::from(values[v]) * fixed(d)
+                            - i128::from(mins[i]) * fixed(dmin)
+                    })
+                    .collect(),
+                Unpacked::Sixteens { d, scales, values } => (0..256)
+                    .map(|v| i128::from(scales[v / 16]) * i128::from(values[v]) * fixed(d))
+                    .collect(),
+            })
+            .collect();
+        let xs = x
             .values
             .chunks(BLOCK)
             .zip(&x.scales)
-            .flat_map(|(vs, s)| {
-                let d = f64::from(f16::from_bits(*s).to_f32());
-                vs.iter().map(move |v| f64::from(*v) * d)
-            })
-            .collect();
-        let scaled: i128 = w
-            .iter()
-            .zip(&xs)
-            .map(|(a, b)| (f64::from(*a) * b * 2f64.powi(48)) as i128)
-            .sum();
+            .flat_map(|(vs, s)| vs.iter().map(move |v| i128::from(*v) * fixed(*s)));
+        let scaled: i128 = w.iter().zip(xs).map(|(a, b)| a * b).sum();
         (scaled as f32) * 2f32.powi(-48)
+    }
+
+    /// Where a block of `format` keeps its binary16 scales.
+    fn scale_offsets(format: BlockFormat) -> &'static [usize] {
+        match format {
+            BlockFormat::Q8_0 | BlockFormat::Q4_0 => &[0],
+            BlockFormat::Q4K | BlockFormat::Q5K => &[0, 2],
+            BlockFormat::Q6K => &[208],
+        }
     }
 
     fn q8_row(scales: &[u16], values: &[i8]) -> Vec<u8> {
@@ -277,36 +530,37 @@ mod tests {
     }
 
     proptest! {
-        /// The product is the exact dot product of what is stored, rounded once, and does not
-        /// depend on the order of the blocks.
+        /// For every format, the product is the exact dot product of what is stored, rounded
+        /// once, and does not depend on the order of the blocks.
         #[test]
         fn the_product_is_exact_and_order_free(
-            blocks in proptest::collection::vec(
-                (0x0400u16..0x7800, any::<[i8; BLOCK]>(), proptest::collection::vec(-4.0f32..4.0, BLOCK)),
-                1..6,
-            ),
+            format in proptest::sample::select(BlockFormat::ALL.to_vec()),
+            blocks in 1usize..4,
+            seed in proptest::collection::vec(any::<u8>(), 210 * 3),
+            scales in proptest::collection::vec(0x0400u16..0x7800, 2 * 3),
+            activations in proptest::collection::vec(-4.0f32..4.0, 256 * 3),
             sign in any::<bool>(),
         ) {
-            let scales: Vec<u16> = blocks
-                .iter()
-                .map(|(s, ..)| if sign { s | 0x8000 } else { *s })
-                .collect();
-            let values: Vec<i8> = blocks.iter().flat_map(|(_, v, _)| *v).collect();
-            let row = q8_row(&scales, &values);
-            let x: Vec<f32> = blocks.iter().flat_map(|(.., x)| x.clone()).collect();
-            let x = quantize_row(&x);
-            let got = dot(BlockFormat::Q8_0, &row, &x);
-            prop_assert_eq!(got.to_bits(), exact(BlockFormat::Q8_0, &row, &x).to_bits());
+            let bytes = format.block_bytes();
+            let mut row = seed[..blocks * bytes].to_vec();
+            for (b, block) in row.chunks_exact_mut(bytes).enumerate() {
+                for (s, at) in scale_offsets(format).iter().enumerate() {
+                    let bits = scales[2 * b + s] | if sign { 0x8000 } else { 0 };
+                    block[*at..*at + 2].copy_from_slice(&bits.to_le_bytes());
+                }
+            }
+            let values = blocks * format.block_values();
+            let x = quantize_row(&activations[..values]);
+            let got = dot(format, &row, &x);
+            prop_assert_eq!(got.to_bits(), exact(format, &row, &x).to_bits());
             // The blocks reversed, weights and activations alike: the same bits.
-            let reversed_row: Vec<u8> = row.chunks(34).rev().flatten().copied().collect();
+            let per = format.block_values() / BLOCK;
+            let reversed_row: Vec<u8> = row.chunks(bytes).rev().flatten().copied().collect();
             let reversed_x = QuantizedRow {
-                scales: x.scales.iter().rev().copied().collect(),
-                values: x.values.chunks(BLOCK).rev().flatten().copied().collect(),
+                scales: x.scales.chunks(per).rev().flatten().copied().collect(),
+                values: x.values.chunks(format.block_values()).rev().flatten().copied().collect(),
             };
-            prop_assert_eq!(
-                dot(BlockFormat::Q8_0, &reversed_row, &reversed_x).to_bits(),
-                got.to_bits()
-            );
+            prop_assert_eq!(dot(format, &reversed_row, &reversed_x).to_bits(), got.to_bits());
         }
     }
 
@@ -349,15 +603,24 @@ mod tests {
             })
             .collect();
         assert_eq!(ours, bytes("rows.q8_0"));
-        let theirs: Vec<u32> = floats("rows.q4_0.f32")
-            .iter()
-            .map(|v| v.to_bits())
-            .collect();
-        let ours: Vec<u32> = dequantize(BlockFormat::Q4_0, &bytes("rows.q4_0"))
-            .iter()
-            .map(|v| v.to_bits())
-            .collect();
-        assert_eq!(ours, theirs);
+        for format in [
+            BlockFormat::Q4_0,
+            BlockFormat::Q4K,
+            BlockFormat::Q5K,
+            BlockFormat::Q6K,
+        ] {
+            let name = format!("rows.{}", format.name().to_lowercase());
+            let theirs: Vec<u32> = floats(&format!("{name}.f32"))
+                .iter()
+                .map(|v| v.to_bits())
+                .collect();
+            let ours: Vec<u32> = dequantize(format, &bytes(&name))
+                .iter()
+                .map(|v| v.to_bits())
+                .collect();
+            assert_eq!(ours.len(), theirs.len(), "{name}");
+            assert_eq!(ours, theirs, "{name}");
+        }
     }
 
     #[test]

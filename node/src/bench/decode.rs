@@ -224,7 +224,7 @@ mod reference {
                         values.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
                     Weight::from_bf16(&bits, n, k)
                 }
-                DType::F32 | DType::Q8_0 | DType::Q4_0 => Weight::from_f32(values.clone(), n, k),
+                DType::F32 | DType::Quantized(_) => Weight::from_f32(values.clone(), n, k),
             });
             f32s.push(values);
         }

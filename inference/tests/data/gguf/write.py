@@ -12,8 +12,20 @@ function of their index, so the same library version writes the same bytes.
 quantized-rows.gguf holds rows of values (`rows.f32`, with a half, a zero block and a NaN-free
 spread of magnitudes), the same rows quantized by gguf-py as Q8_0 (`rows.q8_0`, llama.cpp's
 `quantize_row_q8_0`) and Q4_0 (`rows.q4_0`), and the Q4_0 rows dequantized (`rows.q4_0.f32`).
+gguf-py does not quantize the K formats, so for each of Q4_K, Q5_K and Q6_K it holds blocks of
+seeded random bytes with finite scales (`rows.q4_k`, ...) and gguf-py's dequantization of them
+(`rows.q4_k.f32`, ...): the layout as llama.cpp's library reads it.
+
+With `--llama-quantize PATH` (llama.cpp's `llama-quantize`, built as
+docs/notes/llama-cpp-side-by-side.md says), it also writes tiny-qwen3moe-f32.gguf in a
+temporary folder (every matrix rows of 256 values, so the K formats' blocks fit) and
+has llama.cpp's own quantizer make tiny-qwen3moe-q4_k_m.gguf and tiny-qwen3moe-q5_k_m.gguf
+from it: its presets' mix of Q4_K, Q5_K and Q6_K tensors, as users' files have them.
 """
 import os
+import subprocess
+import sys
+import tempfile
 
 import gguf
 import numpy as np
@@ -37,77 +49,110 @@ def tensor(writer, name, shape, kind, seed):
         writer.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
 
 
-path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny-qwen3moe-q8_0.gguf")
-w = gguf.GGUFWriter(path, "qwen3moe")
-w.add_block_count(2)
-w.add_embedding_length(HIDDEN)
-w.add_feed_forward_length(DENSE)
-w.add_head_count(HEADS)
-w.add_head_count_kv(KV_HEADS)
-w.add_key_length(HEAD_DIM)
-w.add_value_length(HEAD_DIM)
-w.add_expert_count(EXPERTS)
-w.add_expert_used_count(2)
-w.add_expert_feed_forward_length(WIDTH)
-w.add_context_length(512)
-w.add_layer_norm_rms_eps(1e-6)
-w.add_rope_freq_base(1e6)
-w.add_tokenizer_model("gpt2")
-w.add_token_list([f"t{i}" for i in range(VOCAB)])
-w.add_eos_token_id(2)
-seed = 0
-for name, shape, kind in [
-    ("token_embd.weight", (VOCAB, HIDDEN), Q.F32),
-    ("output_norm.weight", (HIDDEN,), Q.F32),
-    ("output.weight", (VOCAB, HIDDEN), Q.BF16),
-]:
-    seed += 1
-    tensor(w, name, shape, kind, seed)
-for layer in range(2):
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def write_model(path, hidden, width, dense, head_dim, experts, quantized, experts_down):
+    """A two-layer qwen3moe, the first layer dense; `quantized` is the experts' and dense
+    layer's type (`experts_down` for the experts' down matrices)."""
+    w = gguf.GGUFWriter(path, "qwen3moe")
+    w.add_block_count(2)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(dense)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_expert_count(experts)
+    w.add_expert_used_count(2)
+    w.add_expert_feed_forward_length(width)
+    w.add_context_length(512)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(1e6)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"t{i}" for i in range(VOCAB)])
+    w.add_eos_token_id(2)
+    seed = 0
     for name, shape, kind in [
-        ("attn_norm.weight", (HIDDEN,), Q.F32),
-        ("attn_q.weight", (HEADS * HEAD_DIM, HIDDEN), Q.F16),
-        ("attn_k.weight", (KV_HEADS * HEAD_DIM, HIDDEN), Q.F16),
-        ("attn_v.weight", (KV_HEADS * HEAD_DIM, HIDDEN), Q.F16),
-        ("attn_output.weight", (HIDDEN, HEADS * HEAD_DIM), Q.F16),
-        ("attn_q_norm.weight", (HEAD_DIM,), Q.F32),
-        ("attn_k_norm.weight", (HEAD_DIM,), Q.F32),
-        ("ffn_norm.weight", (HIDDEN,), Q.F32),
+        ("token_embd.weight", (VOCAB, hidden), Q.F32),
+        ("output_norm.weight", (hidden,), Q.F32),
+        ("output.weight", (VOCAB, hidden), Q.BF16 if quantized != Q.F32 else Q.F32),
     ]:
         seed += 1
-        tensor(w, f"blk.{layer}.{name}", shape, kind, seed)
-    if layer == 0:
-        parts = [("ffn_gate.weight", (DENSE, HIDDEN), Q.Q8_0),
-                 ("ffn_up.weight", (DENSE, HIDDEN), Q.Q8_0),
-                 ("ffn_down.weight", (HIDDEN, DENSE), Q.Q8_0)]
-    else:
-        parts = [("ffn_gate_inp.weight", (EXPERTS, HIDDEN), Q.F32),
-                 ("ffn_gate_exps.weight", (EXPERTS, WIDTH, HIDDEN), Q.Q8_0),
-                 ("ffn_up_exps.weight", (EXPERTS, WIDTH, HIDDEN), Q.Q8_0),
-                 ("ffn_down_exps.weight", (EXPERTS, HIDDEN, WIDTH), Q.Q4_0)]
-    for name, shape, kind in parts:
-        seed += 1
-        tensor(w, f"blk.{layer}.{name}", shape, kind, seed)
-w.write_header_to_file()
-w.write_kv_data_to_file()
-w.write_tensors_to_file()
-w.close()
-print(path, os.path.getsize(path), "bytes")
+        tensor(w, name, shape, kind, seed)
+    attention = Q.F16 if quantized != Q.F32 else Q.F32
+    for layer in range(2):
+        for name, shape, kind in [
+            ("attn_norm.weight", (hidden,), Q.F32),
+            ("attn_q.weight", (HEADS * head_dim, hidden), attention),
+            ("attn_k.weight", (KV_HEADS * head_dim, hidden), attention),
+            ("attn_v.weight", (KV_HEADS * head_dim, hidden), attention),
+            ("attn_output.weight", (hidden, HEADS * head_dim), attention),
+            ("attn_q_norm.weight", (head_dim,), Q.F32),
+            ("attn_k_norm.weight", (head_dim,), Q.F32),
+            ("ffn_norm.weight", (hidden,), Q.F32),
+        ]:
+            seed += 1
+            tensor(w, f"blk.{layer}.{name}", shape, kind, seed)
+        if layer == 0:
+            parts = [("ffn_gate.weight", (dense, hidden), quantized),
+                     ("ffn_up.weight", (dense, hidden), quantized),
+                     ("ffn_down.weight", (hidden, dense), quantized)]
+        else:
+            parts = [("ffn_gate_inp.weight", (experts, hidden), Q.F32),
+                     ("ffn_gate_exps.weight", (experts, width, hidden), quantized),
+                     ("ffn_up_exps.weight", (experts, width, hidden), quantized),
+                     ("ffn_down_exps.weight", (experts, hidden, width), experts_down)]
+        for name, shape, kind in parts:
+            seed += 1
+            tensor(w, f"blk.{layer}.{name}", shape, kind, seed)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(path, os.path.getsize(path), "bytes")
+
+
+write_model(os.path.join(HERE, "tiny-qwen3moe-q8_0.gguf"), HIDDEN, WIDTH, DENSE, HEAD_DIM, EXPERTS,
+            Q.Q8_0, Q.Q4_0)
 
 rows = values(4 * 128, 99).reshape(4, 128)
 rows[1] *= 1000.0
 rows[2, :32] = 0.0
 rows[3, 0] = 1.27
 rows[3, 1] = -0.635
-path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "quantized-rows.gguf")
+path = os.path.join(HERE, "quantized-rows.gguf")
 w = gguf.GGUFWriter(path, "rows")
 w.add_tensor("rows.f32", rows)
 q4 = gguf.quants.quantize(rows, Q.Q4_0)
 w.add_tensor("rows.q8_0", gguf.quants.quantize(rows, Q.Q8_0), raw_dtype=Q.Q8_0)
 w.add_tensor("rows.q4_0", q4, raw_dtype=Q.Q4_0)
 w.add_tensor("rows.q4_0.f32", gguf.quants.dequantize(q4, Q.Q4_0).astype(np.float32))
+rng = np.random.default_rng(7)
+for kind, size, scales in [(Q.Q4_K, 144, [0, 2]), (Q.Q5_K, 176, [0, 2]), (Q.Q6_K, 210, [208])]:
+    blocks = rng.integers(0, 256, size=(4, size), dtype=np.uint8)
+    for at in scales:
+        d = rng.uniform(-0.01, 0.01, size=4).astype(np.float16)
+        blocks[:, at:at + 2] = d.view(np.uint8).reshape(4, 2)
+    # Two rows of 512 values: two blocks each.
+    blocks = blocks.reshape(2, 2 * size)
+    name = "rows." + kind.name.lower()
+    w.add_tensor(name, blocks, raw_dtype=kind)
+    w.add_tensor(name + ".f32", gguf.quants.dequantize(blocks, kind).astype(np.float32))
 w.write_header_to_file()
 w.write_kv_data_to_file()
 w.write_tensors_to_file()
 w.close()
 print(path, os.path.getsize(path), "bytes")
+
+if "--llama-quantize" in sys.argv:
+    quantize = sys.argv[sys.argv.index("--llama-quantize") + 1]
+    with tempfile.TemporaryDirectory() as tmp:
+        f32 = os.path.join(tmp, "tiny-qwen3moe-f32.gguf")
+        # Four experts; attention of 4 heads of 64, so every matrix is rows of 256 values.
+        write_model(f32, 256, 256, 256, 64, 4, Q.F32, Q.F32)
+        for preset in ["Q4_K_M", "Q5_K_M"]:
+            out = os.path.join(HERE, f"tiny-qwen3moe-{preset.lower()}.gguf")
+            subprocess.run([quantize, f32, out, preset, "1"], check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            print(out, os.path.getsize(out), "bytes")
