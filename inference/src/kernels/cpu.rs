@@ -156,26 +156,54 @@ pub(super) enum Input<'a> {
 
 /// `matmul_t` for quantized weights, in `kernels::quant`'s arithmetic: each input row
 /// quantized once, then every column's exact product with it. The product is exact, so how
-/// columns are spread over threads cannot change a bit.
+/// columns are spread over threads, and which instructions multiply, cannot change a bit.
 fn matmul_quantized(x: &[f32], rows: usize, w: &Weight, format: BlockFormat, out: &mut [f32]) {
     let (n, k) = (w.rows(), w.cols());
     let quantized: Vec<QuantizedRow> = x.chunks_exact(k).map(quant::quantize_row).collect();
-    let columns: Vec<Vec<f32>> = (0..n)
-        .into_par_iter()
-        .with_min_len(COLUMNS_PER_TASK)
-        .map(|j| match w.row_blocks(j) {
-            Some(blocks) => quantized
-                .iter()
-                .map(|q| quant::dot(format, blocks, q))
-                .collect(),
-            None => vec![f32::NAN; rows],
-        })
-        .collect();
-    for (j, column) in columns.iter().enumerate() {
+    // Column-major: each task fills its columns' outputs for every row.
+    let mut by_column = vec![0f32; n * rows];
+    let isa = isa();
+    by_column
+        .par_chunks_mut(COLUMNS_PER_TASK * rows)
+        .enumerate()
+        .for_each(|(task, out)| {
+            let first = task * COLUMNS_PER_TASK;
+            let columns = first..first + out.len() / rows;
+            quantized_columns(isa, format, w, columns, &quantized, out);
+        });
+    for (j, column) in by_column.chunks_exact(rows).enumerate() {
         for (r, value) in column.iter().enumerate() {
             out[r * n + j] = *value;
         }
     }
+}
+
+/// `quant::column_products` with the fastest integer products `isa` allows.
+pub(super) fn quantized_columns(
+    isa: Isa,
+    format: BlockFormat,
+    w: &Weight,
+    columns: std::ops::Range<usize>,
+    xs: &[QuantizedRow],
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::quant_x86;
+        if isa >= Isa::Avx512
+            && std::is_x86_feature_detected!("avx512vnni")
+            && std::is_x86_feature_detected!("avx512vl")
+        {
+            // SAFETY: `isa` above AVX2 means the CPU has AVX2; VNNI and VL checked just above.
+            return unsafe { quant_x86::column_products_vnni(format, w, columns, xs, out) };
+        }
+        if isa >= Isa::Avx2 {
+            // SAFETY: `isa` is at most what the CPU has.
+            return unsafe { quant_x86::column_products_avx2(format, w, columns, xs, out) };
+        }
+    }
+    let _ = isa;
+    quant::column_products::<quant::Portable>(format, w, columns, xs, out)
 }
 
 /// `out[r][j] = dot(x[r], w[j])` for `x` of `rows x k` and `w` of `n x k` (the layout of a

@@ -9,4 +9,6 @@ pub mod cpu;
 pub mod cuda;
 pub mod quant;
 #[cfg(target_arch = "x86_64")]
+mod quant_x86;
+#[cfg(target_arch = "x86_64")]
 mod simd;

@@ -39,6 +39,8 @@
 
 use half::f16;
 
+use crate::weights::Weight;
+
 /// Values in an activation block (and in a Q8_0 or Q4_0 weight block).
 pub const BLOCK: usize = 32;
 
@@ -75,11 +77,40 @@ impl Scale {
 }
 
 /// A row of activations quantized in blocks (the module's header): per block its scale's
-/// binary16 bits and its 32 integers.
+/// binary16 bits and its 32 integers (each in -127..=127, which the vector kernels rely on),
+/// and the sum of those integers (for the K formats' mins).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QuantizedRow {
-    pub scales: Vec<u16>,
-    pub values: Vec<i8>,
+    scales: Vec<u16>,
+    values: Vec<i8>,
+    sums: Vec<i32>,
+}
+
+impl QuantizedRow {
+    /// The row of these blocks, or `None` unless there are 32 values a scale, all in
+    /// -127..=127.
+    pub fn new(scales: Vec<u16>, values: Vec<i8>) -> Option<QuantizedRow> {
+        if values.len() != scales.len() * BLOCK || values.contains(&i8::MIN) {
+            return None;
+        }
+        let sums = values
+            .chunks_exact(BLOCK)
+            .map(|block| block.iter().map(|v| i32::from(*v)).sum())
+            .collect();
+        Some(QuantizedRow {
+            scales,
+            values,
+            sums,
+        })
+    }
+
+    pub fn scales(&self) -> &[u16] {
+        &self.scales
+    }
+
+    pub fn values(&self) -> &[i8] {
+        &self.values
+    }
 }
 
 /// `x` quantized as the module's header says. `x.len()` must be a multiple of `BLOCK`.
@@ -94,14 +125,19 @@ pub fn quantize_row(x: &[f32]) -> QuantizedRow {
         let id = if d == 0.0 { 0.0 } else { 1.0 / d };
         scales.push(f16::from_f32(d).to_bits());
         // `as i8` saturates and takes a NaN to 0.
+        // `|v * id|` is at most 127 and a little, so never -128.
         values.extend(block.iter().map(|v| (v * id).round() as i8));
     }
-    QuantizedRow { scales, values }
+    QuantizedRow::new(scales, values).expect("whole blocks in -127..=127")
 }
 
 /// An exact sum of block terms (the module's header, step 3).
 pub(super) struct ExactSum {
     by_power: [i128; POWERS],
+    /// The range of powers added to since the last `clear` (empty when `lowest > highest`),
+    /// so that finishing and clearing touch only those.
+    lowest: usize,
+    highest: usize,
     not_finite: bool,
 }
 
@@ -109,8 +145,17 @@ impl ExactSum {
     pub(super) fn new() -> ExactSum {
         ExactSum {
             by_power: [0; POWERS],
+            lowest: POWERS,
+            highest: 0,
             not_finite: false,
         }
+    }
+
+    pub(super) fn clear(&mut self) {
+        if self.lowest <= self.highest {
+            self.by_power[self.lowest..=self.highest].fill(0);
+        }
+        (self.lowest, self.highest, self.not_finite) = (POWERS, 0, false);
     }
 
     /// Adds `integer * w * x`: an integer (a block's sum, times the block's integer scale for
@@ -122,6 +167,8 @@ impl ExactSum {
             return;
         };
         let power = (w.exponent + x.exponent - LOWEST) as usize;
+        self.lowest = self.lowest.min(power);
+        self.highest = self.highest.max(power);
         self.by_power[power] += i128::from(i64::from(w.mantissa * x.mantissa) * integer);
     }
 
@@ -130,11 +177,11 @@ impl ExactSum {
         if self.not_finite {
             return f32::NAN;
         }
-        let total: i128 = self
-            .by_power
-            .iter()
-            .enumerate()
-            .map(|(power, sum)| *sum << power)
+        if self.lowest > self.highest {
+            return 0.0;
+        }
+        let total: i128 = (self.lowest..=self.highest)
+            .map(|power| self.by_power[power] << power)
             .sum();
         // The conversion rounds to nearest even; the power of two after it is exact (the
         // result, when not zero, is at least 2^-48, far above binary32's subnormals).
@@ -208,69 +255,43 @@ impl BlockFormat {
     #[inline(always)]
     fn unpack(self, block: &[u8]) -> Unpacked {
         let half = |at: usize| u16::from_le_bytes([block[at], block[at + 1]]);
-        let mut values = [0i8; 256];
         match self {
-            BlockFormat::Q8_0 => {
-                for (v, b) in values.iter_mut().zip(&block[2..34]) {
-                    *v = *b as i8;
-                }
-                Unpacked::Flat { d: half(0), values }
-            }
-            BlockFormat::Q4_0 => {
-                for (j, b) in block[2..18].iter().enumerate() {
-                    values[j] = (b & 0x0f) as i8 - 8;
-                    values[j + 16] = (b >> 4) as i8 - 8;
-                }
-                Unpacked::Flat { d: half(0), values }
-            }
-            BlockFormat::Q4K | BlockFormat::Q5K => {
-                let packed: &[u8; 12] = block[4..16].try_into().expect("12 bytes");
-                let (high, nibbles) = match self {
-                    BlockFormat::Q5K => (Some(&block[16..48]), &block[48..176]),
-                    _ => (None, &block[16..144]),
-                };
-                let mut scales = [0u8; 8];
-                let mut mins = [0u8; 8];
-                for i in 0..8 {
-                    (scales[i], mins[i]) = scale_and_min(packed, i);
-                    let bytes = &nibbles[32 * (i / 2)..32 * (i / 2) + 32];
-                    for (l, b) in bytes.iter().enumerate() {
-                        let nibble = if i % 2 == 0 { b & 0x0f } else { b >> 4 };
-                        let fifth = high.map_or(0, |h| ((h[l] >> i) & 1) << 4);
-                        values[32 * i + l] = (nibble | fifth) as i8;
-                    }
-                }
-                Unpacked::WithMins {
-                    d: half(0),
-                    dmin: half(2),
-                    scales,
-                    mins,
-                    values,
-                }
-            }
-            BlockFormat::Q6K => {
-                for (v, value) in values.iter_mut().enumerate() {
-                    *value = q6k_value(block, v);
-                }
-                let mut scales = [0i8; 16];
-                for (s, b) in scales.iter_mut().zip(&block[192..208]) {
-                    *s = *b as i8;
-                }
-                Unpacked::Sixteens {
-                    d: half(208),
-                    scales,
-                    values,
-                }
-            }
+            BlockFormat::Q8_0 => Unpacked::Flat {
+                d: half(0),
+                values: std::array::from_fn(|j| block[2 + j] as i8),
+            },
+            BlockFormat::Q4_0 => Unpacked::Flat {
+                d: half(0),
+                values: std::array::from_fn(|j| {
+                    let b = block[2 + j % 16];
+                    (if j < 16 { b & 0x0f } else { b >> 4 }) as i8 - 8
+                }),
+            },
+            BlockFormat::Q4K => unpack_with_mins(block, None, &block[16..144]),
+            BlockFormat::Q5K => unpack_with_mins(block, Some(&block[16..48]), &block[48..176]),
+            BlockFormat::Q6K => Unpacked::Sixteens {
+                d: half(208),
+                scales: std::array::from_fn(|i| block[192 + i] as i8),
+                values: std::array::from_fn(|v| q6k_value(block, v)),
+            },
         }
     }
 
-    /// Adds the block's product with the activation blocks under it to `sum`.
+    /// Adds the product of an unpacked block and the activation blocks under it (`xs` from
+    /// block `first` of `x`) to `sum`, with `D`'s integer products.
     #[inline(always)]
-    fn add_product(self, block: &[u8], x_scales: &[u16], xs: &[i8], sum: &mut ExactSum) {
-        match self.unpack(block) {
+    fn add_product<D: IntegerDot>(
+        block: &Unpacked,
+        x: &QuantizedRow,
+        first: usize,
+        sum: &mut ExactSum,
+    ) {
+        let xs = x.values[first * BLOCK..].as_ptr();
+        match block {
             Unpacked::Flat { d, values } => {
-                sum.add(i64::from(block_dot(&values[..BLOCK], xs)), d, x_scales[0]);
+                // SAFETY: 32 values each: `dot`'s row has as many values as `x`.
+                let (low, high) = unsafe { D::halves(values.as_ptr(), xs) };
+                sum.add(i64::from(low + high), *d, x.scales[first]);
             }
             Unpacked::WithMins {
                 d,
@@ -279,30 +300,27 @@ impl BlockFormat {
                 mins,
                 values,
             } => {
-                for (i, (ws, xs)) in values
-                    .chunks_exact(BLOCK)
-                    .zip(xs.chunks_exact(BLOCK))
-                    .enumerate()
-                {
-                    let x_total: i64 = xs.iter().map(|x| i64::from(*x)).sum();
+                for i in 0..8 {
+                    // SAFETY: as above, sub-block by sub-block.
+                    let (low, high) =
+                        unsafe { D::halves(values[BLOCK * i..].as_ptr(), xs.add(BLOCK * i)) };
+                    let x_scale = x.scales[first + i];
+                    sum.add(i64::from(scales[i]) * i64::from(low + high), *d, x_scale);
                     sum.add(
-                        i64::from(scales[i]) * i64::from(block_dot(ws, xs)),
-                        d,
-                        x_scales[i],
+                        -i64::from(mins[i]) * i64::from(x.sums[first + i]),
+                        *dmin,
+                        x_scale,
                     );
-                    sum.add(-i64::from(mins[i]) * x_total, dmin, x_scales[i]);
                 }
             }
             Unpacked::Sixteens { d, scales, values } => {
-                for (i, (ws, xs)) in values
-                    .chunks_exact(BLOCK)
-                    .zip(xs.chunks_exact(BLOCK))
-                    .enumerate()
-                {
-                    let low = i64::from(scales[2 * i]) * i64::from(block_dot(&ws[..16], &xs[..16]));
-                    let high =
-                        i64::from(scales[2 * i + 1]) * i64::from(block_dot(&ws[16..], &xs[16..]));
-                    sum.add(low + high, d, x_scales[i]);
+                for i in 0..8 {
+                    // SAFETY: as above.
+                    let (low, high) =
+                        unsafe { D::halves(values[BLOCK * i..].as_ptr(), xs.add(BLOCK * i)) };
+                    let term = i64::from(scales[2 * i]) * i64::from(low)
+                        + i64::from(scales[2 * i + 1]) * i64::from(high);
+                    sum.add(term, *d, x.scales[first + i]);
                 }
             }
         }
@@ -348,7 +366,7 @@ impl BlockFormat {
 /// A block's integers and how they are scaled.
 enum Unpacked {
     /// Q8_0, Q4_0: 32 values, one scale.
-    Flat { d: u16, values: [i8; 256] },
+    Flat { d: u16, values: [i8; BLOCK] },
     /// Q4_K, Q5_K: 8 sub-blocks of 32 values (0..32), each with an integer scale and min.
     WithMins {
         d: u16,
@@ -363,6 +381,34 @@ enum Unpacked {
         scales: [i8; 16],
         values: [i8; 256],
     },
+}
+
+/// A Q4_K or Q5_K block unpacked: `high` the Q5_K's fifth bits, `nibbles` the 128 bytes of
+/// low bits.
+#[inline(always)]
+fn unpack_with_mins(block: &[u8], high: Option<&[u8]>, nibbles: &[u8]) -> Unpacked {
+    let packed: &[u8; 12] = block[4..16]
+        .try_into()
+        .expect("a block's 12 bytes of scales");
+    let mut values = [0i8; 256];
+    let mut scales = [0u8; 8];
+    let mut mins = [0u8; 8];
+    for i in 0..8 {
+        (scales[i], mins[i]) = scale_and_min(packed, i);
+        let bytes = &nibbles[32 * (i / 2)..32 * (i / 2) + 32];
+        for (l, b) in bytes.iter().enumerate() {
+            let nibble = if i % 2 == 0 { b & 0x0f } else { b >> 4 };
+            let fifth = high.map_or(0, |h| ((h[l] >> i) & 1) << 4);
+            values[32 * i + l] = (nibble | fifth) as i8;
+        }
+    }
+    Unpacked::WithMins {
+        d: u16::from_le_bytes([block[0], block[1]]),
+        dmin: u16::from_le_bytes([block[2], block[3]]),
+        scales,
+        mins,
+        values,
+    }
 }
 
 /// Sub-block `i`'s 6-bit scale and min in Q4_K's and Q5_K's 12 packed bytes: for the first
@@ -392,29 +438,101 @@ fn q6k_value(block: &[u8], v: usize) -> i8 {
     (nibble | (pair << 4)) as i8 - 32
 }
 
-/// `sum(w[j] * x[j])`, exact in 32 bits for blocks of 32.
-#[inline(always)]
-fn block_dot(w: &[i8], x: &[i8]) -> i32 {
-    w.iter()
-        .zip(x)
-        .map(|(w, x)| i32::from(*w) * i32::from(*x))
-        .sum()
+/// The integer products of 32 weight values and 32 activations, which each kernel tier
+/// computes with its own instructions: exact, so every tier gives the same integers.
+pub(super) trait IntegerDot {
+    /// `(sum(w[j] * x[j]) for j in 0..16, the same for j in 16..32)`.
+    ///
+    /// # Safety
+    ///
+    /// 32 values are readable at each pointer, every `x[j]` is in -127..=127 (as in a
+    /// `QuantizedRow`), and the CPU has the tier's features.
+    unsafe fn halves(w: *const i8, x: *const i8) -> (i32, i32);
+}
+
+/// Plain Rust.
+pub(super) struct Portable;
+
+impl IntegerDot for Portable {
+    #[inline(always)]
+    unsafe fn halves(w: *const i8, x: *const i8) -> (i32, i32) {
+        // SAFETY: the caller's promise of 32 readable values each.
+        let (w, x) = unsafe {
+            (
+                std::slice::from_raw_parts(w, BLOCK),
+                std::slice::from_raw_parts(x, BLOCK),
+            )
+        };
+        let half = |range: std::ops::Range<usize>| -> i32 {
+            w[range.clone()]
+                .iter()
+                .zip(&x[range])
+                .map(|(w, x)| i32::from(*w) * i32::from(*x))
+                .sum()
+        };
+        (half(0..16), half(16..32))
+    }
 }
 
 /// The product of one stored weight row (`format` blocks, as many values as `x` has) and a
 /// quantized activation row, in the reference arithmetic (the module's header).
 pub fn dot(format: BlockFormat, row: &[u8], x: &QuantizedRow) -> f32 {
-    let per_block = format.block_values();
-    debug_assert_eq!(row.len() / format.block_bytes() * per_block, x.values.len());
     let mut sum = ExactSum::new();
-    for ((block, x_scales), xs) in row
-        .chunks_exact(format.block_bytes())
-        .zip(x.scales.chunks_exact(per_block / BLOCK))
-        .zip(x.values.chunks_exact(per_block))
-    {
-        format.add_product(block, x_scales, xs, &mut sum);
-    }
+    add_row::<Portable>(
+        format,
+        row,
+        std::slice::from_ref(x),
+        std::slice::from_mut(&mut sum),
+    );
     sum.finish()
+}
+
+/// Adds the products of one stored weight row and each row of `xs` to `sums` (one each),
+/// unpacking each block once for all of them.
+#[inline(always)]
+fn add_row<D: IntegerDot>(
+    format: BlockFormat,
+    row: &[u8],
+    xs: &[QuantizedRow],
+    sums: &mut [ExactSum],
+) {
+    let values = row.len() / format.block_bytes() * format.block_values();
+    // What `add_product`'s reads rely on.
+    assert!(
+        xs.iter().all(|x| x.values.len() == values),
+        "a row as long as the weights'"
+    );
+    let per_block = format.block_values() / BLOCK;
+    for (b, block) in row.chunks_exact(format.block_bytes()).enumerate() {
+        let block = format.unpack(block);
+        for (x, sum) in xs.iter().zip(sums.iter_mut()) {
+            BlockFormat::add_product::<D>(&block, x, b * per_block, sum);
+        }
+    }
+}
+
+/// `out[c * xs.len() + r]`: the product of weight row `columns.start + c` of `w` (`format`
+/// blocks) and row `r` of `xs`, with `D`'s integer products.
+#[inline(always)]
+pub(super) fn column_products<D: IntegerDot>(
+    format: BlockFormat,
+    w: &Weight,
+    columns: std::ops::Range<usize>,
+    xs: &[QuantizedRow],
+    out: &mut [f32],
+) {
+    let mut sums: Vec<ExactSum> = xs.iter().map(|_| ExactSum::new()).collect();
+    for (j, out) in columns.zip(out.chunks_exact_mut(xs.len())) {
+        let Some(row) = w.row_blocks(j) else {
+            out.fill(f32::NAN);
+            continue;
+        };
+        sums.iter_mut().for_each(ExactSum::clear);
+        add_row::<D>(format, row, xs, &mut sums);
+        for (o, sum) in out.iter_mut().zip(&sums) {
+            *o = sum.finish();
+        }
+    }
 }
 
 /// The values a stored row holds, as llama.cpp's `dequantize_row_*` computes them in
@@ -433,6 +551,8 @@ pub fn dequantize(format: BlockFormat, row: &[u8]) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::cpu::{quantized_columns, Isa};
+    use crate::weights::DType;
     use proptest::prelude::*;
 
     /// `dot` by another road: each stored value and each activation exactly, as an integer
@@ -556,11 +676,66 @@ mod tests {
             // The blocks reversed, weights and activations alike: the same bits.
             let per = format.block_values() / BLOCK;
             let reversed_row: Vec<u8> = row.chunks(bytes).rev().flatten().copied().collect();
-            let reversed_x = QuantizedRow {
-                scales: x.scales.chunks(per).rev().flatten().copied().collect(),
-                values: x.values.chunks(format.block_values()).rev().flatten().copied().collect(),
-            };
+            let reversed_x = QuantizedRow::new(
+                x.scales.chunks(per).rev().flatten().copied().collect(),
+                x.values.chunks(format.block_values()).rev().flatten().copied().collect(),
+            )
+            .unwrap();
             prop_assert_eq!(dot(format, &reversed_row, &reversed_x).to_bits(), got.to_bits());
+        }
+    }
+
+    /// The kernel tiers this CPU runs.
+    fn tiers() -> Vec<Isa> {
+        let mut tiers = vec![Isa::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2") {
+                tiers.push(Isa::Avx2);
+            }
+            if std::is_x86_feature_detected!("avx512vnni")
+                && std::is_x86_feature_detected!("avx512vl")
+            {
+                tiers.push(Isa::Avx512);
+            }
+        }
+        tiers
+    }
+
+    proptest! {
+        /// Every kernel tier gives `dot`'s bits, whatever the bytes (a Q8_0 weight of -128
+        /// included) and however many rows share a block.
+        #[test]
+        fn every_kernel_tier_gives_the_reference_bits(
+            format in proptest::sample::select(BlockFormat::ALL.to_vec()),
+            (columns, rows, blocks) in (1usize..5, 1usize..4, 1usize..3),
+            seed in proptest::collection::vec(any::<u8>(), 210 * 2 * 4),
+            scales in proptest::collection::vec(0x0400u16..0x7800, 2 * 2 * 4),
+            activations in proptest::collection::vec(-1000.0f32..1000.0, 256 * 2 * 3),
+        ) {
+            let (bytes, values) = (format.block_bytes(), format.block_values());
+            let mut stored = seed[..columns * blocks * bytes].to_vec();
+            for (b, block) in stored.chunks_exact_mut(bytes).enumerate() {
+                for (s, at) in scale_offsets(format).iter().enumerate() {
+                    block[*at..*at + 2].copy_from_slice(&scales[2 * b + s].to_le_bytes());
+                }
+            }
+            let k = blocks * values;
+            let w = Weight::owned_bytes(&stored, DType::Quantized(format), columns, k);
+            let xs: Vec<QuantizedRow> =
+                activations[..rows * k].chunks(k).map(quantize_row).collect();
+            let reference: Vec<u32> = (0..columns)
+                .flat_map(|j| {
+                    let row = &stored[j * blocks * bytes..(j + 1) * blocks * bytes];
+                    xs.iter().map(move |x| dot(format, row, x).to_bits())
+                })
+                .collect();
+            for isa in tiers() {
+                let mut out = vec![0f32; columns * rows];
+                quantized_columns(isa, format, &w, 0..columns, &xs, &mut out);
+                let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+                prop_assert_eq!(&got, &reference, "{:?}", isa);
+            }
         }
     }
 
