@@ -22,8 +22,7 @@ use memmap2::Mmap;
 use safetensors::SafeTensors;
 use serde::Deserialize;
 
-use crate::gguf::{self, GgmlType};
-use crate::kernels::quant::BlockFormat;
+use crate::gguf;
 use crate::weights::{DType, Weight};
 use crate::LoadError;
 
@@ -251,16 +250,7 @@ impl Checkpoint {
                 checkpoint.skipped_bytes += tensor.byte_len();
                 continue;
             }
-            let dtype = match tensor.kind {
-                GgmlType::F32 => DType::F32,
-                GgmlType::F16 => DType::F16,
-                GgmlType::BF16 => DType::BF16,
-                GgmlType::Q8_0 => DType::Quantized(BlockFormat::Q8_0),
-                GgmlType::Q4_0 => DType::Quantized(BlockFormat::Q4_0),
-                GgmlType::Q4K => DType::Quantized(BlockFormat::Q4K),
-                GgmlType::Q5K => DType::Quantized(BlockFormat::Q5K),
-                GgmlType::Q6K => DType::Quantized(BlockFormat::Q6K),
-            };
+            let dtype = tensor.kind.dtype();
             // The Hugging Face shape is the GGUF dimensions reversed.
             let mut shape: Vec<usize> = tensor.dims.iter().rev().map(|d| *d as usize).collect();
             let entry = |start: usize, end: usize, shape: Vec<usize>| Entry {
@@ -354,6 +344,11 @@ impl Checkpoint {
         Ok((entry.dtype, &self.maps[entry.file][entry.start..entry.end]))
     }
 
+    /// Tensor `name`'s shape (the Hugging Face one).
+    pub fn shape(&self, name: &str) -> Result<&[usize], LoadError> {
+        Ok(&self.entry(name)?.shape)
+    }
+
     /// The entry of `name`, or an error naming it as this checkpoint would store it.
     fn entry(&self, name: &str) -> Result<&Entry, LoadError> {
         self.entries.get(name).ok_or_else(|| {
@@ -416,7 +411,7 @@ mod tests {
 
     /// A GGUF file: stacked experts split per expert under the engine's names, a shared
     /// expert's gate vector read as one row, tensors the engine does not use left out, and a
-    /// type it does not run (a K-quant, for now) refused naming the tensor.
+    /// type it does not run (Q5_1) refused naming the tensor.
     #[test]
     fn a_gguf_file_reads_under_the_engines_names() {
         use crate::gguf::tests::Writer;
@@ -435,20 +430,23 @@ mod tests {
             let weight = checkpoint.tensor(&name, &[2, 32]).unwrap();
             assert_eq!(
                 (weight.dtype(), weight.byte_len()),
-                (DType::Quantized(BlockFormat::Q8_0), 2 * 34)
+                (
+                    DType::Quantized(crate::kernels::quant::BlockFormat::Q8_0),
+                    2 * 34
+                )
             );
         }
         assert!(checkpoint
             .tensor("model.layers.0.mlp.shared_expert_gate.weight", &[1, 32])
             .is_ok());
         assert_eq!(checkpoint.skipped_bytes(), 128);
-        let k_quant = Writer::default()
-            .tensor("blk.0.ffn_down_exps.weight", &[256, 1, 1], 12, &[0; 144])
+        let q5_1 = Writer::default()
+            .tensor("blk.0.ffn_down_exps.weight", &[32, 1, 1], 7, &[0; 24])
             .finish();
-        std::fs::write(&path, k_quant).unwrap();
+        std::fs::write(&path, q5_1).unwrap();
         let error = Checkpoint::open(&path).err().unwrap().to_string();
         assert!(
-            error.contains("blk.0.ffn_down_exps.weight") && error.contains("Q4_K"),
+            error.contains("blk.0.ffn_down_exps.weight") && error.contains("Q5_1"),
             "{error}"
         );
     }

@@ -15,6 +15,7 @@
 
 pub mod config;
 pub mod names;
+pub mod write;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -22,6 +23,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use memmap2::Mmap;
+
+use crate::kernels::quant::BlockFormat;
+use crate::weights::DType;
 
 /// What a GGUF file starts with.
 const MAGIC: &[u8; 4] = b"GGUF";
@@ -64,18 +68,59 @@ pub enum GgmlType {
 }
 
 impl GgmlType {
+    const ALL: [GgmlType; 8] = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4K,
+        GgmlType::Q5K,
+        GgmlType::Q6K,
+    ];
+
+    /// The type's ggml id.
+    pub fn id(self) -> u32 {
+        match self {
+            GgmlType::F32 => 0,
+            GgmlType::F16 => 1,
+            GgmlType::Q4_0 => 2,
+            GgmlType::Q8_0 => 8,
+            GgmlType::Q4K => 12,
+            GgmlType::Q5K => 13,
+            GgmlType::Q6K => 14,
+            GgmlType::BF16 => 30,
+        }
+    }
+
+    /// The engine's dtype of the type.
+    pub fn dtype(self) -> DType {
+        match self {
+            GgmlType::F32 => DType::F32,
+            GgmlType::F16 => DType::F16,
+            GgmlType::BF16 => DType::BF16,
+            GgmlType::Q8_0 => DType::Quantized(BlockFormat::Q8_0),
+            GgmlType::Q4_0 => DType::Quantized(BlockFormat::Q4_0),
+            GgmlType::Q4K => DType::Quantized(BlockFormat::Q4K),
+            GgmlType::Q5K => DType::Quantized(BlockFormat::Q5K),
+            GgmlType::Q6K => DType::Quantized(BlockFormat::Q6K),
+        }
+    }
+
+    /// The type that stores `dtype`.
+    pub fn of_dtype(dtype: DType) -> GgmlType {
+        GgmlType::ALL
+            .into_iter()
+            .find(|t| t.dtype() == dtype)
+            .expect("every dtype has a ggml type")
+    }
+
     /// The type of ggml id `id`, or the name llama.cpp gives it (for the error).
     fn from_id(id: u32) -> Result<GgmlType, String> {
-        Ok(match id {
-            0 => GgmlType::F32,
-            1 => GgmlType::F16,
-            2 => GgmlType::Q4_0,
-            8 => GgmlType::Q8_0,
-            12 => GgmlType::Q4K,
-            13 => GgmlType::Q5K,
-            14 => GgmlType::Q6K,
-            30 => GgmlType::BF16,
-            other => {
+        match GgmlType::ALL.into_iter().find(|t| t.id() == id) {
+            Some(kind) => Ok(kind),
+            None => {
+                let other = id;
                 let names = [
                     (3, "Q4_1"),
                     (6, "Q5_0"),
@@ -102,12 +147,12 @@ impl GgmlType {
                     (35, "TQ2_0"),
                     (39, "MXFP4"),
                 ];
-                return Err(match names.iter().find(|(n, _)| *n == other) {
+                Err(match names.iter().find(|(n, _)| *n == other) {
                     Some((_, name)) => format!("{name} (ggml type {other})"),
                     None => format!("ggml type {other}"),
-                });
+                })
             }
-        })
+        }
     }
 
     /// Values in one block, and the bytes a block takes.
@@ -510,86 +555,46 @@ pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// Writes GGUF files for tests, field by field as the specification lays them out.
+    /// Writes GGUF files for tests: `write::HeaderWriter`, with the data in memory.
     #[derive(Default)]
     pub(crate) struct Writer {
-        metadata: Vec<u8>,
-        kv_count: u64,
-        infos: Vec<u8>,
+        header: write::HeaderWriter,
         data: Vec<u8>,
-        tensor_count: u64,
-    }
-
-    fn text(out: &mut Vec<u8>, text: &str) {
-        out.extend((text.len() as u64).to_le_bytes());
-        out.extend(text.as_bytes());
     }
 
     impl Writer {
-        /// A metadata entry of GGUF type `kind` holding `value`'s bytes.
-        fn scalar(mut self, key: &str, kind: u32, value: &[u8]) -> Self {
-            text(&mut self.metadata, key);
-            self.metadata.extend(kind.to_le_bytes());
-            self.metadata.extend(value);
-            self.kv_count += 1;
+        pub(crate) fn u32(mut self, key: &str, value: u32) -> Self {
+            self.header.u32(key, value);
             self
         }
 
-        pub(crate) fn u32(self, key: &str, value: u32) -> Self {
-            self.scalar(key, 4, &value.to_le_bytes())
-        }
-
-        pub(crate) fn f32(self, key: &str, value: f32) -> Self {
-            self.scalar(key, 6, &value.to_le_bytes())
+        pub(crate) fn f32(mut self, key: &str, value: f32) -> Self {
+            self.header.f32(key, value);
+            self
         }
 
         pub(crate) fn text(mut self, key: &str, value: &str) -> Self {
-            text(&mut self.metadata, key);
-            self.metadata.extend(8u32.to_le_bytes());
-            text(&mut self.metadata, value);
-            self.kv_count += 1;
+            self.header.text(key, value);
             self
         }
 
         pub(crate) fn texts(mut self, key: &str, values: &[&str]) -> Self {
-            text(&mut self.metadata, key);
-            self.metadata.extend(9u32.to_le_bytes());
-            self.metadata.extend(8u32.to_le_bytes());
-            self.metadata.extend((values.len() as u64).to_le_bytes());
-            for value in values {
-                text(&mut self.metadata, value);
-            }
-            self.kv_count += 1;
+            self.header.texts(key, values.iter().copied());
             self
         }
 
         /// A tensor of ggml type `id` with `dims` (innermost first) and these bytes.
         pub(crate) fn tensor(mut self, name: &str, dims: &[u64], id: u32, bytes: &[u8]) -> Self {
-            text(&mut self.infos, name);
-            self.infos.extend((dims.len() as u32).to_le_bytes());
-            for d in dims {
-                self.infos.extend(d.to_le_bytes());
-            }
-            self.infos.extend(id.to_le_bytes());
-            self.infos.extend((self.data.len() as u64).to_le_bytes());
+            self.header.tensor_of_id(name, dims, id, bytes.len() as u64);
             self.data.extend(bytes);
             while !self.data.len().is_multiple_of(32) {
                 self.data.push(0);
             }
-            self.tensor_count += 1;
             self
         }
 
         pub(crate) fn finish(self) -> Vec<u8> {
-            let mut out = b"GGUF".to_vec();
-            out.extend(3u32.to_le_bytes());
-            out.extend(self.tensor_count.to_le_bytes());
-            out.extend(self.kv_count.to_le_bytes());
-            out.extend(self.metadata);
-            out.extend(self.infos);
-            while !out.len().is_multiple_of(32) {
-                out.push(0);
-            }
+            let mut out = self.header.finish();
             out.extend(self.data);
             out
         }

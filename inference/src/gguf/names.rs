@@ -5,7 +5,7 @@
 //! first, are the Hugging Face shape reversed, and its bytes are in the same order.
 
 /// Per-layer tensors: llama.cpp's suffix, the engine's.
-const LAYER: &[(&str, &str)] = &[
+pub(super) const LAYER: &[(&str, &str)] = &[
     ("attn_norm.weight", "input_layernorm.weight"),
     ("ffn_norm.weight", "post_attention_layernorm.weight"),
     ("attn_q.weight", "self_attn.q_proj.weight"),
@@ -34,10 +34,17 @@ const LAYER: &[(&str, &str)] = &[
 ];
 
 /// Tensors outside the layers.
-const MODEL: &[(&str, &str)] = &[
+pub(super) const MODEL: &[(&str, &str)] = &[
     ("token_embd.weight", "model.embed_tokens.weight"),
     ("output_norm.weight", "model.norm.weight"),
     ("output.weight", "lm_head.weight"),
+];
+
+/// A layer's experts stacked in one tensor: llama.cpp's suffix, the engine's part.
+pub(super) const STACKED: &[(&str, &str)] = &[
+    ("ffn_gate_exps.weight", "gate_proj"),
+    ("ffn_up_exps.weight", "up_proj"),
+    ("ffn_down_exps.weight", "down_proj"),
 ];
 
 /// The engine's name of GGUF tensor `name`, or None for one it does not use (or a stacked
@@ -55,12 +62,7 @@ pub fn engine_name(name: &str) -> Option<String> {
 /// rows x columns), the layer and the engine's name of each expert's part (`gate_proj`).
 pub fn stacked_experts(name: &str) -> Option<(usize, &'static str)> {
     let (layer, suffix) = layer_of(name)?;
-    let part = match suffix {
-        "ffn_gate_exps.weight" => "gate_proj",
-        "ffn_up_exps.weight" => "up_proj",
-        "ffn_down_exps.weight" => "down_proj",
-        _ => return None,
-    };
+    let (_, part) = STACKED.iter().find(|(gguf, _)| *gguf == suffix)?;
     Some((layer, part))
 }
 

@@ -251,6 +251,31 @@ impl BlockFormat {
         }
     }
 
+    /// `values` (whole blocks of 32) stored in this format as llama.cpp's reference
+    /// quantizers (`quantize_row_q8_0_ref`, `quantize_row_q4_0_ref`) store them, every step
+    /// in binary32; `None` for the K formats, which this engine reads but does not write.
+    pub fn quantize(self, values: &[f32]) -> Option<Vec<u8>> {
+        match self {
+            BlockFormat::Q8_0 => {
+                let row = quantize_row(values);
+                Some(
+                    row.scales
+                        .iter()
+                        .zip(row.values.chunks_exact(BLOCK))
+                        .flat_map(|(scale, block)| {
+                            scale
+                                .to_le_bytes()
+                                .into_iter()
+                                .chain(block.iter().map(|v| *v as u8))
+                        })
+                        .collect(),
+                )
+            }
+            BlockFormat::Q4_0 => Some(values.chunks_exact(BLOCK).flat_map(quantize_q4_0).collect()),
+            BlockFormat::Q4K | BlockFormat::Q5K | BlockFormat::Q6K => None,
+        }
+    }
+
     /// The block's integers and how they are scaled.
     #[inline(always)]
     fn unpack(self, block: &[u8]) -> Unpacked {
@@ -381,6 +406,26 @@ enum Unpacked {
         scales: [i8; 16],
         values: [i8; 256],
     },
+}
+
+/// One Q4_0 block: the value of largest magnitude (the first, on a tie) is -8 times the
+/// scale; each value is `trunc(x / d + 8.5)`, at most 15.
+fn quantize_q4_0(block: &[f32]) -> [u8; 18] {
+    let mut max = 0f32;
+    for v in block {
+        if max.abs() < v.abs() {
+            max = *v;
+        }
+    }
+    let d = max / -8.0;
+    let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+    let mut out = [0u8; 18];
+    out[..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+    let nibble = |x: f32| ((x * id + 8.5) as i8).min(15) as u8;
+    for j in 0..16 {
+        out[2 + j] = nibble(block[j]) | (nibble(block[16 + j]) << 4);
+    }
+    out
 }
 
 /// A Q4_K or Q5_K block unpacked: `high` the Q5_K's fifth bits, `nibbles` the 128 bytes of
@@ -778,6 +823,10 @@ mod tests {
             })
             .collect();
         assert_eq!(ours, bytes("rows.q8_0"));
+        for format in [BlockFormat::Q8_0, BlockFormat::Q4_0] {
+            let name = format!("rows.{}", format.name().to_lowercase());
+            assert_eq!(format.quantize(&rows).unwrap(), bytes(&name), "{name}");
+        }
         for format in [
             BlockFormat::Q4_0,
             BlockFormat::Q4K,

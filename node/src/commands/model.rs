@@ -1,4 +1,4 @@
-//! `kvasir-node model synth|pin|inspect` and `kvasir-node generate`: the inference engine on
+//! `kvasir-node model synth|pin|quantize|inspect` and `kvasir-node generate`: the inference engine on
 //! the command line, all experts local.
 
 use std::path::PathBuf;
@@ -33,6 +33,21 @@ pub enum ModelCommand {
         /// Checkpoint directory.
         #[arg(long)]
         model: PathBuf,
+    },
+    /// Write a Hugging Face checkpoint (Qwen3-MoE or Qwen2-MoE) as a GGUF file that llama.cpp
+    /// loads: matrices quantized as llama.cpp's reference quantizers do (routers, norms and
+    /// rows not of whole blocks kept as stored), its tokenizer in the metadata. The same
+    /// checkpoint gives the same bytes.
+    Quantize {
+        /// Checkpoint directory.
+        #[arg(long)]
+        model: PathBuf,
+        /// The GGUF file to write.
+        #[arg(long)]
+        out: PathBuf,
+        /// q8_0, or q4_0 (its output head in Q8_0).
+        #[arg(long = "type", default_value = "q8_0")]
+        preset: kvasir_inference::gguf::write::Preset,
     },
     /// What an operator reads before offering capacity: family, model id, layers by kind,
     /// experts, bytes per expert and the share of the weights in experts, and with
@@ -76,6 +91,20 @@ pub fn run(command: ModelCommand) -> Result<()> {
             let pin = model_pin(&model)
                 .with_context(|| format!("reading the checkpoint in {}", model.display()))?;
             println!("{}", serde_json::to_string_pretty(&pin)?);
+            Ok(())
+        }
+        ModelCommand::Quantize { model, out, preset } => {
+            let start = Instant::now();
+            let written = kvasir_inference::gguf::write::quantize(&model, &out, preset)
+                .with_context(|| format!("writing {} as {}", model.display(), out.display()))?;
+            println!(
+                "wrote {} ({} tensors, {} quantized as {preset:?}; {:.1} MB) in {:.1} s",
+                out.display(),
+                written.tensors,
+                written.quantized,
+                written.bytes as f64 / 1e6,
+                start.elapsed().as_secs_f64()
+            );
             Ok(())
         }
         ModelCommand::Inspect {

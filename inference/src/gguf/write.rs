@@ -1,0 +1,620 @@
+//! A Hugging Face checkpoint written as a GGUF file that llama.cpp loads (`kvasir-node model
+//! quantize`): the config as llama.cpp's metadata keys (what `config` reads back), the
+//! tokenizer as `tokenizer.ggml.*`, the tensors under llama.cpp's names (`names`) with each
+//! layer's experts stacked, and the matrices quantized by llama.cpp's reference quantizers
+//! (`BlockFormat::quantize`). The same checkpoint and preset give the same bytes.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use serde_json::Value as Json;
+
+use super::{names, GgmlType};
+use crate::checkpoint::Checkpoint;
+use crate::config::{Config, Family};
+use crate::kernels::quant::BlockFormat;
+use crate::weights::DType;
+use crate::LoadError;
+
+/// GGUF's default alignment of tensor data, which llama.cpp's own writers keep.
+const ALIGNMENT: u64 = 32;
+
+/// A GGUF header: metadata, tensor infos, and the padding before the data.
+#[derive(Default)]
+pub struct HeaderWriter {
+    metadata: Vec<u8>,
+    kv_count: u64,
+    infos: Vec<u8>,
+    tensor_count: u64,
+    data_len: u64,
+}
+
+fn put_text(out: &mut Vec<u8>, text: &str) {
+    out.extend((text.len() as u64).to_le_bytes());
+    out.extend(text.as_bytes());
+}
+
+/// `at` rounded up to the alignment.
+fn aligned(at: u64) -> u64 {
+    at.div_ceil(ALIGNMENT) * ALIGNMENT
+}
+
+impl HeaderWriter {
+    /// Starts a metadata entry of GGUF type `kind`.
+    fn key(&mut self, key: &str, kind: u32) -> &mut Vec<u8> {
+        put_text(&mut self.metadata, key);
+        self.metadata.extend(kind.to_le_bytes());
+        self.kv_count += 1;
+        &mut self.metadata
+    }
+
+    pub fn u32(&mut self, key: &str, value: u32) -> &mut Self {
+        self.key(key, 4).extend(value.to_le_bytes());
+        self
+    }
+
+    pub fn f32(&mut self, key: &str, value: f32) -> &mut Self {
+        self.key(key, 6).extend(value.to_le_bytes());
+        self
+    }
+
+    pub fn bool(&mut self, key: &str, value: bool) -> &mut Self {
+        self.key(key, 7).push(u8::from(value));
+        self
+    }
+
+    pub fn text(&mut self, key: &str, value: &str) -> &mut Self {
+        put_text(self.key(key, 8), value);
+        self
+    }
+
+    pub fn texts<'a>(
+        &mut self,
+        key: &str,
+        values: impl ExactSizeIterator<Item = &'a str>,
+    ) -> &mut Self {
+        let out = self.key(key, 9);
+        out.extend(8u32.to_le_bytes());
+        out.extend((values.len() as u64).to_le_bytes());
+        for value in values {
+            put_text(out, value);
+        }
+        self
+    }
+
+    pub fn i32s(&mut self, key: &str, values: &[i32]) -> &mut Self {
+        let out = self.key(key, 9);
+        out.extend(5u32.to_le_bytes());
+        out.extend((values.len() as u64).to_le_bytes());
+        for value in values {
+            out.extend(value.to_le_bytes());
+        }
+        self
+    }
+
+    /// A tensor of `kind` with `dims` (innermost first) whose data takes `bytes`, placed
+    /// after the tensors before it at the next aligned offset.
+    pub fn tensor(&mut self, name: &str, dims: &[u64], kind: GgmlType, bytes: u64) -> &mut Self {
+        self.tensor_of_id(name, dims, kind.id(), bytes)
+    }
+
+    /// `tensor` by ggml id, which may be one this engine does not read (for tests).
+    pub(crate) fn tensor_of_id(
+        &mut self,
+        name: &str,
+        dims: &[u64],
+        id: u32,
+        bytes: u64,
+    ) -> &mut Self {
+        put_text(&mut self.infos, name);
+        self.infos.extend((dims.len() as u32).to_le_bytes());
+        for d in dims {
+            self.infos.extend(d.to_le_bytes());
+        }
+        self.infos.extend(id.to_le_bytes());
+        self.infos.extend(self.data_len.to_le_bytes());
+        self.data_len = aligned(self.data_len + bytes);
+        self.tensor_count += 1;
+        self
+    }
+
+    /// The header's bytes, padded to where the data starts.
+    pub fn finish(&self) -> Vec<u8> {
+        let mut out = b"GGUF".to_vec();
+        out.extend(3u32.to_le_bytes());
+        out.extend(self.tensor_count.to_le_bytes());
+        out.extend(self.kv_count.to_le_bytes());
+        out.extend(&self.metadata);
+        out.extend(&self.infos);
+        out.resize(aligned(out.len() as u64) as usize, 0);
+        out
+    }
+}
+
+/// What `quantize` writes the matrices as: llama.cpp's `--outtype`/preset of the same name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Preset {
+    Q8_0,
+    /// Q4_0 matrices, with the output head in Q8_0 (llama.cpp's own Q4_0 preset gives the
+    /// head Q6_K, a format this engine reads but does not write).
+    Q4_0,
+}
+
+impl std::str::FromStr for Preset {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Preset, String> {
+        match text.to_ascii_uppercase().as_str() {
+            "Q8_0" => Ok(Preset::Q8_0),
+            "Q4_0" => Ok(Preset::Q4_0),
+            _ => Err(format!(
+                "{text:?} is not a preset this command writes (q8_0, q4_0)"
+            )),
+        }
+    }
+}
+
+impl Preset {
+    /// llama.cpp's `general.file_type` (`LLAMA_FTYPE_MOSTLY_*`).
+    fn file_type(self) -> u32 {
+        match self {
+            Preset::Q8_0 => 7,
+            Preset::Q4_0 => 2,
+        }
+    }
+
+    /// The format of the matrix stored under `name`, or None to keep its stored dtype.
+    fn format(self, name: &str, shape: &[usize]) -> Option<BlockFormat> {
+        let router =
+            name.ends_with("ffn_gate_inp.weight") || name.ends_with("ffn_gate_inp_shexp.weight");
+        let quantizable = shape.len() >= 2 && shape.last()? % 32 == 0 && !router;
+        quantizable.then_some(match (self, name) {
+            (Preset::Q4_0, "output.weight") | (Preset::Q8_0, _) => BlockFormat::Q8_0,
+            (Preset::Q4_0, _) => BlockFormat::Q4_0,
+        })
+    }
+}
+
+/// One tensor of the file: its GGUF name and dimensions, its type, and the engine's tensors
+/// it is made of (one, or a layer's experts in order).
+struct Planned {
+    name: String,
+    /// The Hugging Face shape of one source tensor.
+    shape: Vec<usize>,
+    kind: GgmlType,
+    sources: Vec<String>,
+}
+
+impl Planned {
+    /// GGUF dimensions: the shape reversed, then the number of stacked experts.
+    fn dims(&self) -> Vec<u64> {
+        let mut dims: Vec<u64> = self.shape.iter().rev().map(|d| *d as u64).collect();
+        if self.sources.len() > 1 {
+            dims.push(self.sources.len() as u64);
+        }
+        dims
+    }
+
+    fn bytes(&self) -> u64 {
+        let values: usize = self.shape.iter().product();
+        let each = self.kind.dtype().bytes(values).unwrap_or(0) as u64;
+        each * self.sources.len() as u64
+    }
+}
+
+/// What was written.
+#[derive(Debug)]
+pub struct Written {
+    pub tensors: usize,
+    pub quantized: usize,
+    pub bytes: u64,
+}
+
+/// Writes the checkpoint in `dir` to the GGUF file `out` (through `out.partial`, renamed
+/// when whole), its matrices in `preset`.
+pub fn quantize(dir: &Path, out: &Path, preset: Preset) -> Result<Written, LoadError> {
+    let refuse = |why: String| LoadError::Config(format!("model quantize: {why}"));
+    if super::is_gguf(dir) {
+        return Err(refuse(format!("{} is a GGUF file already", dir.display())));
+    }
+    let config = Config::load(dir)?;
+    let arch = match config.family() {
+        Family::Qwen3Moe => "qwen3moe",
+        Family::Qwen2Moe => "qwen2moe",
+        Family::Qwen35Moe => return Err(refuse("Qwen3.5-MoE is not written to GGUF yet".into())),
+    };
+    let checkpoint = Checkpoint::open(dir)?;
+    let tokenizer_path = dir.join("tokenizer.json");
+    let tokenizer: Json = std::fs::read(&tokenizer_path)
+        .map_err(|e| LoadError::io(&tokenizer_path, e))
+        .and_then(|bytes| {
+            serde_json::from_slice(&bytes).map_err(|e| LoadError::Tokenizer(e.to_string()))
+        })?;
+    let plan = plan(&config, &checkpoint, preset)?;
+    let mut header = HeaderWriter::default();
+    metadata(&mut header, &config, arch, preset);
+    tokenizer_metadata(&mut header, &tokenizer, &config)?;
+    for tensor in &plan {
+        header.tensor(&tensor.name, &tensor.dims(), tensor.kind, tensor.bytes());
+    }
+    let partial = out.with_extension("gguf.partial");
+    let written = write_file(&partial, &header, &plan, &checkpoint).inspect_err(|_| {
+        // What was written of it is of no use; the error says why.
+        let _ = std::fs::remove_file(&partial);
+    })?;
+    std::fs::rename(&partial, out).map_err(|e| LoadError::io(out, e))?;
+    Ok(Written {
+        tensors: plan.len(),
+        quantized: plan
+            .iter()
+            .filter(|t| t.kind.dtype().block_format().is_some())
+            .count(),
+        bytes: written,
+    })
+}
+
+/// Writes the header and the planned tensors' data to `partial`; the bytes written.
+fn write_file(
+    partial: &Path,
+    header: &HeaderWriter,
+    plan: &[Planned],
+    checkpoint: &Checkpoint,
+) -> Result<u64, LoadError> {
+    let io = |e| LoadError::io(partial, e);
+    let mut file = BufWriter::new(File::create(partial).map_err(io)?);
+    let head = header.finish();
+    file.write_all(&head).map_err(io)?;
+    let mut written = head.len() as u64;
+    for tensor in plan {
+        let mut bytes = 0u64;
+        for source in &tensor.sources {
+            let (dtype, stored) = checkpoint.stored(source)?;
+            match tensor.kind.dtype() {
+                kind if kind == dtype => file.write_all(stored).map_err(io)?,
+                DType::Quantized(format) => {
+                    let weight = checkpoint.tensor(source, &tensor.shape)?;
+                    let mut row = vec![0f32; weight.cols()];
+                    for r in 0..weight.rows() {
+                        weight.row_f32(r, &mut row);
+                        let blocks = format.quantize(&row).expect("a format this writes");
+                        file.write_all(&blocks).map_err(io)?;
+                    }
+                }
+                _ => {
+                    // A vector widened to f32 (exact), as llama.cpp's converter stores them.
+                    let weight = checkpoint.tensor(source, &tensor.shape)?;
+                    for value in weight.to_f32() {
+                        file.write_all(&value.to_le_bytes()).map_err(io)?;
+                    }
+                }
+            }
+            bytes += tensor.bytes() / tensor.sources.len() as u64;
+        }
+        let padding = aligned(bytes) - bytes;
+        file.write_all(&vec![0u8; padding as usize]).map_err(io)?;
+        written += bytes + padding;
+    }
+    file.into_inner()
+        .map_err(|e| io(e.into_error()))?
+        .sync_all()
+        .map_err(io)?;
+    Ok(written)
+}
+
+/// The file's tensors in llama.cpp's order: the model's, then each layer's.
+fn plan(
+    config: &Config,
+    checkpoint: &Checkpoint,
+    preset: Preset,
+) -> Result<Vec<Planned>, LoadError> {
+    let mut plan = Vec::new();
+    let mut add = |name: String, sources: Vec<String>| -> Result<(), LoadError> {
+        let (dtype, _) = checkpoint.stored(&sources[0])?;
+        let shape = checkpoint.shape(&sources[0])?.to_vec();
+        let kind = match preset.format(&name, &shape) {
+            Some(format) => GgmlType::of_dtype(DType::Quantized(format)),
+            None if shape.len() < 2 => GgmlType::F32,
+            None => GgmlType::of_dtype(dtype),
+        };
+        for source in &sources[1..] {
+            if checkpoint.shape(source)? != shape.as_slice()
+                || checkpoint.stored(source)?.0 != dtype
+            {
+                return Err(LoadError::Config(format!(
+                    "model quantize: {source} differs in shape or dtype from {}",
+                    sources[0]
+                )));
+            }
+        }
+        plan.push(Planned {
+            name,
+            shape,
+            kind,
+            sources,
+        });
+        Ok(())
+    };
+    for (gguf, engine) in names::MODEL {
+        if checkpoint.shape(engine).is_ok() {
+            add(gguf.to_string(), vec![engine.to_string()])?;
+        }
+    }
+    for layer in 0..config.num_hidden_layers {
+        for (gguf, engine) in names::LAYER {
+            let engine = format!("model.layers.{layer}.{engine}");
+            if checkpoint.shape(&engine).is_ok() {
+                add(format!("blk.{layer}.{gguf}"), vec![engine])?;
+            }
+        }
+        if config.is_moe_layer(layer) {
+            for (gguf, part) in names::STACKED {
+                let sources = (0..config.num_experts)
+                    .map(|e| format!("model.layers.{layer}.mlp.experts.{e}.{part}.weight"))
+                    .collect();
+                add(format!("blk.{layer}.{gguf}"), sources)?;
+            }
+        }
+    }
+    Ok(plan)
+}
+
+/// The config as llama.cpp's keys for `arch` (what `config::config` reads back).
+fn metadata(header: &mut HeaderWriter, config: &Config, arch: &str, preset: Preset) {
+    let name = config
+        .extra
+        .get("_name_or_path")
+        .and_then(Json::as_str)
+        .unwrap_or(arch);
+    header
+        .text("general.architecture", arch)
+        .text("general.name", name)
+        .u32("general.file_type", preset.file_type())
+        .u32("general.quantization_version", 2);
+    let key = |name: &str| format!("{arch}.{name}");
+    let counts = [
+        ("block_count", config.num_hidden_layers),
+        ("context_length", config.max_position_embeddings),
+        ("embedding_length", config.hidden_size),
+        ("feed_forward_length", config.intermediate_size),
+        ("attention.head_count", config.num_attention_heads),
+        ("attention.head_count_kv", config.num_key_value_heads),
+        ("attention.key_length", config.head_dim()),
+        ("attention.value_length", config.head_dim()),
+        ("expert_count", config.num_experts),
+        ("expert_used_count", config.num_experts_per_tok),
+        ("expert_feed_forward_length", config.moe_intermediate_size),
+    ];
+    for (name, value) in counts {
+        header.u32(&key(name), value as u32);
+    }
+    if config.shared_expert_intermediate_size > 0 {
+        header.u32(
+            &key("expert_shared_feed_forward_length"),
+            config.shared_expert_intermediate_size as u32,
+        );
+    }
+    header
+        .f32(
+            &key("attention.layer_norm_rms_epsilon"),
+            config.rms_norm_eps as f32,
+        )
+        .f32(&key("rope.freq_base"), config.rope_theta() as f32)
+        .bool(&key("expert_weights_norm"), config.renormalizes_top_k());
+}
+
+/// `tokenizer.json` (a byte-level BPE, as Qwen's are) as llama.cpp's `tokenizer.ggml.*`
+/// keys: the tokens by id (padded to the config's vocabulary, as llama.cpp's converter
+/// pads them), their types, the merges and the special ids.
+fn tokenizer_metadata(
+    header: &mut HeaderWriter,
+    tokenizer: &Json,
+    config: &Config,
+) -> Result<(), LoadError> {
+    let bad = |what: &str| LoadError::Tokenizer(format!("tokenizer.json: {what}"));
+    let model = &tokenizer["model"];
+    if model["type"] != "BPE" {
+        return Err(bad("only a BPE tokenizer is written to GGUF"));
+    }
+    let vocab = model["vocab"]
+        .as_object()
+        .ok_or_else(|| bad("no model.vocab"))?;
+    let added = tokenizer["added_tokens"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut tokens: Vec<(String, i32)> = Vec::new();
+    let mut place = |id: Option<u64>, text: &str, kind: i32| -> Result<(), LoadError> {
+        let id = id
+            .filter(|id| *id < (1 << 24))
+            .ok_or_else(|| bad("a token id that is not a small number"))? as usize;
+        if tokens.len() <= id {
+            tokens.resize(id + 1, (String::new(), 0));
+        }
+        tokens[id] = (text.to_string(), kind);
+        Ok(())
+    };
+    for (text, id) in vocab {
+        place(id.as_u64(), text, 1)?;
+    }
+    for token in &added {
+        let text = token["content"]
+            .as_str()
+            .ok_or_else(|| bad("an added token without content"))?;
+        let kind = if token["special"].as_bool().unwrap_or(false) {
+            3
+        } else {
+            4
+        };
+        place(token["id"].as_u64(), text, kind)?;
+    }
+    if tokens.len() < config.vocab_size {
+        tokens.resize(config.vocab_size, (String::new(), 0));
+    }
+    // Ids no token has: llama.cpp's converter names them `[PAD<id>]`, unused.
+    for (id, (text, kind)) in tokens.iter_mut().enumerate() {
+        if *kind == 0 {
+            (*text, *kind) = (format!("[PAD{id}]"), 5);
+        }
+    }
+    let merges: Vec<String> = model["merges"]
+        .as_array()
+        .ok_or_else(|| bad("no model.merges"))?
+        .iter()
+        .map(|merge| match merge {
+            Json::String(pair) => Some(pair.clone()),
+            Json::Array(pair) => Some(format!(
+                "{} {}",
+                pair.first()?.as_str()?,
+                pair.get(1)?.as_str()?
+            )),
+            _ => None,
+        })
+        .collect::<Option<_>>()
+        .ok_or_else(|| bad("a merge that is neither \"a b\" nor [\"a\", \"b\"]"))?;
+    // Qwen's tokenizers split text with a regex before the byte-level step; GPT-2's (the
+    // synthesized checkpoints') do not.
+    let pre = if tokenizer["pre_tokenizer"].to_string().contains("\"Split\"") {
+        "qwen2"
+    } else {
+        "gpt-2"
+    };
+    let kinds: Vec<i32> = tokens.iter().map(|(_, kind)| *kind).collect();
+    header
+        .text("tokenizer.ggml.model", "gpt2")
+        .text("tokenizer.ggml.pre", pre)
+        .texts(
+            "tokenizer.ggml.tokens",
+            tokens.iter().map(|(text, _)| text.as_str()),
+        )
+        .i32s("tokenizer.ggml.token_type", &kinds)
+        .texts("tokenizer.ggml.merges", merges.iter().map(String::as_str))
+        .bool("tokenizer.ggml.add_bos_token", false);
+    if let Some(bos) = config.bos_token_id {
+        header.u32("tokenizer.ggml.bos_token_id", bos);
+    }
+    if let Some(eos) = config.end_tokens().first() {
+        header.u32("tokenizer.ggml.eos_token_id", *eos);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::Gguf;
+    use crate::synth::{preset, synthesize};
+
+    fn tiny() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        synthesize(dir.path(), preset("tiny").unwrap(), |_, _| {}).unwrap();
+        dir
+    }
+
+    /// The file reads back as the checkpoint it was written from: the same config, the
+    /// tokenizer's tokens and merges, each matrix as llama.cpp's quantizer stores its rows,
+    /// the rest as stored; and the same checkpoint gives the same bytes.
+    #[test]
+    fn a_checkpoint_written_as_gguf_reads_back_as_itself_quantized() {
+        let dir = tiny();
+        let out = dir.path().join("tiny.gguf");
+        let written = quantize(dir.path(), &out, Preset::Q4_0).unwrap();
+        assert_eq!(written.bytes, std::fs::metadata(&out).unwrap().len());
+        let source = Config::load(dir.path()).unwrap();
+        let read = Config::load(&out).unwrap();
+        assert_eq!(
+            (
+                read.hidden_size,
+                read.num_hidden_layers,
+                read.num_experts,
+                read.vocab_size
+            ),
+            (
+                source.hidden_size,
+                source.num_hidden_layers,
+                source.num_experts,
+                source.vocab_size
+            )
+        );
+        assert_eq!(
+            read.moe_layers().collect::<Vec<_>>(),
+            source.moe_layers().collect::<Vec<_>>()
+        );
+        assert_eq!(
+            (read.head_dim(), read.rope_theta()),
+            (source.head_dim(), source.rope_theta())
+        );
+        let file = Gguf::open(&out).unwrap();
+        let tokenizer: Json =
+            serde_json::from_slice(&std::fs::read(dir.path().join("tokenizer.json")).unwrap())
+                .unwrap();
+        match file.header().get("tokenizer.ggml.merges") {
+            Some(super::super::Value::Array(merges)) => {
+                assert_eq!(
+                    merges.len(),
+                    tokenizer["model"]["merges"].as_array().unwrap().len()
+                )
+            }
+            other => panic!("merges: {other:?}"),
+        }
+        let checkpoint = Checkpoint::open(dir.path()).unwrap();
+        let quantized = Checkpoint::open(&out).unwrap();
+        let expert = "model.layers.0.mlp.experts.5.down_proj.weight";
+        let shape = checkpoint.shape(expert).unwrap().to_vec();
+        let weight = checkpoint.tensor(expert, &shape).unwrap();
+        let (dtype, bytes) = quantized.stored(expert).unwrap();
+        assert_eq!(dtype, DType::Quantized(BlockFormat::Q4_0));
+        let mut row = vec![0f32; weight.cols()];
+        weight.row_f32(1, &mut row);
+        let each = DType::Quantized(BlockFormat::Q4_0)
+            .bytes(weight.cols())
+            .unwrap();
+        assert_eq!(
+            &bytes[each..2 * each],
+            BlockFormat::Q4_0.quantize(&row).unwrap()
+        );
+        // The output head in Q8_0; a norm as it was, widened to f32.
+        assert_eq!(
+            quantized.stored("lm_head.weight").unwrap().0,
+            DType::Quantized(BlockFormat::Q8_0)
+        );
+        let norm = "model.layers.1.input_layernorm.weight";
+        let shape = checkpoint.shape(norm).unwrap().to_vec();
+        assert_eq!(
+            quantized.tensor(norm, &shape).unwrap().to_f32(),
+            checkpoint.tensor(norm, &shape).unwrap().to_f32()
+        );
+        let again = dir.path().join("again.gguf");
+        quantize(dir.path(), &again, Preset::Q4_0).unwrap();
+        assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&again).unwrap());
+    }
+
+    /// A tokenizer this cannot write, or a broken one, is a typed error and leaves no file.
+    #[test]
+    fn a_tokenizer_it_cannot_write_is_refused() {
+        let dir = tiny();
+        let out = dir.path().join("tiny.gguf");
+        for (tokenizer, says) in [
+            (
+                r#"{"model": {"type": "Unigram", "vocab": []}}"#,
+                "only a BPE",
+            ),
+            (
+                r#"{"model": {"type": "BPE", "vocab": {"a": -1}, "merges": []}}"#,
+                "token id",
+            ),
+            (
+                r#"{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [7]}}"#,
+                "a merge",
+            ),
+            ("not json", "tokenizer"),
+        ] {
+            std::fs::write(dir.path().join("tokenizer.json"), tokenizer).unwrap();
+            let error = quantize(dir.path(), &out, Preset::Q8_0)
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(says), "{error}");
+            assert!(!out.exists());
+        }
+    }
+}
