@@ -1,24 +1,119 @@
-//! `tokenizer.json` through the `tokenizers` crate (pure-Rust features only).
+//! `tokenizer.json` through the `tokenizers` crate (pure-Rust features only), or a GGUF
+//! file's own byte-level BPE tokenizer (`tokenizer.ggml.*`), rebuilt as the `tokenizer.json`
+//! it was converted from.
 
 use std::path::Path;
 
+use serde_json::{json, Map, Value as Json};
+
+use crate::gguf::{Gguf, Header, Value};
 use crate::LoadError;
+
+/// The pre-tokenizer of each `tokenizer.ggml.pre` this engine rebuilds: GPT-2's byte-level
+/// split, or Qwen2's regex before a byte-level step without its own (Qwen2 and Qwen3's
+/// tokenizers as published).
+fn pre_tokenizer(pre: &str) -> Option<Json> {
+    const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+    match pre {
+        "gpt-2" => Some(json!({
+            "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true
+        })),
+        "qwen2" => Some(json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": QWEN2}, "behavior": "Isolated", "invert": false},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}
+        ]})),
+        _ => None,
+    }
+}
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
 }
 
 impl Tokenizer {
-    /// `tokenizer.json` in the checkpoint directory `dir`, or beside the GGUF file `dir`
-    /// names (reading a GGUF file's own tokenizer from its metadata is not written yet).
+    /// `tokenizer.json` in the checkpoint directory `dir`; for a GGUF file, its own tokenizer
+    /// when its metadata holds a whole one (tokens and merges), else `tokenizer.json` beside
+    /// it.
     pub fn load(dir: &Path) -> Result<Tokenizer, LoadError> {
         let path = if crate::gguf::is_gguf(dir) {
+            let file = Gguf::open(dir).map_err(|e| LoadError::Format {
+                file: dir.display().to_string(),
+                reason: e.to_string(),
+            })?;
+            if file.header().get("tokenizer.ggml.merges").is_some() {
+                return Tokenizer::of_gguf(file.header());
+            }
             dir.with_file_name("tokenizer.json")
         } else {
             dir.join("tokenizer.json")
         };
         let inner = tokenizers::Tokenizer::from_file(&path)
             .map_err(|e| LoadError::Tokenizer(format!("{}: {e}", path.display())))?;
+        Ok(Tokenizer { inner })
+    }
+
+    /// The byte-level BPE tokenizer a GGUF header describes.
+    fn of_gguf(header: &Header) -> Result<Tokenizer, LoadError> {
+        let bad = |what: String| LoadError::Tokenizer(format!("GGUF metadata: {what}"));
+        let text = |key: &str| header.get(key).and_then(Value::as_text);
+        let texts = |key: &str| -> Result<Vec<&str>, LoadError> {
+            match header.get(key) {
+                Some(Value::Array(items)) => items
+                    .iter()
+                    .map(Value::as_text)
+                    .collect::<Option<_>>()
+                    .ok_or_else(|| bad(format!("{key} holds something other than text"))),
+                _ => Err(bad(format!("no {key}"))),
+            }
+        };
+        if text("tokenizer.ggml.model") != Some("gpt2") {
+            return Err(bad(format!(
+                "tokenizer.ggml.model {:?} is not the byte-level BPE (gpt2) this engine rebuilds; put its tokenizer.json beside the file",
+                text("tokenizer.ggml.model")
+            )));
+        }
+        let pre = text("tokenizer.ggml.pre").unwrap_or("gpt-2");
+        let pre_tokenizer = pre_tokenizer(pre).ok_or_else(|| {
+            bad(format!(
+                "pre-tokenizer {pre:?} is not one this engine rebuilds (gpt-2, qwen2); put its tokenizer.json beside the file"
+            ))
+        })?;
+        let tokens = texts("tokenizer.ggml.tokens")?;
+        let kinds: Vec<u64> = match header.get("tokenizer.ggml.token_type") {
+            Some(Value::Array(kinds)) => kinds.iter().map(|k| k.as_u64().unwrap_or(1)).collect(),
+            _ => Vec::new(),
+        };
+        let mut vocab = Map::new();
+        let mut added = Vec::new();
+        for (id, token) in tokens.iter().enumerate() {
+            vocab.insert(token.to_string(), json!(id));
+            // llama.cpp's token types: 3 control (special), 4 user-defined.
+            if let kind @ (3 | 4) = kinds.get(id).copied().unwrap_or(1) {
+                added.push(json!({
+                    "id": id, "content": token, "single_word": false, "lstrip": false,
+                    "rstrip": false, "normalized": kind == 4, "special": kind == 3
+                }));
+            }
+        }
+        let merges = texts("tokenizer.ggml.merges")?;
+        let description = json!({
+            "version": "1.0",
+            "added_tokens": added,
+            "normalizer": if pre == "qwen2" { json!({"type": "NFC"}) } else { Json::Null },
+            "pre_tokenizer": pre_tokenizer,
+            "decoder": {
+                "type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true
+            },
+            "model": {
+                "type": "BPE", "dropout": null, "unk_token": null,
+                "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false,
+                "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": merges
+            }
+        });
+        let inner = description
+            .to_string()
+            .parse::<tokenizers::Tokenizer>()
+            .map_err(|e| bad(e.to_string()))?;
         Ok(Tokenizer { inner })
     }
 

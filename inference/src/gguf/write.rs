@@ -589,6 +589,45 @@ mod tests {
         assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&again).unwrap());
     }
 
+    /// The tokenizer written to the metadata is the checkpoint's: the same ids for any text,
+    /// added tokens included, and the same text back; for GPT-2's pre-tokenizer (the
+    /// synthesized checkpoints') and for Qwen2's (its regex split, then bytes).
+    #[test]
+    fn the_files_own_tokenizer_is_the_checkpoints() {
+        use crate::tokenizer::Tokenizer;
+        let qwen2 = serde_json::json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"},
+             "behavior": "Isolated", "invert": false},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}
+        ]});
+        for pre_tokenizer in [None, Some(qwen2)] {
+            let dir = tiny();
+            let path = dir.path().join("tokenizer.json");
+            if let Some(pre_tokenizer) = pre_tokenizer {
+                let mut tokenizer: Json =
+                    serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+                tokenizer["pre_tokenizer"] = pre_tokenizer;
+                tokenizer["normalizer"] = serde_json::json!({"type": "NFC"});
+                std::fs::write(&path, tokenizer.to_string()).unwrap();
+            }
+            let out = dir.path().join("model.gguf");
+            quantize(dir.path(), &out, Preset::Q8_0).unwrap();
+            let source = Tokenizer::load(dir.path()).unwrap();
+            // Nothing beside the file: the tokenizer comes from its metadata.
+            std::fs::remove_file(&path).unwrap();
+            let own = Tokenizer::load(&out).unwrap();
+            for text in [
+                "Hello, world!  It's 2026.\n\n  indented\ttab 12345",
+                "<|endoftext|>after the end",
+                "ünïcödé — 東京 🙂",
+            ] {
+                let ids = source.encode(text).unwrap();
+                assert_eq!(own.encode(text).unwrap(), ids, "{text:?}");
+                assert_eq!(own.decode(&ids).unwrap(), source.decode(&ids).unwrap());
+            }
+        }
+    }
+
     /// A tokenizer this cannot write, or a broken one, is a typed error and leaves no file.
     #[test]
     fn a_tokenizer_it_cannot_write_is_refused() {
