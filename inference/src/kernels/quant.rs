@@ -26,9 +26,8 @@
 //!
 //! A finite binary16 scale is exactly `m * 2^e` with an integer `m` (|m| < 2^11) and
 //! `-24 <= e <= 5`; so each term is exactly an integer (below 2^48) times a power of two
-//! between 2^-48 and 2^10. The terms are summed exactly, in 128 bits per power of two, then
-//! all of them as a multiple of 2^-48; that exact sum is rounded once to binary32, nearest
-//! even.
+//! between 2^-48 and 2^10. The terms are summed exactly, as one 128-bit multiple of 2^-48;
+//! that exact sum is rounded once to binary32, nearest even.
 //!
 //! So the result is the exact dot product of the stored integers and scales, correctly
 //! rounded: it does not depend on the order of anything, and a kernel may reduce in
@@ -53,8 +52,6 @@ pub struct Scale {
 
 /// The smallest power of two a term can carry (two subnormal binary16 scales).
 const LOWEST: i32 = -48;
-/// The number of powers of two a term can carry: `-48..=10`.
-const POWERS: usize = 59;
 
 impl Scale {
     /// The binary16 `bits` exactly, or `None` for an infinity or a NaN.
@@ -84,6 +81,11 @@ pub struct QuantizedRow {
     scales: Vec<u16>,
     values: Vec<i8>,
     sums: Vec<i32>,
+    /// The scales as exact values, decoded once for every weight row they meet (0 for an
+    /// infinity or a NaN, which makes `finite` false).
+    mantissas: Vec<i32>,
+    exponents: Vec<i32>,
+    finite: bool,
 }
 
 impl QuantizedRow {
@@ -97,7 +99,17 @@ impl QuantizedRow {
             .chunks_exact(BLOCK)
             .map(|block| block.iter().map(|v| i32::from(*v)).sum())
             .collect();
+        let decoded: Vec<Option<Scale>> = scales.iter().map(|s| Scale::of_f16(*s)).collect();
+        let exact = |s: &Option<Scale>| {
+            s.unwrap_or(Scale {
+                mantissa: 0,
+                exponent: 0,
+            })
+        };
         Some(QuantizedRow {
+            mantissas: decoded.iter().map(|s| exact(s).mantissa).collect(),
+            exponents: decoded.iter().map(|s| exact(s).exponent).collect(),
+            finite: decoded.iter().all(Option::is_some),
             scales,
             values,
             sums,
@@ -110,6 +122,20 @@ impl QuantizedRow {
 
     pub fn values(&self) -> &[i8] {
         &self.values
+    }
+
+    /// Block `block`'s scale, exactly (a placeholder where `finite` is false).
+    #[inline(always)]
+    pub(super) fn scale(&self, block: usize) -> Scale {
+        Scale {
+            mantissa: self.mantissas[block],
+            exponent: self.exponents[block],
+        }
+    }
+
+    /// The blocks' exact scales, as `scale` gives them one by one.
+    pub(super) fn scale_parts(&self) -> (&[i32], &[i32]) {
+        (&self.mantissas, &self.exponents)
     }
 }
 
@@ -131,45 +157,45 @@ pub fn quantize_row(x: &[f32]) -> QuantizedRow {
     QuantizedRow::new(scales, values).expect("whole blocks in -127..=127")
 }
 
-/// An exact sum of block terms (the module's header, step 3).
+/// An exact sum of block terms (the module's header, step 3), as one 128-bit multiple of
+/// 2^-48: a term is below 2^48 times at most 2^58 of those units, so even 2^20 of them stay
+/// below 2^127.
 pub(super) struct ExactSum {
-    by_power: [i128; POWERS],
-    /// The range of powers added to since the last `clear` (empty when `lowest > highest`),
-    /// so that finishing and clearing touch only those.
-    lowest: usize,
-    highest: usize,
+    units: i128,
     not_finite: bool,
 }
 
 impl ExactSum {
     pub(super) fn new() -> ExactSum {
         ExactSum {
-            by_power: [0; POWERS],
-            lowest: POWERS,
-            highest: 0,
+            units: 0,
             not_finite: false,
         }
     }
 
-    pub(super) fn clear(&mut self) {
-        if self.lowest <= self.highest {
-            self.by_power[self.lowest..=self.highest].fill(0);
-        }
-        (self.lowest, self.highest, self.not_finite) = (POWERS, 0, false);
-    }
-
     /// Adds `integer * w * x`: an integer (a block's sum, times the block's integer scale for
-    /// the K formats) times two binary16 scales, given as their bits.
+    /// the K formats) times a weight scale, given as its binary16 bits, and an activation
+    /// block's scale.
     #[inline(always)]
-    pub(super) fn add(&mut self, integer: i64, w: u16, x: u16) {
-        let (Some(w), Some(x)) = (Scale::of_f16(w), Scale::of_f16(x)) else {
+    pub(super) fn add(&mut self, integer: i64, w: u16, x: Scale) {
+        let Some(w) = Scale::of_f16(w) else {
             self.not_finite = true;
             return;
         };
-        let power = (w.exponent + x.exponent - LOWEST) as usize;
-        self.lowest = self.lowest.min(power);
-        self.highest = self.highest.max(power);
-        self.by_power[power] += i128::from(i64::from(w.mantissa * x.mantissa) * integer);
+        let units = i128::from(i64::from(w.mantissa * x.mantissa) * integer);
+        self.units += units << (w.exponent + x.exponent - LOWEST);
+    }
+
+    /// Adds `units * 2^(power + LOWEST)`, `power` at most `2 * 5 - LOWEST`: terms a kernel
+    /// has already summed exactly.
+    #[inline(always)]
+    pub(super) fn add_units(&mut self, units: i64, power: i32) {
+        self.units += i128::from(units) << power;
+    }
+
+    /// Makes the sum NaN: a scale was an infinity or a NaN.
+    pub(super) fn poison(&mut self) {
+        self.not_finite = true;
     }
 
     /// The sum rounded once to binary32 (step 4).
@@ -177,15 +203,9 @@ impl ExactSum {
         if self.not_finite {
             return f32::NAN;
         }
-        if self.lowest > self.highest {
-            return 0.0;
-        }
-        let total: i128 = (self.lowest..=self.highest)
-            .map(|power| self.by_power[power] << power)
-            .sum();
         // The conversion rounds to nearest even; the power of two after it is exact (the
         // result, when not zero, is at least 2^-48, far above binary32's subnormals).
-        (total as f32) * f32::from_bits(((127 + LOWEST) as u32) << 23)
+        (self.units as f32) * f32::from_bits(((127 + LOWEST) as u32) << 23)
     }
 }
 
@@ -281,24 +301,35 @@ impl BlockFormat {
     fn unpack(self, block: &[u8]) -> Unpacked {
         let half = |at: usize| u16::from_le_bytes([block[at], block[at + 1]]);
         match self {
-            BlockFormat::Q8_0 => Unpacked::Flat {
-                d: half(0),
-                values: std::array::from_fn(|j| block[2 + j] as i8),
-            },
-            BlockFormat::Q4_0 => Unpacked::Flat {
-                d: half(0),
-                values: std::array::from_fn(|j| {
-                    let b = block[2 + j % 16];
-                    (if j < 16 { b & 0x0f } else { b >> 4 }) as i8 - 8
-                }),
-            },
+            BlockFormat::Q8_0 => {
+                let bytes: [u8; BLOCK] = block[2..34].try_into().expect("34 bytes a block");
+                Unpacked::Flat {
+                    d: half(0),
+                    values: bytemuck::cast(bytes),
+                }
+            }
+            BlockFormat::Q4_0 => {
+                let mut values = [0i8; BLOCK];
+                for (j, b) in block[2..18].iter().enumerate() {
+                    values[j] = (b & 0x0f) as i8 - 8;
+                    values[j + 16] = (b >> 4) as i8 - 8;
+                }
+                Unpacked::Flat { d: half(0), values }
+            }
             BlockFormat::Q4K => unpack_with_mins(block, None, &block[16..144]),
             BlockFormat::Q5K => unpack_with_mins(block, Some(&block[16..48]), &block[48..176]),
-            BlockFormat::Q6K => Unpacked::Sixteens {
-                d: half(208),
-                scales: std::array::from_fn(|i| block[192 + i] as i8),
-                values: std::array::from_fn(|v| q6k_value(block, v)),
-            },
+            BlockFormat::Q6K => {
+                let mut values = [0i8; 256];
+                for (v, value) in values.iter_mut().enumerate() {
+                    *value = q6k_value(block, v);
+                }
+                let scales: [u8; 16] = block[192..208].try_into().expect("210 bytes a block");
+                Unpacked::Sixteens {
+                    d: half(208),
+                    scales: bytemuck::cast(scales),
+                    values,
+                }
+            }
         }
     }
 
@@ -316,7 +347,7 @@ impl BlockFormat {
             Unpacked::Flat { d, values } => {
                 // SAFETY: 32 values each: `dot`'s row has as many values as `x`.
                 let (low, high) = unsafe { D::halves(values.as_ptr(), xs) };
-                sum.add(i64::from(low + high), *d, x.scales[first]);
+                sum.add(i64::from(low + high), *d, x.scale(first));
             }
             Unpacked::WithMins {
                 d,
@@ -329,7 +360,7 @@ impl BlockFormat {
                     // SAFETY: as above, sub-block by sub-block.
                     let (low, high) =
                         unsafe { D::halves(values[BLOCK * i..].as_ptr(), xs.add(BLOCK * i)) };
-                    let x_scale = x.scales[first + i];
+                    let x_scale = x.scale(first + i);
                     sum.add(i64::from(scales[i]) * i64::from(low + high), *d, x_scale);
                     sum.add(
                         -i64::from(mins[i]) * i64::from(x.sums[first + i]),
@@ -345,7 +376,7 @@ impl BlockFormat {
                         unsafe { D::halves(values[BLOCK * i..].as_ptr(), xs.add(BLOCK * i)) };
                     let term = i64::from(scales[2 * i]) * i64::from(low)
                         + i64::from(scales[2 * i + 1]) * i64::from(high);
-                    sum.add(term, *d, x.scales[first + i]);
+                    sum.add(term, *d, x.scale(first + i));
                 }
             }
         }
@@ -493,6 +524,24 @@ pub(super) trait IntegerDot {
     /// 32 values are readable at each pointer, every `x[j]` is in -127..=127 (as in a
     /// `QuantizedRow`), and the CPU has the tier's features.
     unsafe fn halves(w: *const i8, x: *const i8) -> (i32, i32);
+
+    /// Adds the products of one Q8_0 or Q4_0 weight row and each row of `xs` (as long) to
+    /// `sums`: block by block unless a tier has a faster way to the same integers.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has the tier's features.
+    #[inline(always)]
+    unsafe fn add_flat_row(
+        format: BlockFormat,
+        row: &[u8],
+        xs: &[QuantizedRow],
+        sums: &mut [ExactSum],
+    ) where
+        Self: Sized,
+    {
+        add_blocks::<Self>(format, row, 0, xs, sums)
+    }
 }
 
 /// Plain Rust.
@@ -542,16 +591,39 @@ fn add_row<D: IntegerDot>(
     sums: &mut [ExactSum],
 ) {
     let values = row.len() / format.block_bytes() * format.block_values();
-    // What `add_product`'s reads rely on.
+    // What the kernels' reads rely on.
     assert!(
         xs.iter().all(|x| x.values.len() == values),
         "a row as long as the weights'"
     );
+    for (x, sum) in xs.iter().zip(sums.iter_mut()) {
+        if !x.finite {
+            sum.poison();
+        }
+    }
+    match format {
+        // SAFETY: `D`'s features are the caller's to promise, as for every `D` method.
+        BlockFormat::Q8_0 | BlockFormat::Q4_0 => unsafe { D::add_flat_row(format, row, xs, sums) },
+        BlockFormat::Q4K | BlockFormat::Q5K | BlockFormat::Q6K => {
+            add_blocks::<D>(format, row, 0, xs, sums)
+        }
+    }
+}
+
+/// `add_row` block by block, for a row's blocks from block `first` on (`row` holds those).
+#[inline(always)]
+pub(super) fn add_blocks<D: IntegerDot>(
+    format: BlockFormat,
+    row: &[u8],
+    first: usize,
+    xs: &[QuantizedRow],
+    sums: &mut [ExactSum],
+) {
     let per_block = format.block_values() / BLOCK;
     for (b, block) in row.chunks_exact(format.block_bytes()).enumerate() {
         let block = format.unpack(block);
         for (x, sum) in xs.iter().zip(sums.iter_mut()) {
-            BlockFormat::add_product::<D>(&block, x, b * per_block, sum);
+            BlockFormat::add_product::<D>(&block, x, (first + b) * per_block, sum);
         }
     }
 }
@@ -572,7 +644,7 @@ pub(super) fn column_products<D: IntegerDot>(
             out.fill(f32::NAN);
             continue;
         };
-        sums.iter_mut().for_each(ExactSum::clear);
+        sums.iter_mut().for_each(|sum| *sum = ExactSum::new());
         add_row::<D>(format, row, xs, &mut sums);
         for (o, sum) in out.iter_mut().zip(&sums) {
             *o = sum.finish();
@@ -753,16 +825,23 @@ mod tests {
         #[test]
         fn every_kernel_tier_gives_the_reference_bits(
             format in proptest::sample::select(BlockFormat::ALL.to_vec()),
-            (columns, rows, blocks) in (1usize..5, 1usize..4, 1usize..3),
-            seed in proptest::collection::vec(any::<u8>(), 210 * 2 * 4),
-            scales in proptest::collection::vec(0x0400u16..0x7800, 2 * 2 * 4),
-            activations in proptest::collection::vec(-1000.0f32..1000.0, 256 * 2 * 3),
+            (columns, rows, blocks) in (1usize..4, 1usize..4, 1usize..20),
+            seed in proptest::collection::vec(any::<u8>(), 210 * 19 * 3),
+            scales in proptest::collection::vec(0x0001u16..0x7800, 2 * 19 * 3),
+            narrow in any::<bool>(),
+            activations in proptest::collection::vec(-1000.0f32..1000.0, 256 * 19 * 3),
         ) {
+            // K formats: at most 3 blocks of 256 (the byte and value budgets above).
+            let blocks = if format.block_values() > BLOCK { blocks.min(3) } else { blocks };
             let (bytes, values) = (format.block_bytes(), format.block_values());
             let mut stored = seed[..columns * blocks * bytes].to_vec();
             for (b, block) in stored.chunks_exact_mut(bytes).enumerate() {
                 for (s, at) in scale_offsets(format).iter().enumerate() {
-                    block[*at..*at + 2].copy_from_slice(&scales[2 * b + s].to_le_bytes());
+                    // Scales of one binade (the vector kernels' fast path) or of any
+                    // (their exact fallback), signs included.
+                    let bits = scales[2 * b + s];
+                    let bits = if narrow { 0x3400 | (bits & 0x83ff) } else { bits };
+                    block[*at..*at + 2].copy_from_slice(&bits.to_le_bytes());
                 }
             }
             let k = blocks * values;
