@@ -46,8 +46,8 @@ pub const BLOCK: usize = 32;
 /// A binary16 value as an exact integer times a power of two: `mantissa * 2^exponent`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Scale {
-    mantissa: i32,
-    exponent: i32,
+    pub(super) mantissa: i32,
+    pub(super) exponent: i32,
 }
 
 /// The smallest power of two a term can carry (two subnormal binary16 scales).
@@ -131,6 +131,11 @@ impl QuantizedRow {
             mantissa: self.mantissas[block],
             exponent: self.exponents[block],
         }
+    }
+
+    /// Each block's sum of its integers.
+    pub(super) fn sums(&self) -> &[i32] {
+        &self.sums
     }
 
     /// The blocks' exact scales, as `scale` gives them one by one.
@@ -490,7 +495,7 @@ fn unpack_with_mins(block: &[u8], high: Option<&[u8]>, nibbles: &[u8]) -> Unpack
 /// Sub-block `i`'s 6-bit scale and min in Q4_K's and Q5_K's 12 packed bytes: for the first
 /// four, the low six bits of bytes `i` and `i + 4`; for the last four, a nibble of byte
 /// `i + 4` below the top two bits of byte `i - 4` (scale) or of byte `i` (min).
-fn scale_and_min(packed: &[u8; 12], i: usize) -> (u8, u8) {
+pub(super) fn scale_and_min(packed: &[u8; 12], i: usize) -> (u8, u8) {
     if i < 4 {
         (packed[i] & 63, packed[i + 4] & 63)
     } else {
@@ -525,19 +530,15 @@ pub(super) trait IntegerDot {
     /// `QuantizedRow`), and the CPU has the tier's features.
     unsafe fn halves(w: *const i8, x: *const i8) -> (i32, i32);
 
-    /// Adds the products of one Q8_0 or Q4_0 weight row and each row of `xs` (as long) to
-    /// `sums`: block by block unless a tier has a faster way to the same integers.
+    /// Adds the products of one weight row and each row of `xs` (as long) to `sums`: block
+    /// by block unless a tier has a faster way to the same integers.
     ///
     /// # Safety
     ///
     /// The CPU has the tier's features.
     #[inline(always)]
-    unsafe fn add_flat_row(
-        format: BlockFormat,
-        row: &[u8],
-        xs: &[QuantizedRow],
-        sums: &mut [ExactSum],
-    ) where
+    unsafe fn add_row(format: BlockFormat, row: &[u8], xs: &[QuantizedRow], sums: &mut [ExactSum])
+    where
         Self: Sized,
     {
         add_blocks::<Self>(format, row, 0, xs, sums)
@@ -601,13 +602,8 @@ fn add_row<D: IntegerDot>(
             sum.poison();
         }
     }
-    match format {
-        // SAFETY: `D`'s features are the caller's to promise, as for every `D` method.
-        BlockFormat::Q8_0 | BlockFormat::Q4_0 => unsafe { D::add_flat_row(format, row, xs, sums) },
-        BlockFormat::Q4K | BlockFormat::Q5K | BlockFormat::Q6K => {
-            add_blocks::<D>(format, row, 0, xs, sums)
-        }
-    }
+    // SAFETY: `D`'s features are the caller's to promise, as for every `D` method.
+    unsafe { D::add_row(format, row, xs, sums) }
 }
 
 /// `add_row` block by block, for a row's blocks from block `first` on (`row` holds those).

@@ -6,7 +6,8 @@
 use std::arch::x86_64::*;
 
 use super::quant::{
-    add_blocks, column_products, BlockFormat, ExactSum, IntegerDot, QuantizedRow, BLOCK,
+    add_blocks, column_products, scale_and_min, BlockFormat, ExactSum, IntegerDot, QuantizedRow,
+    Scale, BLOCK,
 };
 use crate::weights::Weight;
 
@@ -66,14 +67,23 @@ macro_rules! integer_dot {
             }
 
             #[inline(always)]
-            unsafe fn add_flat_row(
+            unsafe fn add_row(
                 format: BlockFormat,
                 row: &[u8],
                 xs: &[QuantizedRow],
                 sums: &mut [ExactSum],
             ) {
                 // SAFETY: the caller's promise of the tier.
-                unsafe { flat_row::<$tier>(format, row, xs, sums) }
+                unsafe {
+                    match format {
+                        BlockFormat::Q8_0 | BlockFormat::Q4_0 => {
+                            flat_row::<$tier>(format, row, xs, sums)
+                        }
+                        BlockFormat::Q4K | BlockFormat::Q5K | BlockFormat::Q6K => {
+                            k_row::<$tier>(format, row, xs, sums)
+                        }
+                    }
+                }
             }
         }
     };
@@ -127,18 +137,68 @@ pub(super) unsafe fn column_products_vnni(
     column_products::<Vnni>(format, w, columns, xs, out)
 }
 
-/// Blocks a group: eight, one 32-bit lane each.
+/// Blocks a group: eight, one 32-bit lane each (a K format's block is one group).
 const GROUP: usize = 8;
 
-/// The largest spread of powers within a group that 64-bit lanes hold exactly: a Q8_0 or Q4_0
-/// term is below 2^41 (a block's sum below 2^19, two 11-bit mantissas), shifted by at most
-/// this and summed over 8 lanes, it stays below 2^63.
-const MAX_SPREAD: i32 = 18;
+/// Eight terms `a * m * 2^(power + LOWEST)` (32-bit lanes; `|a * m|` below 2^`bits`) summed
+/// exactly: in 64-bit lanes, each shifted up from the group's lowest power. `None` when the
+/// powers spread wider than 64 bits hold (8 terms below 2^(bits + spread) stay below 2^62),
+/// for the caller to add them another way.
+#[inline(always)]
+unsafe fn exact_terms(a: __m256i, m: __m256i, powers: __m256i, bits: i32) -> Option<(i64, i32)> {
+    // SAFETY: AVX2 is the caller's promise.
+    unsafe {
+        let lowest = horizontal_min(powers);
+        let shifts = _mm256_sub_epi32(powers, _mm256_set1_epi32(lowest));
+        let too_wide = _mm256_cmpgt_epi32(shifts, _mm256_set1_epi32(59 - bits));
+        if _mm256_movemask_epi8(too_wide) != 0 {
+            return None;
+        }
+        // Even lanes' and odd lanes' 64-bit terms (`vpmuldq` multiplies the low 32 bits of
+        // each 64-bit lane, signed).
+        let low32 = _mm256_set1_epi64x(0xffff_ffff);
+        let even = _mm256_sllv_epi64(_mm256_mul_epi32(a, m), _mm256_and_si256(shifts, low32));
+        let odd = _mm256_sllv_epi64(
+            _mm256_mul_epi32(_mm256_srli_epi64::<32>(a), _mm256_srli_epi64::<32>(m)),
+            _mm256_srli_epi64::<32>(shifts),
+        );
+        let four = _mm256_add_epi64(even, odd);
+        let two = _mm_add_epi64(
+            _mm256_castsi256_si128(four),
+            _mm256_extracti128_si256::<1>(four),
+        );
+        Some((_mm_cvtsi128_si64(two) + _mm_extract_epi64::<1>(two), lowest))
+    }
+}
 
-/// `IntegerDot::add_flat_row` eight blocks at a time: the blocks' integer sums in one register,
-/// their scales decoded in lanes, the terms of the group summed exactly in 64-bit lanes from
-/// the group's lowest power, then added to the row's sum. A group whose powers spread wider
-/// than 64 bits hold goes block by block; either way the sum is the exact one.
+/// Bits below which a Q8_0 or Q4_0 term's integer lies: a block's sum below 2^19 times two
+/// 11-bit mantissas.
+const FLAT_BITS: i32 = 41;
+
+/// The row's eight activation scales from block `first`: mantissas, and exponents plus 48
+/// (powers from 2^LOWEST once a weight exponent is added).
+#[inline(always)]
+unsafe fn activation_scales(x: &QuantizedRow, first: usize) -> (__m256i, __m256i) {
+    let (mantissas, exponents) = x.scale_parts();
+    let (mantissas, exponents) = (
+        &mantissas[first..first + GROUP],
+        &exponents[first..first + GROUP],
+    );
+    // SAFETY: AVX2 is the caller's promise; both slices hold GROUP values.
+    unsafe {
+        (
+            _mm256_loadu_si256(mantissas.as_ptr().cast()),
+            _mm256_add_epi32(
+                _mm256_loadu_si256(exponents.as_ptr().cast()),
+                _mm256_set1_epi32(48),
+            ),
+        )
+    }
+}
+
+/// `IntegerDot::add_row` for Q8_0 and Q4_0, eight blocks at a time: the blocks' integer sums
+/// in one register, their scales decoded in lanes, the group's terms summed exactly
+/// (`exact_terms`), a group too wide for that going block by block.
 ///
 /// # Safety
 ///
@@ -158,68 +218,241 @@ unsafe fn flat_row<P: Partials + IntegerDot>(
         for g in 0..groups {
             let group = &row[g * GROUP * bytes..(g + 1) * GROUP * bytes];
             let weights = weights_of(format, group);
-            let bits = _mm256_setr_epi32(
-                i32::from(u16::from_le_bytes([group[0], group[1]])),
-                i32::from(u16::from_le_bytes([group[bytes], group[bytes + 1]])),
-                i32::from(u16::from_le_bytes([group[2 * bytes], group[2 * bytes + 1]])),
-                i32::from(u16::from_le_bytes([group[3 * bytes], group[3 * bytes + 1]])),
-                i32::from(u16::from_le_bytes([group[4 * bytes], group[4 * bytes + 1]])),
-                i32::from(u16::from_le_bytes([group[5 * bytes], group[5 * bytes + 1]])),
-                i32::from(u16::from_le_bytes([group[6 * bytes], group[6 * bytes + 1]])),
-                i32::from(u16::from_le_bytes([group[7 * bytes], group[7 * bytes + 1]])),
-            );
-            let Some((w_mantissas, w_exponents)) = decode_f16(bits) else {
+            let mut bits = [0i32; GROUP];
+            for (i, bits) in bits.iter_mut().enumerate() {
+                *bits = i32::from(u16::from_le_bytes([group[i * bytes], group[i * bytes + 1]]));
+            }
+            let Some((w_mantissas, w_exponents)) =
+                decode_f16(_mm256_loadu_si256(bits.as_ptr().cast()))
+            else {
                 sums.iter_mut().for_each(ExactSum::poison);
                 continue;
             };
             for (x, sum) in xs.iter().zip(sums.iter_mut()) {
                 let first = g * GROUP;
-                let values = x.values()[first * BLOCK..].as_ptr();
-                let s = block_sums::<P>(&weights, values);
-                let (mantissas, exponents) = x.scale_parts();
-                let x_mantissas =
-                    _mm256_loadu_si256(mantissas[first..first + GROUP].as_ptr().cast());
-                let x_exponents =
-                    _mm256_loadu_si256(exponents[first..first + GROUP].as_ptr().cast());
-                let m = _mm256_mullo_epi32(w_mantissas, x_mantissas);
-                // Powers from 2^LOWEST: the decoded exponents are at least -24 each.
-                let powers = _mm256_add_epi32(
-                    _mm256_add_epi32(w_exponents, x_exponents),
-                    _mm256_set1_epi32(48),
+                let (lows, highs) = half_sums::<P>(&weights, x.values()[first * BLOCK..].as_ptr());
+                let (x_mantissas, x_powers) = activation_scales(x, first);
+                let terms = exact_terms(
+                    _mm256_add_epi32(lows, highs),
+                    _mm256_mullo_epi32(w_mantissas, x_mantissas),
+                    _mm256_add_epi32(w_exponents, x_powers),
+                    FLAT_BITS,
                 );
-                let lowest = horizontal_min(powers);
-                let shifts = _mm256_sub_epi32(powers, _mm256_set1_epi32(lowest));
-                let too_wide = _mm256_cmpgt_epi32(shifts, _mm256_set1_epi32(MAX_SPREAD));
-                if _mm256_movemask_epi8(too_wide) != 0 {
-                    add_blocks::<P>(
+                match terms {
+                    Some((units, lowest)) => sum.add_units(units, lowest),
+                    None => add_blocks::<P>(
                         format,
                         group,
                         first,
                         std::slice::from_ref(x),
                         std::slice::from_mut(sum),
-                    );
-                    continue;
+                    ),
                 }
-                // Even lanes' and odd lanes' 64-bit terms, each shifted to the group's lowest
-                // power (`vpmuldq` multiplies the low 32 bits of each 64-bit lane, signed).
-                let low32 = _mm256_set1_epi64x(0xffff_ffff);
-                let even =
-                    _mm256_sllv_epi64(_mm256_mul_epi32(s, m), _mm256_and_si256(shifts, low32));
-                let odd = _mm256_sllv_epi64(
-                    _mm256_mul_epi32(_mm256_srli_epi64::<32>(s), _mm256_srli_epi64::<32>(m)),
-                    _mm256_srli_epi64::<32>(shifts),
-                );
-                let four = _mm256_add_epi64(even, odd);
-                let two = _mm_add_epi64(
-                    _mm256_castsi256_si128(four),
-                    _mm256_extracti128_si256::<1>(four),
-                );
-                let units = _mm_cvtsi128_si64(two) + _mm_extract_epi64::<1>(two);
-                sum.add_units(units, lowest);
             }
         }
         let done = groups * GROUP;
         add_blocks::<P>(format, &row[done * bytes..], done, xs, sums);
+    }
+}
+
+/// `IntegerDot::add_row` for the K formats, a block (eight sub-blocks of 32) at a time: the
+/// values unpacked in registers, the sub-blocks' integer sums in lanes times their integer
+/// scales, the terms summed exactly (`exact_terms`; the mins' terms apart), a block too wide
+/// for that going as `quant` adds it.
+///
+/// # Safety
+///
+/// The CPU has AVX2 and `P`'s features; every row of `xs` is as long as `row`.
+#[inline(always)]
+unsafe fn k_row<P: Partials + IntegerDot>(
+    format: BlockFormat,
+    row: &[u8],
+    xs: &[QuantizedRow],
+    sums: &mut [ExactSum],
+) {
+    let bytes = format.block_bytes();
+    // SAFETY: AVX2 and `P` are the caller's promise; every load below reads within a block
+    // of `row` or within an activation row as long as `row`.
+    unsafe {
+        for (b, block) in row.chunks_exact(bytes).enumerate() {
+            let k = k_block(format, block);
+            let (Some(d), Some(dmin)) = (Scale::of_f16(k.d), Scale::of_f16(k.dmin)) else {
+                sums.iter_mut().for_each(ExactSum::poison);
+                continue;
+            };
+            let first = b * GROUP;
+            for (x, sum) in xs.iter().zip(sums.iter_mut()) {
+                let (lows, highs) = half_sums::<P>(&k.values, x.values()[first * BLOCK..].as_ptr());
+                let (x_mantissas, x_powers) = activation_scales(x, first);
+                let (a, bits) = match format {
+                    // Sixteen scales, one per half sub-block: below 2 * 2^7 * 2^16 * 2^22.
+                    BlockFormat::Q6K => (
+                        _mm256_add_epi32(
+                            _mm256_mullo_epi32(k.scales, lows),
+                            _mm256_mullo_epi32(k.high_scales, highs),
+                        ),
+                        47,
+                    ),
+                    // A 6-bit scale times a sum below 2^17, times two mantissas.
+                    _ => (
+                        _mm256_mullo_epi32(k.scales, _mm256_add_epi32(lows, highs)),
+                        46,
+                    ),
+                };
+                let scaled = exact_terms(
+                    a,
+                    _mm256_mullo_epi32(_mm256_set1_epi32(d.mantissa), x_mantissas),
+                    _mm256_add_epi32(_mm256_set1_epi32(d.exponent), x_powers),
+                    bits,
+                );
+                // The mins: `-min * sum(x)`, a 6-bit min times a sum below 2^12.
+                let x_sums = _mm256_loadu_si256(x.sums()[first..first + GROUP].as_ptr().cast());
+                let mins = match format {
+                    BlockFormat::Q6K => Some((0, 0)),
+                    _ => exact_terms(
+                        _mm256_sub_epi32(
+                            _mm256_setzero_si256(),
+                            _mm256_mullo_epi32(k.mins, x_sums),
+                        ),
+                        _mm256_mullo_epi32(_mm256_set1_epi32(dmin.mantissa), x_mantissas),
+                        _mm256_add_epi32(_mm256_set1_epi32(dmin.exponent), x_powers),
+                        40,
+                    ),
+                };
+                match (scaled, mins) {
+                    (Some((units, lowest)), Some((min_units, min_lowest))) => {
+                        sum.add_units(units, lowest);
+                        sum.add_units(min_units, min_lowest);
+                    }
+                    _ => add_blocks::<P>(
+                        format,
+                        block,
+                        b,
+                        std::slice::from_ref(x),
+                        std::slice::from_mut(sum),
+                    ),
+                }
+            }
+        }
+    }
+}
+
+/// A K-format block in registers: its eight sub-blocks of 32 values (signed bytes), their
+/// integer scales (Q6_K: of the first 16 values; `high_scales` of the last 16) and mins, and
+/// the block's binary16 scales.
+struct KBlock {
+    values: [__m256i; GROUP],
+    scales: __m256i,
+    high_scales: __m256i,
+    mins: __m256i,
+    d: u16,
+    dmin: u16,
+}
+
+/// `block` unpacked as `quant::BlockFormat::unpack` does, in registers.
+#[inline(always)]
+unsafe fn k_block(format: BlockFormat, block: &[u8]) -> KBlock {
+    let half = |at: usize| u16::from_le_bytes([block[at], block[at + 1]]);
+    // SAFETY: AVX2 is the caller's promise; `block` is one whole block of `format`, and each
+    // load reads within it.
+    unsafe {
+        let mut values = [_mm256_setzero_si256(); GROUP];
+        let nibble = _mm256_set1_epi8(0x0f);
+        // Macros, not closures: a closure is compiled without the caller's features.
+        macro_rules! load {
+            ($at:expr) => {
+                _mm256_loadu_si256(block[$at..$at + 32].as_ptr().cast())
+            };
+        }
+        match format {
+            BlockFormat::Q6K => {
+                let mut scales = [0i32; 16];
+                for (s, b) in scales.iter_mut().zip(&block[192..208]) {
+                    *s = i32::from(*b as i8);
+                }
+                for h in 0..2 {
+                    let (low_a, low_b, high) =
+                        (load!(64 * h), load!(64 * h + 32), load!(128 + 32 * h));
+                    macro_rules! pair {
+                        ($mask:expr) => {
+                            _mm256_and_si256(high, _mm256_set1_epi8($mask))
+                        };
+                    }
+                    let groups = [
+                        _mm256_or_si256(
+                            _mm256_and_si256(low_a, nibble),
+                            _mm256_slli_epi16::<4>(pair!(0x03)),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(low_b, nibble),
+                            _mm256_slli_epi16::<2>(pair!(0x0c)),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(low_a), nibble),
+                            pair!(0x30),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(low_b), nibble),
+                            _mm256_srli_epi16::<2>(pair!(-64)),
+                        ),
+                    ];
+                    for (g, group) in groups.into_iter().enumerate() {
+                        values[4 * h + g] = _mm256_sub_epi8(group, _mm256_set1_epi8(32));
+                    }
+                }
+                let (mut low, mut high) = ([0i32; GROUP], [0i32; GROUP]);
+                for i in 0..GROUP {
+                    (low[i], high[i]) = (scales[2 * i], scales[2 * i + 1]);
+                }
+                KBlock {
+                    values,
+                    scales: _mm256_loadu_si256(low.as_ptr().cast()),
+                    high_scales: _mm256_loadu_si256(high.as_ptr().cast()),
+                    mins: _mm256_setzero_si256(),
+                    d: half(208),
+                    dmin: 0,
+                }
+            }
+            _ => {
+                let packed: &[u8; 12] = block[4..16].try_into().expect("12 bytes of scales");
+                let (mut scales, mut mins) = ([0i32; GROUP], [0i32; GROUP]);
+                for i in 0..GROUP {
+                    let (scale, min) = scale_and_min(packed, i);
+                    (scales[i], mins[i]) = (i32::from(scale), i32::from(min));
+                }
+                let (high, nibbles) = match format {
+                    BlockFormat::Q5K => (Some(load!(16)), 48),
+                    _ => (None, 16),
+                };
+                for c in 0..4 {
+                    let bytes = load!(nibbles + 32 * c);
+                    let halves = [
+                        _mm256_and_si256(bytes, nibble),
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(bytes), nibble),
+                    ];
+                    for (j, value) in halves.into_iter().enumerate() {
+                        let i = 2 * c + j;
+                        values[i] = match high {
+                            // Bit `i` of each high byte is the sub-block's fifth bit.
+                            Some(high) => {
+                                let bit = _mm256_set1_epi8((1u8 << i) as i8);
+                                let set = _mm256_cmpeq_epi8(_mm256_and_si256(high, bit), bit);
+                                _mm256_or_si256(value, _mm256_and_si256(set, _mm256_set1_epi8(16)))
+                            }
+                            None => value,
+                        };
+                    }
+                }
+                KBlock {
+                    values,
+                    scales: _mm256_loadu_si256(scales.as_ptr().cast()),
+                    high_scales: _mm256_setzero_si256(),
+                    mins: _mm256_loadu_si256(mins.as_ptr().cast()),
+                    d: half(0),
+                    dmin: half(2),
+                }
+            }
+        }
     }
 }
 
@@ -251,23 +484,25 @@ unsafe fn weights_of(format: BlockFormat, group: &[u8]) -> [__m256i; GROUP] {
     }
 }
 
-/// The integer sums of 8 weight blocks with the 8 activation blocks at `x`, one per lane.
+/// The integer sums of 8 weight blocks with the 8 activation blocks at `x`, one block per
+/// lane: over each block's first 16 values, and over its last 16.
 #[inline(always)]
-unsafe fn block_sums<P: Partials>(weights: &[__m256i; GROUP], x: *const i8) -> __m256i {
+unsafe fn half_sums<P: Partials>(weights: &[__m256i; GROUP], x: *const i8) -> (__m256i, __m256i) {
     // SAFETY: AVX2 and `P`'s features are the caller's promise; `x` has 8 blocks readable.
     unsafe {
         let mut p = [_mm256_setzero_si256(); GROUP];
         for (i, p) in p.iter_mut().enumerate() {
             *p = P::partials(weights[i], _mm256_loadu_si256(x.add(i * BLOCK).cast()));
         }
-        // Pairwise sums: each 128-bit half of `q` holds, per block, the sum of its four
-        // partials of that half.
+        // Pairwise sums: the low 128-bit half of `q0` holds blocks 0..4's sums over their
+        // first 16 values, its high half their sums over the last 16; `q1` blocks 4..8's.
         let (h01, h23) = (_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
         let (h45, h67) = (_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
         let (q0, q1) = (_mm256_hadd_epi32(h01, h23), _mm256_hadd_epi32(h45, h67));
-        let halves =
-            |q: __m256i| _mm_add_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q));
-        _mm256_set_m128i(halves(q1), halves(q0))
+        (
+            _mm256_permute2x128_si256::<0x20>(q0, q1),
+            _mm256_permute2x128_si256::<0x31>(q0, q1),
+        )
     }
 }
 
