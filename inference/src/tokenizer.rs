@@ -9,11 +9,12 @@ use serde_json::{json, Map, Value as Json};
 use crate::gguf::{Gguf, Header, Value};
 use crate::LoadError;
 
+/// Qwen2's pre-tokenizer regex (Qwen2 and Qwen3's tokenizers as published).
+const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// The pre-tokenizer of each `tokenizer.ggml.pre` this engine rebuilds: GPT-2's byte-level
-/// split, or Qwen2's regex before a byte-level step without its own (Qwen2 and Qwen3's
-/// tokenizers as published).
+/// split, or Qwen2's regex before a byte-level step without its own.
 fn pre_tokenizer(pre: &str) -> Option<Json> {
-    const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
     match pre {
         "gpt-2" => Some(json!({
             "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true
@@ -26,24 +27,55 @@ fn pre_tokenizer(pre: &str) -> Option<Json> {
     }
 }
 
+/// The `tokenizer.ggml.pre` name of a `tokenizer.json` pre-tokenizer, if it is one of those
+/// `pre_tokenizer` rebuilds (what splits text, compared; offsets and prefix spaces aside).
+pub(crate) fn pre_tokenizer_name(pre_tokenizer: &Json) -> Option<&'static str> {
+    let byte_level = |p: &Json, regex: bool| {
+        p["type"] == "ByteLevel"
+            && p["add_prefix_space"] != true
+            && p["use_regex"].as_bool().unwrap_or(true) == regex
+    };
+    if byte_level(pre_tokenizer, true) {
+        return Some("gpt-2");
+    }
+    match pre_tokenizer["pretokenizers"].as_array().map(Vec::as_slice) {
+        Some([split, bytes])
+            if split["type"] == "Split"
+                && split["pattern"]["Regex"] == QWEN2
+                && split["behavior"] == "Isolated"
+                && split["invert"] != true
+                && byte_level(bytes, false) =>
+        {
+            Some("qwen2")
+        }
+        _ => None,
+    }
+}
+
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
 }
 
 impl Tokenizer {
     /// `tokenizer.json` in the checkpoint directory `dir`; for a GGUF file, its own tokenizer
-    /// when its metadata holds a whole one (tokens and merges), else `tokenizer.json` beside
-    /// it.
+    /// when its metadata holds one this engine rebuilds (tokens and merges of a byte-level
+    /// BPE), else `tokenizer.json` beside it.
     pub fn load(dir: &Path) -> Result<Tokenizer, LoadError> {
         let path = if crate::gguf::is_gguf(dir) {
             let file = Gguf::open(dir).map_err(|e| LoadError::Format {
                 file: dir.display().to_string(),
                 reason: e.to_string(),
             })?;
+            let beside = dir.with_file_name("tokenizer.json");
             if file.header().get("tokenizer.ggml.merges").is_some() {
-                return Tokenizer::of_gguf(file.header());
+                // A tokenizer this engine cannot rebuild from the metadata is the file beside
+                // it, when there is one; else the metadata's error says what to do.
+                match Tokenizer::of_gguf(file.header()) {
+                    Err(_) if beside.exists() => {}
+                    own => return own,
+                }
             }
-            dir.with_file_name("tokenizer.json")
+            beside
         } else {
             dir.join("tokenizer.json")
         };

@@ -424,10 +424,12 @@ fn tokenizer_metadata(
         .cloned()
         .unwrap_or_default();
     let mut tokens: Vec<(String, i32)> = Vec::new();
+    // Ids past the embedding's rows would give llama.cpp a vocabulary the model lacks.
     let mut place = |id: Option<u64>, text: &str, kind: i32| -> Result<(), LoadError> {
         let id = id
-            .filter(|id| *id < (1 << 24))
-            .ok_or_else(|| bad("a token id that is not a small number"))? as usize;
+            .filter(|id| *id < config.vocab_size as u64)
+            .ok_or_else(|| bad("a token id that is not a row of the embedding"))?
+            as usize;
         if tokens.len() <= id {
             tokens.resize(id + 1, (String::new(), 0));
         }
@@ -463,22 +465,19 @@ fn tokenizer_metadata(
         .iter()
         .map(|merge| match merge {
             Json::String(pair) => Some(pair.clone()),
-            Json::Array(pair) => Some(format!(
-                "{} {}",
-                pair.first()?.as_str()?,
-                pair.get(1)?.as_str()?
-            )),
+            // GGUF keeps a merge as "a b": a side with a space in it would read as another.
+            Json::Array(pair) => match (pair.first()?.as_str()?, pair.get(1)?.as_str()?) {
+                (a, b) if pair.len() == 2 && !a.contains(' ') && !b.contains(' ') => {
+                    Some(format!("{a} {b}"))
+                }
+                _ => None,
+            },
             _ => None,
         })
         .collect::<Option<_>>()
         .ok_or_else(|| bad("a merge that is neither \"a b\" nor [\"a\", \"b\"]"))?;
-    // Qwen's tokenizers split text with a regex before the byte-level step; GPT-2's (the
-    // synthesized checkpoints') do not.
-    let pre = if tokenizer["pre_tokenizer"].to_string().contains("\"Split\"") {
-        "qwen2"
-    } else {
-        "gpt-2"
-    };
+    let pre = crate::tokenizer::pre_tokenizer_name(&tokenizer["pre_tokenizer"])
+        .ok_or_else(|| bad("a pre-tokenizer other than GPT-2's or Qwen2's"))?;
     let kinds: Vec<i32> = tokens.iter().map(|(_, kind)| *kind).collect();
     header
         .text("tokenizer.ggml.model", "gpt2")
@@ -645,6 +644,15 @@ mod tests {
             (
                 r#"{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [7]}}"#,
                 "a merge",
+            ),
+            (
+                r#"{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [["a b", "c"]]}}"#,
+                "a merge",
+            ),
+            (
+                r#"{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+                   "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "x"}}}"#,
+                "pre-tokenizer",
             ),
             ("not json", "tokenizer"),
         ] {

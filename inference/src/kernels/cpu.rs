@@ -190,15 +190,19 @@ pub(super) fn quantized_columns(
     #[cfg(target_arch = "x86_64")]
     {
         use super::quant_x86;
+        // The features are checked here, not taken from `isa` (which only caps the choice), so
+        // that no caller can ask for a tier the CPU lacks.
+        let avx2 = std::is_x86_feature_detected!("avx2");
         if isa >= Isa::Avx512
+            && avx2
             && std::is_x86_feature_detected!("avx512vnni")
             && std::is_x86_feature_detected!("avx512vl")
         {
-            // SAFETY: `isa` above AVX2 means the CPU has AVX2; VNNI and VL checked just above.
+            // SAFETY: AVX2, VNNI and VL, checked just above.
             return unsafe { quant_x86::column_products_vnni(format, w, columns, xs, out) };
         }
-        if isa >= Isa::Avx2 {
-            // SAFETY: `isa` is at most what the CPU has.
+        if isa >= Isa::Avx2 && avx2 {
+            // SAFETY: AVX2, checked just above.
             return unsafe { quant_x86::column_products_avx2(format, w, columns, xs, out) };
         }
     }

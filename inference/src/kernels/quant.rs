@@ -6,7 +6,7 @@
 //! `quantize_row_q8_0` does, every step an IEEE 754 binary32 operation rounded to nearest
 //! even: `amax` is the largest `|x|` of the block (NaNs left out), `d = amax / 127`,
 //! `id = 1 / d` (0 when `d` is 0), and value `j` is `round(x[j] * id)` (halves away from
-//! zero) as an 8-bit integer, saturating, a NaN giving 0. The block's scale is `d` rounded
+//! zero) as an 8-bit integer, saturating to -127..=127, a NaN giving 0. The block's scale is `d` rounded
 //! to binary16 (nearest even): what the block stores, and the only scale the product uses.
 //!
 //! # The product
@@ -156,8 +156,10 @@ pub fn quantize_row(x: &[f32]) -> QuantizedRow {
         let id = if d == 0.0 { 0.0 } else { 1.0 / d };
         scales.push(f16::from_f32(d).to_bits());
         // `as i8` saturates and takes a NaN to 0.
-        // `|v * id|` is at most 127 and a little, so never -128.
-        values.extend(block.iter().map(|v| (v * id).round() as i8));
+        // `|v * id|` is at most 127 and a little, except when `d` is so small that `id` is
+        // infinite (`amax` below 2^-121): then the values saturate, held to -127..=127, and
+        // the scale is binary16 zero, so the products are zero all the same.
+        values.extend(block.iter().map(|v| ((v * id).round() as i8).max(-127)));
     }
     QuantizedRow::new(scales, values).expect("whole blocks in -127..=127")
 }
@@ -457,7 +459,7 @@ fn quantize_q4_0(block: &[f32]) -> [u8; 18] {
     let id = if d == 0.0 { 0.0 } else { 1.0 / d };
     let mut out = [0u8; 18];
     out[..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
-    let nibble = |x: f32| ((x * id + 8.5) as i8).min(15) as u8;
+    let nibble = |x: f32| ((x * id + 8.5) as i8).clamp(0, 15) as u8;
     for j in 0..16 {
         out[2 + j] = nibble(block[j]) | (nibble(block[16 + j]) << 4);
     }
@@ -616,6 +618,12 @@ pub(super) fn add_blocks<D: IntegerDot>(
     sums: &mut [ExactSum],
 ) {
     let per_block = format.block_values() / BLOCK;
+    let end = (first + row.len() / format.block_bytes()) * format.block_values();
+    // What `add_product`'s reads rely on.
+    assert!(
+        xs.iter().all(|x| x.values.len() >= end),
+        "activations as long as the weights"
+    );
     for (b, block) in row.chunks_exact(format.block_bytes()).enumerate() {
         let block = format.unpack(block);
         for (x, sum) in xs.iter().zip(sums.iter_mut()) {
@@ -823,7 +831,7 @@ mod tests {
             format in proptest::sample::select(BlockFormat::ALL.to_vec()),
             (columns, rows, blocks) in (1usize..4, 1usize..4, 1usize..20),
             seed in proptest::collection::vec(any::<u8>(), 210 * 19 * 3),
-            scales in proptest::collection::vec(0x0001u16..0x7800, 2 * 19 * 3),
+            scales in proptest::collection::vec(any::<u16>(), 2 * 19 * 3),
             narrow in any::<bool>(),
             activations in proptest::collection::vec(-1000.0f32..1000.0, 256 * 19 * 3),
         ) {
@@ -833,8 +841,8 @@ mod tests {
             let mut stored = seed[..columns * blocks * bytes].to_vec();
             for (b, block) in stored.chunks_exact_mut(bytes).enumerate() {
                 for (s, at) in scale_offsets(format).iter().enumerate() {
-                    // Scales of one binade (the vector kernels' fast path) or of any
-                    // (their exact fallback), signs included.
+                    // Scales of one binade (the vector kernels' fast path) or any bits
+                    // (their exact fallback; infinities and NaNs), signs included.
                     let bits = scales[2 * b + s];
                     let bits = if narrow { 0x3400 | (bits & 0x83ff) } else { bits };
                     block[*at..*at + 2].copy_from_slice(&bits.to_le_bytes());
@@ -920,6 +928,25 @@ mod tests {
             assert_eq!(ours.len(), theirs.len(), "{name}");
             assert_eq!(ours, theirs, "{name}");
         }
+    }
+
+    /// A block so small that `1 / d` is infinite quantizes to values held to -127..=127 and a
+    /// zero scale, never to a row the kernels refuse (a negative value once saturated to
+    /// -128 and panicked).
+    #[test]
+    fn a_tiny_block_quantizes_to_a_zero_scale_without_panicking() {
+        let mut x = [0f32; BLOCK];
+        x[0] = -1e-38;
+        x[1] = 1e-39;
+        let q = quantize_row(&x);
+        assert_eq!(q.scales, [0]);
+        assert!(q.values.iter().all(|v| (-127..=127).contains(v)));
+        assert_eq!(
+            dot(BlockFormat::Q8_0, &q8_row(&[0x3c00], &[1; BLOCK]), &q),
+            0.0
+        );
+        let q4 = BlockFormat::Q4_0.quantize(&x).unwrap();
+        assert!(dequantize(BlockFormat::Q4_0, &q4).iter().all(|v| *v == 0.0));
     }
 
     #[test]

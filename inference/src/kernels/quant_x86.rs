@@ -148,8 +148,17 @@ const GROUP: usize = 8;
 unsafe fn exact_terms(a: __m256i, m: __m256i, powers: __m256i, bits: i32) -> Option<(i64, i32)> {
     // SAFETY: AVX2 is the caller's promise.
     unsafe {
-        let lowest = horizontal_min(powers);
-        let shifts = _mm256_sub_epi32(powers, _mm256_set1_epi32(lowest));
+        // A lane whose term is zero by its scales (an all-zero activation block has scale 0)
+        // counts for nothing: its power must not widen the spread.
+        let zero = _mm256_cmpeq_epi32(m, _mm256_setzero_si256());
+        let lowest = horizontal_min(_mm256_or_si256(
+            powers,
+            _mm256_and_si256(zero, _mm256_set1_epi32(i32::MAX)),
+        ));
+        if lowest == i32::MAX {
+            return Some((0, 0));
+        }
+        let shifts = _mm256_andnot_si256(zero, _mm256_sub_epi32(powers, _mm256_set1_epi32(lowest)));
         let too_wide = _mm256_cmpgt_epi32(shifts, _mm256_set1_epi32(59 - bits));
         if _mm256_movemask_epi8(too_wide) != 0 {
             return None;
