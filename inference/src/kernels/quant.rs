@@ -51,7 +51,7 @@ pub struct Scale {
 }
 
 /// The smallest power of two a term can carry (two subnormal binary16 scales).
-const LOWEST: i32 = -48;
+pub(super) const LOWEST: i32 = -48;
 
 impl Scale {
     /// The binary16 `bits` exactly, or `None` for an infinity or a NaN.
@@ -116,10 +116,6 @@ impl QuantizedRow {
         })
     }
 
-    pub fn scales(&self) -> &[u16] {
-        &self.scales
-    }
-
     pub fn values(&self) -> &[i8] {
         &self.values
     }
@@ -150,15 +146,15 @@ pub fn quantize_row(x: &[f32]) -> QuantizedRow {
     let mut scales = Vec::with_capacity(x.len() / BLOCK);
     let mut values = Vec::with_capacity(x.len());
     for block in x.chunks_exact(BLOCK) {
-        // `f32::max` leaves a NaN out, as C's `MAX(amax, fabsf(v))` does.
+        // `f32::max` leaves a NaN out (C's `MAX(amax, fabsf(v))` would carry it into the
+        // scale); a NaN value then quantizes to 0.
         let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
         let id = if d == 0.0 { 0.0 } else { 1.0 / d };
         scales.push(f16::from_f32(d).to_bits());
-        // `as i8` saturates and takes a NaN to 0.
-        // `|v * id|` is at most 127 and a little, except when `d` is so small that `id` is
-        // infinite (`amax` below 2^-121): then the values saturate, held to -127..=127, and
-        // the scale is binary16 zero, so the products are zero all the same.
+        // `as i8` saturates and takes a NaN to 0. `|v * id|` is at most 127 and a little,
+        // except when `d` is so small that `id` is infinite: then the values saturate, held
+        // to -127..=127, and the scale is binary16 zero, so the products are zero all the same.
         values.extend(block.iter().map(|v| ((v * id).round() as i8).max(-127)));
     }
     QuantizedRow::new(scales, values).expect("whole blocks in -127..=127")

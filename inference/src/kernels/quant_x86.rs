@@ -7,7 +7,7 @@ use std::arch::x86_64::*;
 
 use super::quant::{
     add_blocks, column_products, scale_and_min, BlockFormat, ExactSum, IntegerDot, QuantizedRow,
-    Scale, BLOCK,
+    Scale, BLOCK, LOWEST,
 };
 use crate::weights::Weight;
 
@@ -184,8 +184,8 @@ unsafe fn exact_terms(a: __m256i, m: __m256i, powers: __m256i, bits: i32) -> Opt
 /// 11-bit mantissas.
 const FLAT_BITS: i32 = 41;
 
-/// The row's eight activation scales from block `first`: mantissas, and exponents plus 48
-/// (powers from 2^LOWEST once a weight exponent is added).
+/// The row's eight activation scales from block `first`: mantissas, and exponents less
+/// `LOWEST` (powers from 2^LOWEST once a weight exponent is added).
 #[inline(always)]
 unsafe fn activation_scales(x: &QuantizedRow, first: usize) -> (__m256i, __m256i) {
     let (mantissas, exponents) = x.scale_parts();
@@ -199,7 +199,7 @@ unsafe fn activation_scales(x: &QuantizedRow, first: usize) -> (__m256i, __m256i
             _mm256_loadu_si256(mantissas.as_ptr().cast()),
             _mm256_add_epi32(
                 _mm256_loadu_si256(exponents.as_ptr().cast()),
-                _mm256_set1_epi32(48),
+                _mm256_set1_epi32(-LOWEST),
             ),
         )
     }
