@@ -99,18 +99,13 @@ pub fn load_experts(
     }
 }
 
-/// The identity a genesis `models` entry pins for the checkpoint in `dir`: its model id,
-/// the blake3 of its config.json, and the merkle root over one leaf per expert (layer-major,
-/// ascending expert) of its gate, up and down weights as stored, with their dtypes
+/// The identity a genesis `models` entry pins for the checkpoint in `dir` (a directory or a
+/// GGUF file): its model id, the blake3 of its config (`read_checkpoint`), and the merkle
+/// root over one leaf per expert (layer-major, ascending expert) of its gate, up and down
+/// weights as stored (a GGUF file's quantized blocks as they are), with their dtypes
 /// (`expert_evidence::Leaves::Tagged`). Reads every expert's bytes
 /// once: on a frontier-size checkpoint this takes minutes, which a ledger node pays at start.
 pub fn model_pin(dir: &Path) -> Result<ModelPin> {
-    if kvasir_inference::gguf::is_gguf(dir) {
-        bail!(
-            "{} is a GGUF file: pinning a GGUF model in genesis (and its evidence) is not written yet; pin a checkpoint directory",
-            dir.display()
-        );
-    }
     let (config_bytes, config, checkpoint) = read_checkpoint(dir)?;
     let (leaves, expert_bytes) = expert_leaves(&checkpoint, &config, Leaves::Tagged)?;
     Ok(ModelPin {
@@ -143,13 +138,21 @@ pub fn format_1_pin(dir: &Path) -> Result<ModelPin> {
     })
 }
 
-/// A checkpoint directory's config.json as stored, the config, and the checkpoint: what a
-/// pin and evidence's weights are made from.
+/// A checkpoint's config bytes, the config, and the checkpoint: what a pin and evidence's
+/// weights are made from. The config bytes are a directory's config.json as stored; a GGUF
+/// file has none, so they are its metadata as this engine reads it, written as JSON
+/// (`Config`'s serde fields in their order), which a validator parses like a config.json.
+/// That rendering is part of what a pin of a GGUF file commits to: a release that renders
+/// it otherwise proves nothing against an older pin, like a new arithmetic version.
 pub(crate) fn read_checkpoint(dir: &Path) -> Result<(Vec<u8>, Config, Checkpoint)> {
-    let config_path = dir.join("config.json");
-    let config_bytes = std::fs::read(&config_path)
-        .with_context(|| format!("reading {}", config_path.display()))?;
-    Ok((config_bytes, Config::load(dir)?, Checkpoint::open(dir)?))
+    let config = Config::load(dir)?;
+    let config_bytes = if kvasir_inference::gguf::is_gguf(dir) {
+        serde_json::to_vec(&config).context("writing the GGUF file's config as JSON")?
+    } else {
+        let config_path = dir.join("config.json");
+        std::fs::read(&config_path).with_context(|| format!("reading {}", config_path.display()))?
+    };
+    Ok((config_bytes, config, Checkpoint::open(dir)?))
 }
 
 fn config_hash(config_bytes: &[u8]) -> Hash {
@@ -158,10 +161,15 @@ fn config_hash(config_bytes: &[u8]) -> Hash {
 
 /// The short name a pin gets from its checkpoint's directory: `model-small` is `small`,
 /// `Qwen3.5-122B-A10B` is `qwen3.5-122b-a10b` (anything but [a-z0-9.-] becomes `-`; at most
-/// 32 characters). `genesis.json` may be edited to name it otherwise before the chain starts.
+/// 32 characters); a GGUF file is named by its file name without `.gguf`. `genesis.json` may
+/// be edited to name it otherwise before the chain starts.
 fn pin_name(dir: &Path) -> String {
-    let base = dir
-        .file_name()
+    let base = if kvasir_inference::gguf::is_gguf(dir) {
+        dir.file_stem()
+    } else {
+        dir.file_name()
+    };
+    let base = base
         .map(|n| n.to_string_lossy().to_lowercase())
         .unwrap_or_default();
     let base = base.strip_prefix("model-").unwrap_or(&base);

@@ -307,14 +307,29 @@ pub(crate) mod tests {
         }
     }
 
+    /// The GGUF files llama.cpp's tools wrote (`inference/tests/data/gguf`).
+    fn gguf_fixture(name: &str) -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../inference/tests/data/gguf/{name}"))
+    }
+
     /// Judged from the weights alone, with only the genesis pin: every expert of every honest
     /// answer is right, and one flipped bit in an expert's partial is wrong for that expert
-    /// and for no other. On an f32 checkpoint and on a bf16 one with fused experts, as
-    /// Qwen3.5 is published (whose two-byte weights are read as bf16 and f16).
+    /// and for no other. On an f32 checkpoint, on a bf16 one with fused experts, as Qwen3.5
+    /// is published (whose two-byte weights are read as bf16 and f16), and on GGUF files of
+    /// llama.cpp's Q8_0 and Q4_K_M (Q4_K and Q6_K blocks, carried as stored).
     #[test]
     fn honest_answers_are_right_for_every_expert_and_a_flipped_bit_only_for_its_own() {
-        for preset in ["tiny", "qwen35-tiny-vl"] {
-            let (_keep, dir) = checkpoint(preset);
+        for preset in [
+            "tiny",
+            "qwen35-tiny-vl",
+            "tiny-qwen3moe-q8_0.gguf",
+            "tiny-qwen3moe-q4_k_m.gguf",
+        ] {
+            let (_keep, dir) = if preset.ends_with(".gguf") {
+                (tempfile::tempdir().unwrap(), gguf_fixture(preset))
+            } else {
+                checkpoint(preset)
+            };
             let pin = model_pin(&dir).unwrap();
             let config = Config::load(&dir).unwrap();
             let prover = ExpertProver::open(&dir).unwrap();

@@ -60,6 +60,11 @@ pub struct Args {
     /// The synthetic checkpoint to serve.
     #[arg(long, default_value = "small")]
     preset: String,
+    /// Serve the preset quantized, as the GGUF file `model quantize` writes of it (q8_0 or
+    /// q4_0; not qwen35-small). The published dev chain pins no quantized model, so a data dir
+    /// without a chain gets a chain of its own that pins it too.
+    #[arg(long = "quantize", value_name = "TYPE")]
+    quantized: Option<kvasir_inference::gguf::write::Preset>,
     /// Where the workers run their experts: cpu, or cuda (needs a build with `--features
     /// cuda`); the output is still checked bit for bit against an all-local CPU run.
     #[arg(long, value_enum, default_value_t = Backend::Cpu)]
@@ -109,14 +114,55 @@ const REPORTER_FUNDS_KVR: &str = "5";
 /// The presets the dev chain pins (`genesis/dev`), the ones dev can serve.
 const DEV_CHAIN_PRESETS: [&str; 4] = ["tiny", "tiny-qwen2", "small", "qwen35-small"];
 
+/// The GGUF file `--quantize` serves of preset `name`, under `dir`: `model quantize`'s
+/// output, written on first use (the same bytes every time, so its pin is too).
+fn ensure_quantized(
+    dir: &Path,
+    name: &str,
+    preset: kvasir_inference::gguf::write::Preset,
+) -> Result<PathBuf> {
+    let checkpoint = dir.join(format!("model-{name}"));
+    ensure_model(&checkpoint, name)?;
+    let file = dir.join(format!(
+        "model-{name}-{}.gguf",
+        format!("{preset:?}").to_lowercase()
+    ));
+    if !file.exists() {
+        println!("quantizing the {name} preset as {}", file.display());
+        kvasir_inference::gguf::write::quantize(&checkpoint, &file, preset)
+            .with_context(|| format!("writing {}", file.display()))?;
+    }
+    Ok(file)
+}
+
+/// The quantized models dev has written under `dir` (`ensure_quantized`).
+fn quantized_models(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        if name.is_some_and(|n| n.starts_with("model-")) && kvasir_inference::gguf::is_gguf(&path) {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
 /// The checkpoint of each model `genesis` pins, under `dir`, synthesized on first use. Dev
-/// synthesizes only the dev chain's presets, so a chain pinning anything else is refused.
+/// synthesizes only the dev chain's presets (and quantizes them), so a chain pinning anything
+/// else is refused.
 fn pinned_models(dir: &Path, genesis: &Genesis) -> Result<Vec<PathBuf>> {
     let mut dirs = Vec::new();
     let mut found = Vec::new();
+    let mut candidates = Vec::new();
     for name in DEV_CHAIN_PRESETS {
         let model_dir = dir.join(format!("model-{name}"));
         ensure_model(&model_dir, name)?;
+        candidates.push(model_dir);
+    }
+    candidates.extend(quantized_models(dir)?);
+    for model_dir in candidates {
         let id = model_id(&model_dir)?;
         if genesis.model(&id).is_some() {
             dirs.push(model_dir);
@@ -153,9 +199,17 @@ pub fn run(args: Args) -> Result<()> {
     let dir = &args.data_dir;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let validators = usize::from(args.validators);
+    let model_dir = match args.quantized {
+        None => {
+            let model_dir = dir.join(format!("model-{}", args.preset));
+            ensure_model(&model_dir, &args.preset)?;
+            model_dir
+        }
+        Some(preset) => ensure_quantized(dir, &args.preset, preset)?,
+    };
     let genesis = if genesis_path(dir).exists() {
         Genesis::load(&genesis_path(dir))?
-    } else if validators == 1 {
+    } else if validators == 1 && args.quantized.is_none() {
         install_dev_chain(dir)?
     } else {
         new_dev_chain(dir, validators)?
@@ -167,17 +221,20 @@ pub fn run(args: Args) -> Result<()> {
             dir.display()
         );
     }
-    let model_dir = dir.join(format!("model-{}", args.preset));
-    ensure_model(&model_dir, &args.preset)?;
     // The ledger judges evidence with every model the chain pins, as any validator must.
     let pinned_dirs = pinned_models(dir, &genesis)?;
     if !pinned_dirs.contains(&model_dir) {
         bail!(
-            "the chain in {} (genesis {}) does not pin the {} preset, so evidence against its workers could not be judged: serve one of {}, or, if that directory holds an older dev chain, start afresh with another --data-dir",
+            "the chain in {} (genesis {}) does not pin {}, so evidence against its workers could not be judged: serve one it pins ({}), or start afresh with another --data-dir",
             dir.display(),
             genesis.hash(),
-            args.preset,
-            DEV_CHAIN_PRESETS.join(", ")
+            model_dir.display(),
+            genesis
+                .models
+                .iter()
+                .map(|m| if m.name.is_empty() { &m.id } else { &m.name }.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     let config = Config::load(&model_dir)?;
@@ -189,10 +246,13 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     println!(
-        "Kvasir dev swarm: chain {} (genesis {}), model {} in {}",
+        "Kvasir dev swarm: chain {} (genesis {}), model {}{} in {}",
         genesis.params.chain_id,
         genesis.hash(),
         args.preset,
+        args.quantized
+            .map(|q| format!(" quantized as {q:?}"))
+            .unwrap_or_default(),
         dir.display()
     );
 
@@ -485,13 +545,17 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 /// A fresh chain for `validators` validators in `dir`: the dev chain's parameters and pinned
-/// presets, with new keys (the published dev chain has one validator).
+/// presets, and the quantized presets written in `dir` (`--quantize`), with new keys (the
+/// published dev chain has one validator and pins no quantized model).
 fn new_dev_chain(dir: &Path, validators: usize) -> Result<Genesis> {
     let mut pins = Vec::new();
     for name in DEV_CHAIN_PRESETS {
         let model_dir = dir.join(format!("model-{name}"));
         ensure_model(&model_dir, name)?;
         pins.push(model_pin(&model_dir)?);
+    }
+    for file in quantized_models(dir)? {
+        pins.push(model_pin(&file)?);
     }
     let mut template = load_template(None)?;
     template.params.chain_id = format!("kvasir-dev-{validators}v");

@@ -371,6 +371,43 @@ fn dev_serves_qwen35_moe_remote_identical_to_local_and_pays_exactly() {
     assert_paid_exactly(&report, &genesis, &data);
 }
 
+/// `dev --quantize q4_0`: the preset as the GGUF file `model quantize` writes, on a chain of
+/// its own that pins the file's quantized blocks; every expert remote and the output
+/// identical to the local run bit for bit, a liar convicted by evidence that carries its
+/// expert's Q4_0 blocks, the others paid exactly. A quantization the chain does not pin is
+/// refused by name.
+#[test]
+fn dev_serves_a_quantized_model_remote_identical_to_local_and_convicts_a_liar() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (report, text) = dev_with(
+        &data,
+        &["--quantize", "q4_0", "--workers", "3", "--dishonest", "1"],
+    );
+    assert!(text.contains("model tiny quantized as Q4_0"), "{text}");
+    let genesis = Genesis::load(&data.join("genesis.json")).unwrap();
+    let pin = genesis
+        .models
+        .iter()
+        .find(|m| m.name == "tiny-q4-0")
+        .expect("the quantized model's pin");
+    assert_eq!(pin.arithmetic, 1);
+    assert_eq!(report.caught.len(), 1, "{report:?}");
+    assert_eq!(report.caught[0].address, report.workers[2].address);
+    assert_paid_exactly(&report, &genesis, &data);
+
+    let output = run(
+        "kvasir-node",
+        &["dev", "--data-dir", path_str(&data), "--quantize", "q8_0"],
+    );
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("does not pin") && stderr(&output).contains("tiny-q4-0"),
+        "{}",
+        stderr(&output)
+    );
+}
+
 #[test]
 fn dev_runs_the_swarm_credits_exactly_and_verify_chain_catches_one_flipped_byte() {
     let dir = tempfile::tempdir().unwrap();
