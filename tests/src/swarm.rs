@@ -201,7 +201,7 @@ pub struct Swarm {
     pub network: Option<Network>,
     backbone_key: PathBuf,
     /// Arguments added to the hub's command line, also when it is restarted.
-    hub_extra: Vec<String>,
+    pub hub_extra: Vec<String>,
 }
 
 impl Swarm {

@@ -26,7 +26,7 @@
 //! | Offset | Size | Field                                                      |
 //! |-------:|-----:|------------------------------------------------------------|
 //! | 0      | 4    | magic [`MAGIC`]: ASCII `"KVSR"`, bytes `4B 56 53 52`       |
-//! | 4      | 1    | version: [`VERSION`] = 3                                   |
+//! | 4      | 1    | version: [`VERSION`] = 4                                   |
 //! | 5      | 1    | kind: see [Messages](#messages)                            |
 //! | 6      | 4    | `u32` body length: exactly the frame's length minus 10     |
 //! | 10     |      | body                                                       |
@@ -40,8 +40,8 @@
 //! the bytes left *before* allocating anything, and refuses a byte left after the last field
 //! ([`WireError::Trailing`]). Every failure is a typed [`WireError`]; decoding never panics.
 //!
-//! Example: `Welcome { session: 42 }` is the 18 bytes
-//! `4B 56 53 52 03 03 08 00 00 00 2A 00 00 00 00 00 00 00`.
+//! Example: `Welcome { session: 42, notice: "" }` is the 20 bytes
+//! `4B 56 53 52 04 03 0A 00 00 00 2A 00 00 00 00 00 00 00 00 00`.
 //!
 //! ## Field types
 //!
@@ -103,10 +103,12 @@
 //! | `backend`   | `text`    | worker: `cpu` or `cuda` (others refused); backbone: `cpu`     |
 //! | `experts`   | `experts` | worker: the experts it holds; backbone: empty                 |
 //! | `order`     | `u64`     | backbone: the market order it acts for, 0 for none; worker: 0 |
+//! | `arithmetic`| `u32`     | the reference arithmetic's version it computes by             |
 //! | `signature` | `sig`     | see [Hello signature](#the-hello-signature)                   |
 //!
 //! **3 Welcome**: `session: u64`, the session the hub assigned: at least 1 for a worker,
-//! 0 for the backbone.
+//! 0 for the backbone; `notice: text`, what the hub's operator wants the client's to read
+//! (a deprecation and its end), empty for nothing; a client logs it.
 //!
 //! **4 Directory**: `u32` count (at most `MAX_SESSIONS`), then per entry
 //! ([`DirectoryEntry`]): `session: u64`, `worker: address`, `model_id: text` (its hello's),
@@ -150,8 +152,9 @@
 //!
 //! # Handshake
 //!
-//! 1. The client opens the WebSocket. The hub sends a [`Challenge`] at once: a fresh random
-//!    nonce, its key, its chain id.
+//! 1. The client opens the WebSocket, offering the subprotocol [`SUBPROTOCOL`] (`kvasir.4`);
+//!    the hub's upgrade answer names it. The hub sends a [`Challenge`] at once: a fresh
+//!    random nonce, its key, its chain id.
 //! 2. The client answers with a [`Hello`] signed for that challenge
 //!    ([`Hello::answer_for_order`]). The WebSocket handshake and the hello must complete
 //!    within 10 s of the connection (the hub's `HANDSHAKE_TIMEOUT`).
@@ -160,7 +163,9 @@
 //!    ends the link with no reply: the client sees the link close.
 //! 4. Worker: the hub refuses a backend other than `cpu` or `cuda`, a key that is not bonded
 //!    or is jailed (with `--ledger`), more than 16,384 distinct experts, or claims the hub or
-//!    the key has no room for, by a [`Failure`] with id 0 saying why, then closes. Otherwise
+//!    the key has no room for, by a [`Failure`] with id 0 saying why, then closes; so it does
+//!    a worker or backbone whose `arithmetic` is not the hub's own (such a client never gets
+//!    a session, so it is never sent work, audited or slashed). Otherwise
 //!    it sends [`Welcome`] with a new session id (at least 1); no request precedes it.
 //!    Backbone with `order` ≠ 0: the hub must read the order on its ledger, live (neither
 //!    closed nor paused), with the key its buyer or delegate, else a `Failure` with id 0.
@@ -238,8 +243,9 @@
 //! Intent `SwarmHello` (4), chain id of the challenge, payload `HelloClaims`, in order:
 //! the challenge's `nonce` (32 bytes) and `hub` (32), then the hello's `role` (`u8`), `key`
 //! (32), `model_id` (string), `backend` (string), `experts` (`u32` count, then `u16` layer,
-//! `u16` expert each, exactly as in the hello), `order` (`u64`). A hello is thus good for one
-//! challenge only, and every claim in it is signed.
+//! `u16` expert each, exactly as in the hello), `order` (`u64`), `arithmetic` (`u32`; a hello
+//! of version 3 signs everything before it). A hello is thus good for one challenge only, and
+//! every claim in it is signed.
 //!
 //! ## The answer signature
 //!
@@ -276,14 +282,29 @@
 //!
 //! # Versions
 //!
-//! [`VERSION`] 2: responses carry the answer signature. 3: a hello carries `order`. There is
-//! no negotiation: a frame of another version is refused as [`WireError::Version`]
-//! ("protocol version 2, this node speaks 3") before its kind or body is looked at, so a
-//! peer left on another release is told exactly that. Since the hub speaks first, such a
-//! client fails on the challenge, sending no hello, and logs "the hub's challenge: protocol
-//! version H, this node speaks C" (H the hub's version, C its own); a hello of another
-//! version that does reach the hub is logged there as a warning naming the peer, and the
-//! link closes without a reply.
+//! [`VERSION`] 2: responses carry the answer signature. 3: a hello carries `order`. 4: a
+//! hello carries `arithmetic`, a welcome a `notice`, and a client offers [`SUBPROTOCOL`].
+//!
+//! The version of a link is settled before its first frame: a client of this version offers
+//! the subprotocol `kvasir.4` in its WebSocket upgrade, and the hub's answer names it
+//! ([`link::accept`]); a client that offers none speaks [`PREVIOUS_VERSION`] (3). A hub
+//! admits such a worker until its `--previous-wire-until` time, and never without one (nor a
+//! backbone of that version): it writes that link's frames as version 3 ([`Message::encode_as`]
+//! for the challenge, welcome and failures; [`restamped`] headers for relayed requests, whose
+//! bodies are the same in both versions) and reads its hello and answers as version 3
+//! ([`Message::decode_as`]), logging a warning (a version-3 welcome has no notice). Its hello
+//! declares no arithmetic and is taken to declare [`PREVIOUS_ARITHMETIC`]. Past the window,
+//! or without one, the hub still speaks version 3 to it far enough to refuse its hello with a
+//! failure saying to upgrade. A client of this version whose hub does not take the
+//! subprotocol (a hub of an older version) fails at the upgrade: "the hub did not take
+//! subprotocol kvasir.4: it speaks a protocol version older than 4".
+//!
+//! On a link, a frame of another version is refused as [`WireError::Version`] ("protocol
+//! version 3, this node speaks 4") before its kind or body is looked at, so a peer left on
+//! another release is told exactly that: such a client fails on the challenge and logs "the
+//! hub's challenge: protocol version H, this node speaks C" (H the hub's version, C its own);
+//! a hello of another version that does reach the hub is logged there as a warning naming
+//! the peer, and the link closes without a reply.
 //!
 //! # Expert selections
 //!
@@ -323,7 +344,18 @@ use kvasir_primitives::keys::{Address, BadSignature, Keypair, Signature};
 pub const MAGIC: [u8; 4] = *b"KVSR";
 /// 2: responses carry the worker's answer signature.
 /// 3: a hello names the order its backbone acts for.
-pub const VERSION: u8 = 3;
+/// 4: a hello declares its reference arithmetic, a welcome carries a notice, and a client
+///    offers the WebSocket subprotocol [`SUBPROTOCOL`].
+pub const VERSION: u8 = 4;
+/// The version before [`VERSION`], which a hub may still speak to workers for a deprecation
+/// window (see [Versions](#versions)).
+pub const PREVIOUS_VERSION: u8 = 3;
+/// The WebSocket subprotocol a client of this version offers, by which a hub tells it from a
+/// client of [`PREVIOUS_VERSION`] (which offers none) before it sends its challenge.
+pub const SUBPROTOCOL: &str = "kvasir.4";
+/// The reference arithmetic every release that spoke [`PREVIOUS_VERSION`] computed by, which a
+/// hello of that version (declaring none) is taken to declare.
+pub const PREVIOUS_ARITHMETIC: u32 = 1;
 /// Magic, version, kind, body length.
 pub const HEADER: usize = 10;
 /// The answer signature that ends every response frame.
@@ -369,6 +401,10 @@ pub struct Hello {
     /// The market order a backbone acts for (its key must be the order's buyer or delegate);
     /// zero for none, and always zero from a worker.
     pub order: u64,
+    /// The version of the reference arithmetic its answers (or audits) are computed by
+    /// (`kvasir_inference::ARITHMETIC_VERSION`); None only in a hello of
+    /// [`PREVIOUS_VERSION`], which had no such field.
+    pub arithmetic: Option<u32>,
     pub signature: Signature,
 }
 
@@ -385,6 +421,15 @@ struct HelloClaims<'a> {
     order: u64,
 }
 
+/// What a hello of this version signs: the claims of [`PREVIOUS_VERSION`], then the
+/// arithmetic (borsh lays a struct's fields end to end, so a hello of either version signs
+/// exactly its own fields).
+#[derive(borsh::BorshSerialize)]
+struct HelloClaimsWithArithmetic<'a> {
+    claims: HelloClaims<'a>,
+    arithmetic: u32,
+}
+
 impl Hello {
     /// A hello answering `challenge`, signed by `key`, for no order.
     pub fn answer(
@@ -398,7 +443,8 @@ impl Hello {
         Hello::answer_for_order(challenge, key, role, model_id, backend, experts, 0)
     }
 
-    /// A hello answering `challenge`, signed by `key`, acting for `order`.
+    /// A hello answering `challenge`, signed by `key`, acting for `order`, declaring this
+    /// build's arithmetic.
     pub fn answer_for_order(
         challenge: &Challenge,
         key: &Keypair,
@@ -415,15 +461,33 @@ impl Hello {
             backend,
             experts,
             order,
+            arithmetic: Some(kvasir_inference::ARITHMETIC_VERSION),
             signature: Signature([0; 64]),
         };
-        hello.signature = intent::sign(
-            key,
-            Intent::SwarmHello,
-            &challenge.chain_id,
-            &hello.claims(challenge),
-        );
+        hello.sign(challenge, key);
         hello
+    }
+
+    /// Signs this hello's claims, as they are, for `challenge` with `key` (whose address must
+    /// be `self.key` for it to verify).
+    pub fn sign(&mut self, challenge: &Challenge, key: &Keypair) {
+        self.signature = match self.arithmetic {
+            Some(arithmetic) => intent::sign(
+                key,
+                Intent::SwarmHello,
+                &challenge.chain_id,
+                &HelloClaimsWithArithmetic {
+                    claims: self.claims(challenge),
+                    arithmetic,
+                },
+            ),
+            None => intent::sign(
+                key,
+                Intent::SwarmHello,
+                &challenge.chain_id,
+                &self.claims(challenge),
+            ),
+        };
     }
 
     fn claims<'a>(&'a self, challenge: &'a Challenge) -> HelloClaims<'a> {
@@ -441,14 +505,32 @@ impl Hello {
 
     /// Whether this hello was signed by its key in answer to exactly `challenge`.
     pub fn verify(&self, challenge: &Challenge) -> bool {
-        intent::verify(
-            &self.key,
-            Intent::SwarmHello,
-            &challenge.chain_id,
-            &self.claims(challenge),
-            &self.signature,
-        )
-        .is_ok()
+        let verified = match self.arithmetic {
+            Some(arithmetic) => intent::verify(
+                &self.key,
+                Intent::SwarmHello,
+                &challenge.chain_id,
+                &HelloClaimsWithArithmetic {
+                    claims: self.claims(challenge),
+                    arithmetic,
+                },
+                &self.signature,
+            ),
+            None => intent::verify(
+                &self.key,
+                Intent::SwarmHello,
+                &challenge.chain_id,
+                &self.claims(challenge),
+                &self.signature,
+            ),
+        };
+        verified.is_ok()
+    }
+
+    /// The arithmetic it declares: a hello of [`PREVIOUS_VERSION`] declares none and is taken
+    /// as [`PREVIOUS_ARITHMETIC`].
+    pub fn declared_arithmetic(&self) -> u32 {
+        self.arithmetic.unwrap_or(PREVIOUS_ARITHMETIC)
     }
 }
 
@@ -456,6 +538,10 @@ impl Hello {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Welcome {
     pub session: u64,
+    /// What the hub's operator wants the client's to read (that its version is deprecated,
+    /// and until when), empty for nothing; a client logs it. A welcome of
+    /// [`PREVIOUS_VERSION`] has none.
+    pub notice: String,
 }
 
 /// Hub to backbone: the live worker sessions and what each holds (sent whenever it changes).
@@ -718,9 +804,14 @@ impl Response {
 /// A frame of `kind` whose body `write` writes: written after a placeholder header that is
 /// filled in at the end, so a large body is never copied a second time.
 fn framed(kind: u8, write: impl FnOnce(&mut Writer)) -> Vec<u8> {
+    framed_as(VERSION, kind, write)
+}
+
+/// As `framed`, in protocol `version`.
+fn framed_as(version: u8, kind: u8, write: impl FnOnce(&mut Writer)) -> Vec<u8> {
     let mut w = Writer(Vec::with_capacity(64));
     w.bytes(&MAGIC);
-    w.u8(VERSION);
+    w.u8(version);
     w.u8(kind);
     w.u32(0);
     write(&mut w);
@@ -730,8 +821,27 @@ fn framed(kind: u8, write: impl FnOnce(&mut Writer)) -> Vec<u8> {
     frame
 }
 
+/// `frame` with its header's version set to `version`: what a hub relays to (or from) a link
+/// of [`PREVIOUS_VERSION`]. Every message but the hello and the welcome has the same body in
+/// both versions, and signatures cover bodies only, so relayed requests and answers keep
+/// their meaning. A frame shorter than a header comes back unchanged.
+pub fn restamped(frame: &[u8], version: u8) -> Vec<u8> {
+    let mut frame = frame.to_vec();
+    if frame.len() >= HEADER {
+        frame[4] = version;
+    }
+    frame
+}
+
 impl Message {
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_as(VERSION)
+    }
+
+    /// This message as a frame of protocol `version`: [`VERSION`], or [`PREVIOUS_VERSION`]
+    /// (whose hello has no arithmetic and whose welcome no notice).
+    pub fn encode_as(&self, version: u8) -> Vec<u8> {
+        let current = version != PREVIOUS_VERSION;
         let kind = match self {
             Message::Challenge(_) => KIND_CHALLENGE,
             Message::Hello(_) => KIND_HELLO,
@@ -741,7 +851,7 @@ impl Message {
             Message::Response(_) => KIND_RESPONSE,
             Message::Failure(_) => KIND_FAILURE,
         };
-        framed(kind, |w| match self {
+        framed_as(version, kind, |w| match self {
             Message::Challenge(c) => {
                 w.bytes(&c.nonce);
                 w.bytes(c.hub.as_bytes());
@@ -754,9 +864,17 @@ impl Message {
                 w.text(&h.backend);
                 w.holdings(&h.experts);
                 w.u64(h.order);
+                if current {
+                    w.u32(h.arithmetic.unwrap_or(0));
+                }
                 w.bytes(&h.signature.0);
             }
-            Message::Welcome(m) => w.u64(m.session),
+            Message::Welcome(m) => {
+                w.u64(m.session);
+                if current {
+                    w.text(&m.notice);
+                }
+            }
             Message::Directory(d) => {
                 w.u32(d.sessions.len() as u32);
                 for e in &d.sessions {
@@ -793,7 +911,14 @@ impl Message {
     }
 
     pub fn decode(frame: &[u8]) -> Result<Message, WireError> {
-        let (kind, mut r) = Reader::open(frame)?;
+        Message::decode_as(frame, VERSION)
+    }
+
+    /// A frame of protocol `version` ([`VERSION`] or [`PREVIOUS_VERSION`]), decoded: a frame of
+    /// any other version is refused as [`WireError::Version`], as `decode` refuses one.
+    pub fn decode_as(frame: &[u8], version: u8) -> Result<Message, WireError> {
+        let current = version != PREVIOUS_VERSION;
+        let (kind, mut r) = Reader::open(frame, version)?;
         let message = match kind {
             KIND_CHALLENGE => Message::Challenge(Challenge {
                 nonce: r.array()?,
@@ -811,9 +936,13 @@ impl Message {
                 backend: r.text()?,
                 experts: r.holdings()?,
                 order: r.u64()?,
+                arithmetic: if current { Some(r.u32()?) } else { None },
                 signature: Signature(r.array()?),
             }),
-            KIND_WELCOME => Message::Welcome(Welcome { session: r.u64()? }),
+            KIND_WELCOME => Message::Welcome(Welcome {
+                session: r.u64()?,
+                notice: if current { r.text()? } else { String::new() },
+            }),
             KIND_DIRECTORY => {
                 let count = r.count("directory sessions", MAX_SESSIONS, 44)?;
                 let mut sessions = Vec::with_capacity(count);
@@ -851,7 +980,7 @@ impl Message {
     /// without copying rows or partials (for a response, what verifying its signature takes
     /// besides `response_body(frame)`).
     pub fn inspect(frame: &[u8]) -> Result<Relayed, WireError> {
-        let (kind, mut r) = Reader::open(frame)?;
+        let (kind, mut r) = Reader::open(frame, VERSION)?;
         let relayed = match kind {
             KIND_REQUEST => {
                 let request = r.request(false)?;
@@ -1000,8 +1129,9 @@ impl From<ReadError> for WireError {
 }
 
 impl<'a> Reader<'a> {
-    /// Checks the header of `frame`; its kind and a reader at the start of its body.
-    fn open(frame: &'a [u8]) -> Result<(u8, Reader<'a>), WireError> {
+    /// Checks the header of `frame`, which must be of protocol `version`; its kind and a
+    /// reader at the start of its body.
+    fn open(frame: &'a [u8], version: u8) -> Result<(u8, Reader<'a>), WireError> {
         if frame.len() > MAX_FRAME {
             return Err(WireError::TooLarge {
                 what: "frame",
@@ -1013,9 +1143,9 @@ impl<'a> Reader<'a> {
         if r.take(4)? != MAGIC {
             return Err(WireError::BadMagic);
         }
-        let version = r.u8()?;
-        if version != VERSION {
-            return Err(WireError::Version(version));
+        let found = r.u8()?;
+        if found != version {
+            return Err(WireError::Version(found));
         }
         let kind = r.u8()?;
         let declared = r.u32()? as usize;
@@ -1191,7 +1321,10 @@ mod tests {
                 "cpu".into(),
                 vec![(0, 1), (0, 2)],
             )),
-            Message::Welcome(Welcome { session: 42 }),
+            Message::Welcome(Welcome {
+                session: 42,
+                notice: "wire 4 is admitted until 2027-01-31".into(),
+            }),
             Message::Directory(Directory {
                 sessions: vec![DirectoryEntry {
                     session: 1,
@@ -1315,9 +1448,80 @@ mod tests {
                 Message::inspect(&frame).map(drop).unwrap_err(),
             ] {
                 assert_eq!(error, WireError::Version(1));
-                assert_eq!(error.to_string(), "protocol version 1, this node speaks 3");
+                assert_eq!(error.to_string(), "protocol version 1, this node speaks 4");
             }
         }
+    }
+
+    /// Frames of the previous version, as a hub writes them to and reads them from a client
+    /// of that version: each round-trips in that version (a hello without its arithmetic, a
+    /// welcome without its notice), no frame is taken as of the other version, and every
+    /// other message is the same body under either header (`restamped`).
+    #[test]
+    fn frames_of_the_previous_version_round_trip_in_it_and_only_in_it() {
+        for message in samples() {
+            let frame = message.encode_as(PREVIOUS_VERSION);
+            assert_eq!(frame[4], PREVIOUS_VERSION);
+            let decoded = Message::decode_as(&frame, PREVIOUS_VERSION).unwrap();
+            let expected = match message.clone() {
+                Message::Hello(hello) => Message::Hello(Hello {
+                    arithmetic: None,
+                    ..hello
+                }),
+                Message::Welcome(welcome) => Message::Welcome(Welcome {
+                    notice: String::new(),
+                    ..welcome
+                }),
+                other => other,
+            };
+            assert_eq!(decoded, expected);
+            assert_eq!(
+                Message::decode(&frame),
+                Err(WireError::Version(PREVIOUS_VERSION))
+            );
+            assert!(Message::decode_as(&message.encode(), PREVIOUS_VERSION).is_err());
+            if !matches!(message, Message::Hello(_) | Message::Welcome(_)) {
+                assert_eq!(restamped(&frame, VERSION), message.encode());
+            }
+            for cut in 0..frame.len() {
+                assert!(Message::decode_as(&frame[..cut], PREVIOUS_VERSION).is_err());
+            }
+        }
+    }
+
+    /// A hello signs its arithmetic: another version, or a hello of this version passed off
+    /// as one of the previous (which declares none, and is taken as the previous arithmetic),
+    /// does not verify. A hello of the previous version signs what that version signed.
+    #[test]
+    fn a_hellos_arithmetic_is_signed() {
+        let key = Keypair::from_seed(&[2; 32]);
+        let hello = Hello::answer(
+            &challenge(),
+            &key,
+            Role::Worker,
+            "m".into(),
+            "cpu".into(),
+            vec![],
+        );
+        assert_eq!(hello.arithmetic, Some(kvasir_inference::ARITHMETIC_VERSION));
+        assert!(hello.verify(&challenge()));
+        let mut other = hello.clone();
+        other.arithmetic = Some(kvasir_inference::ARITHMETIC_VERSION + 1);
+        assert!(!other.verify(&challenge()));
+        let mut stripped = hello.clone();
+        stripped.arithmetic = None;
+        assert!(!stripped.verify(&challenge()));
+        // Re-signed without it: the previous version's claims, which verify as such.
+        stripped.sign(&challenge(), &key);
+        assert!(stripped.verify(&challenge()));
+        assert_eq!(stripped.declared_arithmetic(), PREVIOUS_ARITHMETIC);
+        let Ok(Message::Hello(old)) = Message::decode_as(
+            &Message::Hello(stripped.clone()).encode_as(PREVIOUS_VERSION),
+            PREVIOUS_VERSION,
+        ) else {
+            panic!("a hello of the previous version");
+        };
+        assert!(old.verify(&challenge()));
     }
 
     fn scope(challenge: &Challenge) -> AnswerScope<'_> {
@@ -1496,6 +1700,11 @@ mod tests {
             frame.extend(&bytes);
             let _ = Message::decode(&frame);
             let _ = Message::inspect(&frame);
+            // And behind a header of the previous version, as a hub reads a client of it.
+            frame[4] = PREVIOUS_VERSION;
+            if let Ok(message) = Message::decode_as(&frame, PREVIOUS_VERSION) {
+                prop_assert_eq!(message.encode_as(PREVIOUS_VERSION), frame);
+            }
         }
 
         #[test]

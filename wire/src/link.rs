@@ -25,14 +25,18 @@ use tokio::time::{Instant, Interval, MissedTickBehavior, Sleep};
 use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_rustls::rustls::ClientConfig;
 use tokio_rustls::TlsConnector;
-use tokio_tungstenite::tungstenite::http::Uri;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
+use tokio_tungstenite::tungstenite::http::{HeaderValue, Uri};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{self, Bytes, Message as WsMessage};
 use tokio_tungstenite::WebSocketStream;
 
 use kvasir_primitives::keys::Keypair;
 
-use crate::{Challenge, ExpertId, Hello, Message, Role, MAX_FRAME};
+use crate::{
+    Challenge, ExpertId, Hello, Message, Role, MAX_FRAME, PREVIOUS_VERSION, SUBPROTOCOL, VERSION,
+};
 
 /// A byte stream with or without TLS.
 pub trait Transport: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -59,6 +63,9 @@ pub struct Connected {
     /// What the hub opened with: its chain id and key are part of every answer signed on
     /// this link (`wire::AnswerScope`).
     pub challenge: Challenge,
+    /// What the hub's welcome asked its operator to read (empty for nothing): a client logs
+    /// it as a warning.
+    pub notice: String,
 }
 
 /// Dials the hub at `url` (through a gateway or directly) and answers its challenge as
@@ -96,6 +103,7 @@ pub async fn connect(
             source,
             session: welcome.session,
             challenge,
+            notice: welcome.notice,
         }),
         Message::Failure(failure) => bail!("the hub refused this {role:?}: {}", failure.message),
         _ => bail!("the hub refused this {role:?}"),
@@ -103,7 +111,9 @@ pub async fn connect(
 }
 
 /// Opens a WebSocket to `url`: `wss://` through TLS with `tls`'s roots, `ws://` in the clear
-/// (for a LAN). Returns the sending channel and the receiving half.
+/// (for a LAN), offering the subprotocol of this version ([`SUBPROTOCOL`]). Returns the
+/// sending channel and the receiving half. A hub that does not take the subprotocol speaks an
+/// older version, and is reported as such.
 pub async fn dial(
     url: &str,
     tls: &Arc<ClientConfig>,
@@ -129,10 +139,66 @@ pub async fn dial(
     } else {
         Box::new(tcp)
     };
-    let (ws, _) = tokio_tungstenite::client_async_with_config(url, stream, Some(ws_config()))
+    let mut request = url
+        .into_client_request()
+        .with_context(|| format!("{url:?} is not a WebSocket URL"))?;
+    request.headers_mut().insert(
+        "Sec-WebSocket-Protocol",
+        HeaderValue::from_static(SUBPROTOCOL),
+    );
+    let (ws, _) = tokio_tungstenite::client_async_with_config(request, stream, Some(ws_config()))
         .await
+        .map_err(|e| match e {
+            tungstenite::Error::Protocol(tungstenite::error::ProtocolError::SecWebSocketSubProtocolError(_)) => {
+                anyhow::anyhow!("the hub did not take subprotocol {SUBPROTOCOL}: it speaks a protocol version older than {VERSION}")
+            }
+            e => anyhow::Error::new(e),
+        })
         .with_context(|| format!("WebSocket handshake with {url}"))?;
     Ok(split(ws, None))
+}
+
+/// Completes a client's WebSocket handshake (the hub's side of `dial`), within
+/// `ws_config`'s limits. The link speaks this version when the client offers [`SUBPROTOCOL`]
+/// (which the answer then names), else [`PREVIOUS_VERSION`]: a client of that version offers
+/// none, and must be written its own version's frames from the first one on.
+pub async fn accept<T>(stream: T) -> Result<(WebSocketStream<T>, u8), tungstenite::Error>
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut version = VERSION;
+    // The callback's type is tungstenite's, whose error is a whole HTTP response.
+    #[allow(clippy::result_large_err)]
+    let ws = tokio_tungstenite::accept_hdr_async_with_config(
+        stream,
+        |request: &Request, response| {
+            let (response, spoken) = negotiate(request, response);
+            version = spoken;
+            Ok(response)
+        },
+        Some(ws_config()),
+    )
+    .await?;
+    Ok((ws, version))
+}
+
+/// The answer to a client's WebSocket upgrade, and the version the link speaks (`accept`).
+fn negotiate(request: &Request, mut response: Response) -> (Response, u8) {
+    let offered = request
+        .headers()
+        .get_all("Sec-WebSocket-Protocol")
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|protocol| protocol.trim() == SUBPROTOCOL);
+    if !offered {
+        return (response, PREVIOUS_VERSION);
+    }
+    response.headers_mut().insert(
+        "Sec-WebSocket-Protocol",
+        HeaderValue::from_static(SUBPROTOCOL),
+    );
+    (response, VERSION)
 }
 
 /// WebSocket limits matching the wire protocol's: nothing larger is ever buffered.
@@ -192,9 +258,23 @@ pub fn split<T>(
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    split_as(ws, keepalive, VERSION)
+}
+
+/// As `split`, for a link of protocol `version`: every frame sent is written with that
+/// version in its header (`crate::restamped`), as a hub writes to a client of
+/// `PREVIOUS_VERSION` the frames it relays.
+pub fn split_as<T>(
+    ws: WebSocketStream<T>,
+    keepalive: Option<Keepalive>,
+    version: u8,
+) -> (mpsc::UnboundedSender<Bytes>, Source<T>)
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let (sink, source) = ws.split();
     let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(write_frames(sink, rx, keepalive));
+    tokio::spawn(write_frames(sink, rx, keepalive, version));
     (tx, source)
 }
 
@@ -202,6 +282,7 @@ async fn write_frames<T>(
     mut sink: SplitSink<WebSocketStream<T>, WsMessage>,
     mut rx: mpsc::UnboundedReceiver<Bytes>,
     keepalive: Option<Keepalive>,
+    version: u8,
 ) where
     T: AsyncRead + AsyncWrite + Unpin,
 {
@@ -214,7 +295,8 @@ async fn write_frames<T>(
     loop {
         let message = tokio::select! {
             frame = rx.recv() => match frame {
-                Some(frame) => WsMessage::Binary(frame),
+                Some(frame) if version == VERSION => WsMessage::Binary(frame),
+                Some(frame) => WsMessage::Binary(crate::restamped(&frame, version).into()),
                 None => break,
             },
             () = next_ping(&mut pings) => WsMessage::Ping(Bytes::new()),
@@ -318,12 +400,55 @@ mod tests {
             split(ws, None)
         });
         let (tcp, _) = listener.accept().await.unwrap();
-        let ws = tokio_tungstenite::accept_async(tcp).await.unwrap();
+        let (ws, _) = accept(tcp).await.unwrap();
         let (tx, source) = split(ws, Some(KEEPALIVE));
         (
             (tx, Idle::new(source, KEEPALIVE.idle)),
             client.await.unwrap(),
         )
+    }
+
+    fn upgrade(protocols: &[&str]) -> (Response, u8) {
+        let mut request = Request::new(());
+        for protocol in protocols {
+            request.headers_mut().append(
+                "Sec-WebSocket-Protocol",
+                HeaderValue::from_str(protocol).unwrap(),
+            );
+        }
+        negotiate(&request, Response::new(()))
+    }
+
+    /// The subprotocol of this version, alone or among others, makes a link of this version
+    /// and is named in the answer; none (a client of the previous version), or others only,
+    /// a link of the previous version with no subprotocol named.
+    #[test]
+    fn the_offered_subprotocol_picks_the_links_version() {
+        for offered in [&[SUBPROTOCOL][..], &["chat, kvasir.4"], &["x", SUBPROTOCOL]] {
+            let (response, version) = upgrade(offered);
+            assert_eq!(version, VERSION, "{offered:?}");
+            assert_eq!(response.headers()["Sec-WebSocket-Protocol"], SUBPROTOCOL);
+        }
+        for offered in [&[][..], &["kvasir.3"], &["kvasir.40"]] {
+            let (response, version) = upgrade(offered);
+            assert_eq!(version, PREVIOUS_VERSION, "{offered:?}");
+            assert!(response.headers().get("Sec-WebSocket-Protocol").is_none());
+        }
+    }
+
+    /// A client of this version dialing a server that does not take its subprotocol (a hub
+    /// of an older version) is told so.
+    #[tokio::test]
+    async fn a_hub_that_ignores_the_subprotocol_is_an_older_one() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("ws://{}/", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let _ws = tokio_tungstenite::accept_async(tcp).await;
+        });
+        let tls = crate::tls::client(None).unwrap();
+        let error = dial(&url, &tls).await.err().expect("refused");
+        assert!(format!("{error:#}").contains("older than 4"), "{error:#}");
     }
 
     #[tokio::test]
@@ -345,7 +470,7 @@ mod tests {
         let url = format!("ws://{}/", listener.local_addr().unwrap());
         let hub = tokio::spawn(async move {
             let (tcp, _) = listener.accept().await.unwrap();
-            let ws = tokio_tungstenite::accept_async(tcp).await.unwrap();
+            let (ws, _) = accept(tcp).await.unwrap();
             let (tx, source) = split(ws, None);
             let challenge = Challenge {
                 nonce: [1; 32],
@@ -371,7 +496,7 @@ mod tests {
         let error = format!("{:#}", refused.err().expect("refused"));
         assert_eq!(
             error,
-            "the hub's challenge: protocol version 1, this node speaks 3"
+            "the hub's challenge: protocol version 1, this node speaks 4"
         );
         drop(hub.await.unwrap());
     }

@@ -20,9 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use kvasir_devnet::Loopback;
-use kvasir_wire::link::{
-    connect, dial, next_frame, next_message, ws_config, Connected, Dialed, Identity,
-};
+use kvasir_wire::link::{connect, dial, next_frame, next_message, Connected, Dialed, Identity};
 use kvasir_wire::tls;
 use kvasir_wire::{request_hash, AnswerScope, Message, Relayed, Request, Response, Role};
 
@@ -128,9 +126,7 @@ async fn wss_echo_server(listener: TcpListener, tls: Arc<ServerConfig>) {
             let Ok(stream) = acceptor.accept(stream).await else {
                 return;
             };
-            let Ok(ws) =
-                tokio_tungstenite::accept_async_with_config(stream, Some(ws_config())).await
-            else {
+            let Ok((ws, _)) = kvasir_wire::link::accept(stream).await else {
                 return;
             };
             let (mut sink, mut source) = ws.split();
@@ -178,6 +174,7 @@ async fn answering_worker(url: String, cert: std::path::PathBuf) -> Result<()> {
         mut source,
         session,
         challenge,
+        ..
     } = connect(&url, &tls, identity).await?;
     let scope = AnswerScope::new(&challenge, session, "bench");
     // Like the echo server on the direct path, it does no more than answer (and sign, which

@@ -31,6 +31,7 @@ mod receipts;
 mod registry;
 mod relay;
 mod standing;
+mod versions;
 
 #[cfg(fuzzing)]
 pub use relay::fuzzing::relay_script;
@@ -52,11 +53,12 @@ use crate::bonds::BondCheck;
 use crate::engine::Backend;
 use crate::listen::{Acceptor, Limits};
 use kvasir_devnet::chain::{dev_genesis_hash, refuse_exposed_dev_chain};
-use kvasir_wire::link::{self, next_frame, next_message, Idle, Keepalive};
+use kvasir_wire::link::{self, next_frame, Idle, Keepalive};
 use kvasir_wire::{Challenge, DirectoryEntry, Failure, Message, Role, Welcome, WireError};
 use receipts::{receipts, RegistryDoc};
 use registry::Registry;
 use relay::{distinct_claims, Links, DIRECTORY_INTERVAL};
+use versions::Versions;
 
 /// A client must complete the WebSocket handshake and its hello within this.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -121,6 +123,17 @@ pub struct Args {
     /// one account read per distinct key each time.
     #[arg(long, default_value_t = standing::DEFAULT_RECHECK_MS, value_parser = clap::value_parser!(u64).range(1..))]
     bond_recheck_ms: u64,
+    /// Until this time (RFC 3339, `2027-01-31T00:00:00Z`) also admit workers of the previous
+    /// wire protocol version (3), so that an upgrade does not cut them off; they are warned in
+    /// this hub's log. Without it, or after it, they are refused with a failure saying to
+    /// upgrade. A backbone must always speak this version.
+    #[arg(long, value_parser = parse_time)]
+    previous_wire_until: Option<std::time::SystemTime>,
+}
+
+fn parse_time(text: &str) -> Result<std::time::SystemTime, String> {
+    humantime::parse_rfc3339_weak(text)
+        .map_err(|e| format!("{text:?} is not an RFC 3339 time (2027-01-31T00:00:00Z): {e}"))
 }
 
 struct Hub {
@@ -135,6 +148,7 @@ struct Hub {
     bonds: Option<BondCheck>,
     /// The ledger, to check that a backbone acting for an order may (`--ledger`).
     ledger: Option<kvasir_api::Client>,
+    versions: Versions,
 }
 
 #[cfg(any(test, fuzzing))]
@@ -155,6 +169,7 @@ impl Hub {
             },
             bonds: None,
             ledger: None,
+            versions: Versions::default(),
         }
     }
 }
@@ -205,6 +220,9 @@ pub fn run(args: Args) -> Result<()> {
         },
         bonds,
         ledger: args.ledger.as_deref().map(kvasir_api::Client::new),
+        versions: Versions {
+            previous_wire_until: args.previous_wire_until,
+        },
     });
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(serve(
@@ -291,21 +309,23 @@ fn of_another_version(error: &anyhow::Error) -> bool {
 
 async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
     stream.set_nodelay(true)?;
-    let (ws, challenge, hello) = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
-        let ws =
-            tokio_tungstenite::accept_async_with_config(stream, Some(link::ws_config())).await?;
-        let (tx, mut source) = link::split(ws, Some(hub.keepalive));
+    let (ws, challenge, hello, version) = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+        let (ws, version) = link::accept(stream).await?;
+        // Frames written to a client of the previous version carry its version.
+        let (tx, mut source) = link::split_as(ws, Some(hub.keepalive), version);
         let challenge = Challenge {
             nonce: rand::random(),
             hub: hub.key.address(),
             chain_id: hub.chain_id.clone(),
         };
         let _ = tx.send(Message::Challenge(challenge.clone()).encode().into());
-        let hello = match next_message(&mut source).await.context("the hello")? {
+        let hello = match Message::decode_as(&next_frame(&mut source).await?, version)
+            .context("the hello")?
+        {
             Message::Hello(hello) => hello,
             _ => bail!("expected a hello"),
         };
-        anyhow::Ok(((tx, source), challenge, hello))
+        anyhow::Ok(((tx, source), challenge, hello, version))
     })
     .await
     .context("handshake timed out")??;
@@ -314,12 +334,28 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
     }
     let (tx, source) = ws;
     let mut source = Idle::new(source, hub.keepalive.idle);
+    // Every frame the hub itself writes to this link is of the link's version (the writer
+    // stamps only the header; a hello's and a welcome's bodies differ between versions).
+    let send = |message: Message| {
+        let _ = tx.send(message.encode_as(version).into());
+    };
+    let refuse =
+        |why: &dyn std::fmt::Display| send(Message::Failure(Failure::new(0, why.to_string())));
+    let notice = match hub
+        .versions
+        .admit(version, &hello, std::time::SystemTime::now())
+    {
+        Ok(notice) => notice,
+        Err(why) => {
+            refuse(&why);
+            bail!("refused {:?} {}: {why}", hello.role, hello.key);
+        }
+    };
+    if version != kvasir_wire::VERSION {
+        tracing::warn!(worker = %hello.key, "admitted on wire protocol version {version}: {notice}");
+    }
     match hello.role {
         Role::Worker => {
-            let refuse = |why: &dyn std::fmt::Display| {
-                let failure = Failure::new(0, why.to_string());
-                let _ = tx.send(Message::Failure(failure).encode().into());
-            };
             if Backend::named(&hello.backend).is_none() {
                 let why = format!(
                     "backend {:?} is not one that gives the reference bits (cpu, cuda)",
@@ -364,14 +400,24 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
                         bail!("refused {}: {why}", hello.key);
                     }
                 };
-                let _ = tx.send(Message::Welcome(Welcome { session }).encode().into());
+                send(Message::Welcome(Welcome { session, notice }));
                 expelled
             };
             tracing::info!(session, worker = %hello.key, experts = claimed, "worker attached");
             let result = async {
                 loop {
                     tokio::select! {
-                        frame = next_frame(&mut source) => hub.relay_answer(session, frame?)?,
+                        frame = next_frame(&mut source) => {
+                            let frame = frame?;
+                            // Relayed to the backbone as a frame of this version: only the
+                            // header differs (`kvasir_wire::restamped`).
+                            let frame = if version == kvasir_wire::VERSION {
+                                frame
+                            } else {
+                                kvasir_wire::restamped(&frame, kvasir_wire::VERSION).into()
+                            };
+                            hub.relay_answer(session, frame)?
+                        }
                         // Already out of the directory and told why (`Hub::expel`).
                         why = &mut expelled => match why {
                             Ok(why) => bail!("dropped {}: {why}", hello.key),
@@ -391,12 +437,11 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
                 let (hub, key, order) = (hub.clone(), hello.key, hello.order);
                 let checked = tokio::task::spawn_blocking(move || hub.may_act_for(&key, order));
                 if let Err(why) = checked.await? {
-                    let failure = Failure::new(0, format!("{why:#}"));
-                    let _ = tx.send(Message::Failure(failure).encode().into());
+                    refuse(&format!("{why:#}"));
                     bail!("refused the backbone: {why:#}");
                 }
             }
-            let _ = tx.send(Message::Welcome(Welcome { session: 0 }).encode().into());
+            send(Message::Welcome(Welcome { session: 0, notice }));
             let (stop, mut stopped) = tokio::sync::oneshot::channel();
             let connection = hub.links().attach_backbone(tx, hello.order, stop);
             tracing::info!(order = hello.order, "backbone attached");
@@ -489,13 +534,14 @@ mod tests {
 
     #[test]
     fn a_frame_of_another_version_is_told_apart_from_other_failures() {
-        let mut frame = Message::Welcome(Welcome { session: 1 }).encode();
+        let notice = String::new();
+        let mut frame = Message::Welcome(Welcome { session: 1, notice }).encode();
         frame[4] = 1;
         let old = anyhow::Error::from(Message::decode(&frame).unwrap_err()).context("the hello");
         assert!(of_another_version(&old));
         assert_eq!(
             format!("{old:#}"),
-            "the hello: protocol version 1, this node speaks 3"
+            "the hello: protocol version 1, this node speaks 4"
         );
         frame[0] = b'X';
         let garbage = anyhow::Error::from(Message::decode(&frame).unwrap_err());

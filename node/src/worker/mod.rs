@@ -164,10 +164,14 @@ async fn session(
         source,
         session,
         challenge,
+        notice,
     } = connected;
     let mut source = Idle::new(source, idle);
     let challenge = Arc::new(challenge);
     println!("worker session {session} open");
+    if !notice.is_empty() {
+        tracing::warn!("the hub says: {notice}");
+    }
     let mut served = 0;
     loop {
         // The frame itself is kept: the answer signs the hash of its body exactly as it came.

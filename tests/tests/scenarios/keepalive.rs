@@ -110,7 +110,7 @@ fn a_worker_redials_a_hub_that_goes_silent() {
                 .await
                 .unwrap_or_else(|_| panic!("no dial {session}\n{}", worker.stderr()))
                 .unwrap();
-            let ws = tokio_tungstenite::accept_async(tcp).await.unwrap();
+            let (ws, _) = link::accept(tcp).await.unwrap();
             let (tx, mut source) = link::split(ws, None);
             let challenge = Challenge {
                 nonce: [7; 32],
@@ -122,8 +122,13 @@ fn a_worker_redials_a_hub_that_goes_silent() {
             let Ok(Message::Hello(_)) = next_message(&mut source).await else {
                 panic!("no hello");
             };
-            tx.send(Message::Welcome(Welcome { session }).encode().into())
-                .unwrap();
+            let notice = String::new();
+            tx.send(
+                Message::Welcome(Welcome { session, notice })
+                    .encode()
+                    .into(),
+            )
+            .unwrap();
             welcomed.get_or_insert_with(Instant::now);
             // Held open, never read again.
             held.push((tx, source));

@@ -18,4 +18,5 @@ mod swarm;
 mod swarm_adversarial;
 mod validators;
 mod verified_work;
+mod versions;
 mod wallet;
