@@ -114,6 +114,11 @@ impl Loopback {
         }
     }
 
+    /// The process id of the role started last (the worker `add_worker` just started).
+    pub fn last_pid(&self) -> Option<u32> {
+        self.roles.last().map(Process::pid)
+    }
+
     /// Stops the roles, workers first, so no survivor logs the others' departure.
     pub fn stop(&mut self) {
         while let Some(role) = self.roles.pop() {

@@ -14,6 +14,9 @@
 //! remote run, and the exposed round trips split into what the requests' round trips take
 //! beyond the RTT (relay path, worker queue and compute) and what the step's own compute
 //! takes beyond all local.
+//! After the runs, the worker's resident memory (`VmRSS`): its held experts' weights, all
+//! paged in by then, and the process; on a quantized GGUF file next to its bf16 checkpoint,
+//! what quantization saves a worker.
 //! A run in which any request fell back to local experts measured something else, and is an
 //! error. Each figure is the best of `RUNS` runs (the machine's noise only slows a run; a
 //! one-stream step is short enough that one slow run moved the exposed round trips by 0.1).
@@ -214,6 +217,7 @@ pub fn run(args: Args) -> Result<()> {
         "cpu",
         &[],
     )?;
+    let worker_pid = swarm.last_pid().context("the worker's process")?;
     let remote = RemoteExperts::attach(
         &runtime,
         &format!("ws://{}", swarm.hub_addr),
@@ -261,6 +265,9 @@ pub fn run(args: Args) -> Result<()> {
         .stats()
         .all_remote()
         .map_err(|why| anyhow::anyhow!("{why}: not a measurement of remote dispatch"))?;
+    // Every expert it holds has run by now, so its weights are paged in: what a worker
+    // holding this slice keeps resident.
+    let worker_resident = resident_bytes(worker_pid)?;
     // Round trips a one-stream step exposes, against the round trip measured through the proxy.
     let single = points
         .iter()
@@ -290,6 +297,7 @@ pub fn run(args: Args) -> Result<()> {
             "exposed_round_trips_1_stream": single.as_ref().map(|e| e.total),
             "exposed_by_relay_1_stream": single.as_ref().and_then(|e| e.relay),
             "exposed_by_compute_1_stream": single.as_ref().and_then(Exposed::compute),
+            "worker_resident_bytes": worker_resident,
             "statistic": format!("best of {RUNS} runs for every figure"),
         });
         println!("{value}");
@@ -304,6 +312,10 @@ pub fn run(args: Args) -> Result<()> {
     println!(
         "injected round trip measured through the proxy: {:.2} ms (the RTT the figures divide by)",
         link * 1e3
+    );
+    println!(
+        "worker resident after the runs: {:.1} MB (VmRSS: its experts' weights as stored, paged in, and the process)",
+        worker_resident as f64 / 1e6
     );
     println!(
         "{:>8} {:>6} {:>12} {:>12} {:>16} {:>16} {:>14}",
@@ -344,4 +356,17 @@ pub fn run(args: Args) -> Result<()> {
         "(best of {RUNS} runs for every figure) remote_vs_local target: >= 0.8 at 256 streams with '*:*' remote at 13 ms"
     );
     Ok(())
+}
+
+/// The resident memory of process `pid` (`VmRSS` of `/proc/PID/status`), in bytes.
+fn resident_bytes(pid: u32) -> Result<u64> {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    let kib = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().strip_suffix("kB"))
+        .and_then(|kib| kib.trim().parse::<u64>().ok())
+        .with_context(|| format!("{path} has no VmRSS line"))?;
+    Ok(kib * 1024)
 }
