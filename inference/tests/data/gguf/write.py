@@ -18,9 +18,12 @@ seeded random bytes with finite scales (`rows.q4_k`, ...) and gguf-py's dequanti
 
 With `--llama-quantize PATH` (llama.cpp's `llama-quantize`, built as
 docs/notes/llama-cpp-side-by-side.md says), it also writes tiny-qwen3moe-f32.gguf in a
-temporary folder (every matrix rows of 256 values, so the K formats' blocks fit) and
-has llama.cpp's own quantizer make tiny-qwen3moe-q4_k_m.gguf and tiny-qwen3moe-q5_k_m.gguf
-from it: its presets' mix of Q4_K, Q5_K and Q6_K tensors, as users' files have them.
+temporary folder (every matrix rows of 256 values, so the K formats' blocks fit; both layers
+MoE, as llama.cpp's qwen3moe requires) and has llama.cpp's own quantizer make
+tiny-qwen3moe-q4_k_m.gguf and tiny-qwen3moe-q5_k_m.gguf from it (its presets' mix of Q4_K,
+Q5_K and Q6_K tensors, as users' files have them), and tiny-qwen3moe-llama-q8_0.gguf and
+-llama-q4_0.gguf. With `--llama-logits PATH` too (llama_logits.cpp, built), each of those
+gets llama.cpp's teacher-forced logits over a fixed sequence beside it (`NAME.llama.json`).
 """
 import os
 import subprocess
@@ -32,6 +35,9 @@ import numpy as np
 
 HIDDEN, WIDTH, EXPERTS, DENSE, VOCAB, HEADS, KV_HEADS, HEAD_DIM = 64, 32, 8, 128, 16, 4, 2, 16
 Q = gguf.GGMLQuantizationType
+# The sequence llama.cpp's logits are taken over (`--llama-logits`): fixed, every token of the
+# vocabulary among them.
+TEACHER_TOKENS = [int(t) for t in np.random.default_rng(3).integers(0, VOCAB, 32)]
 
 
 def values(n, seed):
@@ -39,8 +45,8 @@ def values(n, seed):
     return (np.sin(i * 0.37 + seed) * 0.5).astype(np.float32)
 
 
-def tensor(writer, name, shape, kind, seed):
-    data = values(int(np.prod(shape)), seed).reshape(shape)
+def tensor(writer, name, shape, kind, seed, scale=1.0):
+    data = (values(int(np.prod(shape)), seed) * np.float32(scale)).reshape(shape)
     if kind == Q.F32:
         writer.add_tensor(name, data)
     elif kind == Q.F16:
@@ -52,9 +58,12 @@ def tensor(writer, name, shape, kind, seed):
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def write_model(path, hidden, width, dense, head_dim, experts, quantized, experts_down):
-    """A two-layer qwen3moe, the first layer dense; `quantized` is the experts' and dense
-    layer's type (`experts_down` for the experts' down matrices)."""
+def write_model(path, hidden, width, dense, head_dim, experts, quantized, experts_down,
+                first_dense=True, head_scale=1.0):
+    """A two-layer qwen3moe, the first layer dense unless not `first_dense` (llama.cpp's
+    qwen3moe has no dense layers); `quantized` is the experts' and dense layer's type
+    (`experts_down` for the experts' down matrices); the output head's weights times
+    `head_scale`."""
     w = gguf.GGUFWriter(path, "qwen3moe")
     w.add_block_count(2)
     w.add_embedding_length(hidden)
@@ -70,7 +79,10 @@ def write_model(path, hidden, width, dense, head_dim, experts, quantized, expert
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(1e6)
     w.add_tokenizer_model("gpt2")
-    w.add_token_list([f"t{i}" for i in range(VOCAB)])
+    # A whole byte-level BPE vocabulary (llama.cpp refuses one without merges): "t", the ten
+    # digits, and "t0" to "t4" merged from them.
+    w.add_token_list(["t"] + [str(d) for d in range(10)] + [f"t{d}" for d in range(VOCAB - 11)])
+    w.add_token_merges([f"t {d}" for d in range(VOCAB - 11)])
     w.add_eos_token_id(2)
     seed = 0
     for name, shape, kind in [
@@ -79,7 +91,7 @@ def write_model(path, hidden, width, dense, head_dim, experts, quantized, expert
         ("output.weight", (VOCAB, hidden), Q.BF16 if quantized != Q.F32 else Q.F32),
     ]:
         seed += 1
-        tensor(w, name, shape, kind, seed)
+        tensor(w, name, shape, kind, seed, head_scale if name == "output.weight" else 1.0)
     attention = Q.F16 if quantized != Q.F32 else Q.F32
     for layer in range(2):
         for name, shape, kind in [
@@ -94,7 +106,7 @@ def write_model(path, hidden, width, dense, head_dim, experts, quantized, expert
         ]:
             seed += 1
             tensor(w, f"blk.{layer}.{name}", shape, kind, seed)
-        if layer == 0:
+        if layer == 0 and first_dense:
             parts = [("ffn_gate.weight", (dense, hidden), quantized),
                      ("ffn_up.weight", (dense, hidden), quantized),
                      ("ffn_down.weight", (hidden, dense), quantized)]
@@ -149,10 +161,23 @@ if "--llama-quantize" in sys.argv:
     quantize = sys.argv[sys.argv.index("--llama-quantize") + 1]
     with tempfile.TemporaryDirectory() as tmp:
         f32 = os.path.join(tmp, "tiny-qwen3moe-f32.gguf")
-        # Four experts; attention of 4 heads of 64, so every matrix is rows of 256 values.
-        write_model(f32, 256, 256, 256, 64, 4, Q.F32, Q.F32)
-        for preset in ["Q4_K_M", "Q5_K_M"]:
-            out = os.path.join(HERE, f"tiny-qwen3moe-{preset.lower()}.gguf")
+        # Four experts; attention of 4 heads of 64, so every matrix is rows of 256 values;
+        # both layers MoE, so that llama.cpp itself runs these files; a head 16 times the
+        # others' weights, whose logits spread over a few units as a trained model's do (the
+        # others' give logits of a few hundredths, between which nothing is decided).
+        write_model(f32, 256, 256, 256, 64, 4, Q.F32, Q.F32, first_dense=False, head_scale=16.0)
+        for preset in ["Q4_K_M", "Q5_K_M", "Q8_0", "Q4_0"]:
+            name = f"tiny-qwen3moe-{preset.lower()}"
+            if preset in ("Q8_0", "Q4_0"):
+                name = f"tiny-qwen3moe-llama-{preset.lower()}"
+            out = os.path.join(HERE, name + ".gguf")
             subprocess.run([quantize, f32, out, preset, "1"], check=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             print(out, os.path.getsize(out), "bytes")
+            if "--llama-logits" in sys.argv:
+                # llama.cpp's logits at every position of a fixed sequence, teacher-forced
+                # (llama_logits.cpp, built as its header says), on one thread.
+                logits = sys.argv[sys.argv.index("--llama-logits") + 1]
+                tokens = ",".join(str(t) for t in TEACHER_TOKENS)
+                with open(os.path.join(HERE, name + ".llama.json"), "w") as f:
+                    subprocess.run([logits, out, tokens, "1"], check=True, stdout=f)
