@@ -238,3 +238,32 @@ pub(crate) fn tiny_checkpoint() -> std::path::PathBuf {
     });
     dir.path().join("tiny")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A GGUF file's pin. Its config, rendered as JSON, parses back to the very config the
+    /// file gives, which is what a validator judges evidence with. And the pin itself is
+    /// pinned: a change to how `Config` renders (a field added, renamed or reordered)
+    /// changes every GGUF pin's config hash, and evidence against workers on chains that pin
+    /// one could no longer be proven; such a change fails here first.
+    #[test]
+    fn a_gguf_pin_is_stable_and_its_config_parses_back() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../inference/tests/data/gguf/tiny-qwen3moe-q8_0.gguf");
+        let (bytes, config, _) = read_checkpoint(&path).unwrap();
+        let text = std::str::from_utf8(&bytes).unwrap();
+        assert_eq!(Config::parse(text).unwrap(), config);
+        let pin = model_pin(&path).unwrap();
+        assert_eq!(
+            (pin.config_hash.to_string(), pin.experts_root.to_string()),
+            (
+                "7a313d894553d3320b0a9d978ccfd2ac46e3d8b77abcadd1ecef076e8b884695".to_string(),
+                "6f84945e7b75a065bea6b8a4438908f83834059b940519b36d40802c9968eba9".to_string()
+            )
+        );
+        assert_eq!(pin.name, "tiny-qwen3moe-q8-0");
+        assert_eq!(pin.arithmetic, kvasir_inference::ARITHMETIC_VERSION);
+    }
+}

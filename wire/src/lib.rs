@@ -107,8 +107,8 @@
 //! | `signature` | `sig`     | see [Hello signature](#the-hello-signature)                   |
 //!
 //! **3 Welcome**: `session: u64`, the session the hub assigned: at least 1 for a worker,
-//! 0 for the backbone; `notice: text`, what the hub's operator wants the client's to read
-//! (a deprecation and its end), empty for nothing; a client logs it.
+//! 0 for the backbone; `notice: text`, what the hub's operator wants the client's operator to
+//! read (a deprecation and its end), empty for nothing; a client logs it.
 //!
 //! **4 Directory**: `u32` count (at most `MAX_SESSIONS`), then per entry
 //! ([`DirectoryEntry`]): `session: u64`, `worker: address`, `model_id: text` (its hello's),
@@ -290,9 +290,12 @@
 //! ([`link::accept`]); a client that offers none speaks [`PREVIOUS_VERSION`] (3). A hub
 //! admits such a worker until its `--previous-wire-until` time, and never without one (nor a
 //! backbone of that version): it writes that link's frames as version 3 ([`Message::encode_as`]
-//! for the challenge, welcome and failures; [`restamped`] headers for relayed requests, whose
-//! bodies are the same in both versions) and reads its hello and answers as version 3
-//! ([`Message::decode_as`]), logging a warning (a version-3 welcome has no notice). Its hello
+//! for its welcome and failures; every frame's header restamped by the link's writer,
+//! [`link::split_as`], the challenge's and relayed requests' included, whose bodies are the
+//! same in both versions), reads its hello as version 3 ([`Message::decode_as`]) and its
+//! answers only with a version-3 header, relaying them as version 4 ([`restamped`]), and logs
+//! a warning (a version-3 welcome has no notice). A session admitted in the window is
+//! dropped, told why, once the window ends. Its hello
 //! declares no arithmetic and is taken to declare [`PREVIOUS_ARITHMETIC`]. Past the window,
 //! or without one, the hub still speaks version 3 to it far enough to refuse its hello with a
 //! failure saying to upgrade. A client of this version whose hub does not take the
@@ -301,10 +304,10 @@
 //!
 //! On a link, a frame of another version is refused as [`WireError::Version`] ("protocol
 //! version 3, this node speaks 4") before its kind or body is looked at, so a peer left on
-//! another release is told exactly that: such a client fails on the challenge and logs "the
-//! hub's challenge: protocol version H, this node speaks C" (H the hub's version, C its own);
-//! a hello of another version that does reach the hub is logged there as a warning naming
-//! the peer, and the link closes without a reply.
+//! another release is told exactly that. A client of version 3 or older facing a hub of this
+//! version without a window, or of version 2 facing one with a window, fails on the
+//! challenge or is refused at its hello; a hello of another version that does reach the hub
+//! is logged there as a warning naming the peer, and the link closes without a reply.
 //!
 //! # Expert selections
 //!
@@ -534,12 +537,12 @@ impl Hello {
     }
 }
 
-/// Hub to client after a good hello.
+/// Hub to client after a good hello (`Welcome::new` cuts the notice to fit a frame).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Welcome {
     pub session: u64,
-    /// What the hub's operator wants the client's to read (that its version is deprecated,
-    /// and until when), empty for nothing; a client logs it. A welcome of
+    /// What the hub's operator wants the client's operator to read (that its version is
+    /// deprecated, and until when), empty for nothing; a client logs it. A welcome of
     /// [`PREVIOUS_VERSION`] has none.
     pub notice: String,
 }
@@ -735,16 +738,33 @@ pub struct Failure {
 impl Failure {
     /// A failure of request `id`, its message cut to what a frame carries.
     pub fn new(id: u64, message: impl Into<String>) -> Failure {
-        let mut message = message.into();
-        if message.len() > MAX_TEXT {
-            let mut end = MAX_TEXT;
-            while !message.is_char_boundary(end) {
-                end -= 1;
-            }
-            message.truncate(end);
+        Failure {
+            id,
+            message: fitted(message.into()),
         }
-        Failure { id, message }
     }
+}
+
+impl Welcome {
+    /// A welcome to `session`, its notice cut to what a frame carries.
+    pub fn new(session: u64, notice: impl Into<String>) -> Welcome {
+        Welcome {
+            session,
+            notice: fitted(notice.into()),
+        }
+    }
+}
+
+/// `text` cut, at a character boundary, to what a `text` field carries.
+fn fitted(mut text: String) -> String {
+    if text.len() > MAX_TEXT {
+        let mut end = MAX_TEXT;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -764,8 +784,10 @@ pub enum WireError {
     Truncated { at: usize, needed: usize },
     #[error("not a Kvasir frame (bad magic)")]
     BadMagic,
-    #[error("protocol version {0}, this node speaks {VERSION}")]
-    Version(u8),
+    /// A frame of version `got` where `speaks` was expected (the link's version: this one's,
+    /// or for a client of the previous version, that one).
+    #[error("protocol version {got}, this node speaks {speaks}")]
+    Version { got: u8, speaks: u8 },
     #[error("unknown message kind {0}")]
     UnknownKind(u8),
     #[error("{what} is {got}, over the limit of {max}")]
@@ -838,8 +860,9 @@ impl Message {
         self.encode_as(VERSION)
     }
 
-    /// This message as a frame of protocol `version`: [`VERSION`], or [`PREVIOUS_VERSION`]
-    /// (whose hello has no arithmetic and whose welcome no notice).
+    /// This message as a frame of protocol `version`: [`PREVIOUS_VERSION`] (whose hello has
+    /// no arithmetic and whose welcome no notice), else [`VERSION`]'s layout under that
+    /// version's header.
     pub fn encode_as(&self, version: u8) -> Vec<u8> {
         let current = version != PREVIOUS_VERSION;
         let kind = match self {
@@ -917,7 +940,14 @@ impl Message {
     /// A frame of protocol `version` ([`VERSION`] or [`PREVIOUS_VERSION`]), decoded: a frame of
     /// any other version is refused as [`WireError::Version`], as `decode` refuses one.
     pub fn decode_as(frame: &[u8], version: u8) -> Result<Message, WireError> {
-        let current = version != PREVIOUS_VERSION;
+        // A version this node does not speak at all is refused as a frame of it would be.
+        if version != VERSION && version != PREVIOUS_VERSION {
+            return Err(WireError::Version {
+                got: version,
+                speaks: VERSION,
+            });
+        }
+        let current = version == VERSION;
         let (kind, mut r) = Reader::open(frame, version)?;
         let message = match kind {
             KIND_CHALLENGE => Message::Challenge(Challenge {
@@ -1145,7 +1175,10 @@ impl<'a> Reader<'a> {
         }
         let found = r.u8()?;
         if found != version {
-            return Err(WireError::Version(found));
+            return Err(WireError::Version {
+                got: found,
+                speaks: version,
+            });
         }
         let kind = r.u8()?;
         let declared = r.u32()? as usize;
@@ -1447,7 +1480,7 @@ mod tests {
                 Message::decode(&frame).map(drop).unwrap_err(),
                 Message::inspect(&frame).map(drop).unwrap_err(),
             ] {
-                assert_eq!(error, WireError::Version(1));
+                assert_eq!(error, WireError::Version { got: 1, speaks: 4 });
                 assert_eq!(error.to_string(), "protocol version 1, this node speaks 4");
             }
         }
@@ -1477,7 +1510,10 @@ mod tests {
             assert_eq!(decoded, expected);
             assert_eq!(
                 Message::decode(&frame),
-                Err(WireError::Version(PREVIOUS_VERSION))
+                Err(WireError::Version {
+                    got: PREVIOUS_VERSION,
+                    speaks: VERSION
+                })
             );
             assert!(Message::decode_as(&message.encode(), PREVIOUS_VERSION).is_err());
             if !matches!(message, Message::Hello(_) | Message::Welcome(_)) {
@@ -1487,6 +1523,73 @@ mod tests {
                 assert!(Message::decode_as(&frame[..cut], PREVIOUS_VERSION).is_err());
             }
         }
+    }
+
+    /// Version 3 as its release wrote it, built here by hand from that version's layout, not
+    /// by `encode_as`: its welcome example from the old documentation, and a hello (role,
+    /// key, model id, backend, experts, order, signature; no arithmetic) signed over the
+    /// borsh of the challenge's nonce and hub and those claims. Both decode as version 3, and
+    /// the hello verifies and is taken to declare the previous arithmetic.
+    #[test]
+    fn frames_of_the_version_3_release_decode_and_its_hello_verifies() {
+        let welcome = [
+            0x4B, 0x56, 0x53, 0x52, 0x03, 0x03, 0x08, 0x00, 0x00, 0x00, 0x2A, 0, 0, 0, 0, 0, 0, 0,
+        ];
+        assert_eq!(
+            Message::decode_as(&welcome, PREVIOUS_VERSION),
+            Ok(Message::Welcome(Welcome::new(42, "")))
+        );
+        let key = Keypair::from_seed(&[2; 32]);
+        let c = challenge();
+        let experts: Vec<(u16, u16)> = vec![(0, 1)];
+        let claims = (
+            c.nonce,
+            c.hub.as_bytes().to_owned(),
+            1u8,
+            key.address().as_bytes().to_owned(),
+            "m".to_string(),
+            "cpu".to_string(),
+            experts.clone(),
+            0u64,
+        );
+        let signature = intent::sign(&key, Intent::SwarmHello, &c.chain_id, &claims);
+        let mut body = vec![1u8];
+        body.extend(key.address().as_bytes());
+        body.extend(1u16.to_le_bytes());
+        body.extend(b"m");
+        body.extend(3u16.to_le_bytes());
+        body.extend(b"cpu");
+        body.extend(1u32.to_le_bytes());
+        body.extend(0u16.to_le_bytes());
+        body.extend(1u16.to_le_bytes());
+        body.extend(0u64.to_le_bytes());
+        body.extend(signature.0);
+        let mut frame = MAGIC.to_vec();
+        frame.extend([3, KIND_HELLO]);
+        frame.extend((body.len() as u32).to_le_bytes());
+        frame.extend(body);
+        let Ok(Message::Hello(hello)) = Message::decode_as(&frame, PREVIOUS_VERSION) else {
+            panic!("a version-3 hello");
+        };
+        assert_eq!(hello.arithmetic, None);
+        assert_eq!(hello.experts, experts);
+        assert!(hello.verify(&c));
+        assert_eq!(hello.declared_arithmetic(), PREVIOUS_ARITHMETIC);
+        assert_eq!(Message::Hello(hello).encode_as(PREVIOUS_VERSION), frame);
+        // A version this node does not speak at all is refused, not read as this one's.
+        assert!(Message::decode_as(&frame, 2).is_err());
+        assert!(
+            Message::decode_as(&Message::Welcome(Welcome::new(1, "")).encode_as(5), 5).is_err()
+        );
+    }
+
+    /// A welcome's notice is cut to fit a frame, as a failure's message is.
+    #[test]
+    fn a_long_notice_is_cut_to_fit_a_frame() {
+        let welcome = Welcome::new(1, "é".repeat(MAX_TEXT));
+        assert!(welcome.notice.len() <= MAX_TEXT);
+        let message = Message::Welcome(welcome);
+        assert_eq!(Message::decode(&message.encode()), Ok(message));
     }
 
     /// A hello signs its arithmetic: another version, or a hello of this version passed off

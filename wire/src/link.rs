@@ -69,8 +69,9 @@ pub struct Connected {
 }
 
 /// Dials the hub at `url` (through a gateway or directly) and answers its challenge as
-/// `identity`. A hub on another protocol version is reported as such ("the hub's challenge:
-/// protocol version 2, this node speaks 3").
+/// `identity`. A hub on an older protocol version is reported as such: it does not take the
+/// subprotocol (`dial`), or its challenge is of another version ("the hub's challenge:
+/// protocol version 5, this node speaks 4").
 pub async fn connect(
     url: &str,
     tls: &Arc<ClientConfig>,

@@ -123,10 +123,7 @@ fn ensure_quantized(
 ) -> Result<PathBuf> {
     let checkpoint = dir.join(format!("model-{name}"));
     ensure_model(&checkpoint, name)?;
-    let file = dir.join(format!(
-        "model-{name}-{}.gguf",
-        format!("{preset:?}").to_lowercase()
-    ));
+    let file = quantized_path(dir, name, preset);
     if !file.exists() {
         println!("quantizing the {name} preset as {}", file.display());
         kvasir_inference::gguf::write::quantize(&checkpoint, &file, preset)
@@ -135,18 +132,26 @@ fn ensure_quantized(
     Ok(file)
 }
 
-/// The quantized models dev has written under `dir` (`ensure_quantized`).
-fn quantized_models(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
-        let path = entry?.path();
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-        if name.is_some_and(|n| n.starts_with("model-")) && kvasir_inference::gguf::is_gguf(&path) {
-            files.push(path);
-        }
-    }
-    files.sort();
-    Ok(files)
+/// Where `ensure_quantized` writes preset `name` quantized as `preset`.
+fn quantized_path(
+    dir: &Path,
+    name: &str,
+    preset: kvasir_inference::gguf::write::Preset,
+) -> PathBuf {
+    dir.join(format!(
+        "model-{name}-{}.gguf",
+        format!("{preset:?}").to_lowercase()
+    ))
+}
+
+/// The quantized models dev has written under `dir` (`ensure_quantized`), and nothing else.
+fn quantized_models(dir: &Path) -> Vec<PathBuf> {
+    use kvasir_inference::gguf::write::Preset;
+    DEV_CHAIN_PRESETS
+        .iter()
+        .flat_map(|name| [Preset::Q8_0, Preset::Q4_0].map(|p| quantized_path(dir, name, p)))
+        .filter(|file| file.exists())
+        .collect()
 }
 
 /// The checkpoint of each model `genesis` pins, under `dir`, synthesized on first use. Dev
@@ -161,7 +166,7 @@ fn pinned_models(dir: &Path, genesis: &Genesis) -> Result<Vec<PathBuf>> {
         ensure_model(&model_dir, name)?;
         candidates.push(model_dir);
     }
-    candidates.extend(quantized_models(dir)?);
+    candidates.extend(quantized_models(dir));
     for model_dir in candidates {
         let id = model_id(&model_dir)?;
         if genesis.model(&id).is_some() {
@@ -171,7 +176,7 @@ fn pinned_models(dir: &Path, genesis: &Genesis) -> Result<Vec<PathBuf>> {
     }
     if let Some(other) = genesis.models.iter().find(|m| !found.contains(&m.id)) {
         bail!(
-            "this chain pins model {}, which is none of the presets dev synthesizes ({})",
+            "this chain pins model {}, which is none of the presets dev synthesizes ({}) nor of the files --quantize wrote in this data dir",
             other.id,
             DEV_CHAIN_PRESETS.join(", ")
         );
@@ -554,7 +559,7 @@ fn new_dev_chain(dir: &Path, validators: usize) -> Result<Genesis> {
         ensure_model(&model_dir, name)?;
         pins.push(model_pin(&model_dir)?);
     }
-    for file in quantized_models(dir)? {
+    for file in quantized_models(dir) {
         pins.push(model_pin(&file)?);
     }
     let mut template = load_template(None)?;

@@ -304,7 +304,7 @@ async fn serve(
 fn of_another_version(error: &anyhow::Error) -> bool {
     error
         .chain()
-        .any(|cause| matches!(cause.downcast_ref(), Some(WireError::Version(_))))
+        .any(|cause| matches!(cause.downcast_ref(), Some(WireError::Version { .. })))
 }
 
 async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
@@ -400,23 +400,21 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
                         bail!("refused {}: {why}", hello.key);
                     }
                 };
-                send(Message::Welcome(Welcome { session, notice }));
+                send(Message::Welcome(Welcome::new(session, notice)));
                 expelled
             };
             tracing::info!(session, worker = %hello.key, experts = claimed, "worker attached");
+            // A session of the previous version ends with its window.
+            let mut window = std::pin::pin!(hub.versions.window_end(version));
             let result = async {
                 loop {
                     tokio::select! {
                         frame = next_frame(&mut source) => {
-                            let frame = frame?;
-                            // Relayed to the backbone as a frame of this version: only the
-                            // header differs (`kvasir_wire::restamped`).
-                            let frame = if version == kvasir_wire::VERSION {
-                                frame
-                            } else {
-                                kvasir_wire::restamped(&frame, kvasir_wire::VERSION).into()
-                            };
-                            hub.relay_answer(session, frame)?
+                            hub.relay_answer(session, versions::as_current(frame?, version)?)?
+                        }
+                        why = &mut window => {
+                            refuse(&why);
+                            bail!("dropped {}: {why}", hello.key);
                         }
                         // Already out of the directory and told why (`Hub::expel`).
                         why = &mut expelled => match why {
@@ -441,7 +439,7 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
                     bail!("refused the backbone: {why:#}");
                 }
             }
-            send(Message::Welcome(Welcome { session: 0, notice }));
+            send(Message::Welcome(Welcome::new(0, notice)));
             let (stop, mut stopped) = tokio::sync::oneshot::channel();
             let connection = hub.links().attach_backbone(tx, hello.order, stop);
             tracing::info!(order = hello.order, "backbone attached");
@@ -534,8 +532,7 @@ mod tests {
 
     #[test]
     fn a_frame_of_another_version_is_told_apart_from_other_failures() {
-        let notice = String::new();
-        let mut frame = Message::Welcome(Welcome { session: 1, notice }).encode();
+        let mut frame = Message::Welcome(Welcome::new(1, "")).encode();
         frame[4] = 1;
         let old = anyhow::Error::from(Message::decode(&frame).unwrap_err()).context("the hello");
         assert!(of_another_version(&old));

@@ -13,7 +13,8 @@
 
 use std::time::SystemTime;
 
-use kvasir_wire::{Hello, Role, VERSION};
+use kvasir_wire::{Hello, Role, WireError, VERSION};
+use tokio_tungstenite::tungstenite::Bytes;
 
 /// What the hub admits besides its own versions.
 #[derive(Clone, Copy, Debug, Default)]
@@ -52,13 +53,46 @@ impl Versions {
         let declared = hello.declared_arithmetic();
         if declared != kvasir_inference::ARITHMETIC_VERSION {
             return Err(format!(
-                "this hub's swarm computes by reference arithmetic version {}, this {:?} by version {declared}: run a kvasir-node of version {} (nothing was served, so nothing is at stake)",
+                "this hub's swarm computes by reference arithmetic version {}, this {:?} by version {declared}: run a kvasir-node release that computes by version {} (nothing was served, so nothing is at stake)",
                 kvasir_inference::ARITHMETIC_VERSION,
                 hello.role,
                 kvasir_inference::ARITHMETIC_VERSION,
             ));
         }
         Ok(notice)
+    }
+
+    /// Resolves, with the reason to give, when a session on a link of wire `version` must
+    /// end: at the end of the window for the previous version, never for this one.
+    pub async fn window_end(&self, version: u8) -> String {
+        match self.previous_wire_until {
+            Some(until) if version != VERSION => {
+                let left = until.duration_since(SystemTime::now()).unwrap_or_default();
+                tokio::time::sleep(left).await;
+                format!(
+                    "this hub admitted wire protocol version {version} until {}: upgrade kvasir-node to one that speaks {VERSION}",
+                    humantime::format_rfc3339_seconds(until)
+                )
+            }
+            _ => std::future::pending().await,
+        }
+    }
+}
+
+/// A frame from a client of wire `version`, as the hub relays it: a frame of the previous
+/// version must carry that version and is relayed as one of this (only the header differs,
+/// `kvasir_wire::restamped`); one of another version is refused.
+pub(super) fn as_current(frame: Bytes, version: u8) -> Result<Bytes, WireError> {
+    if version == VERSION {
+        return Ok(frame);
+    }
+    match frame.get(4) {
+        Some(&got) if got == version => Ok(kvasir_wire::restamped(&frame, VERSION).into()),
+        Some(&got) => Err(WireError::Version {
+            got,
+            speaks: version,
+        }),
+        None => Ok(frame),
     }
 }
 
@@ -81,6 +115,37 @@ mod tests {
         hello.sign(&challenge, &key);
         assert!(hello.verify(&challenge));
         hello
+    }
+
+    /// Frames from a link of the previous version are relayed as this version's only if they
+    /// say the link's version; this version's pass untouched.
+    #[test]
+    fn a_previous_version_link_must_stamp_its_frames_with_its_version() {
+        let frame = |version: u8| Bytes::from(vec![b'K', b'V', b'S', b'R', version, 6, 0, 0, 0, 0]);
+        let relayed = as_current(frame(PREVIOUS_VERSION), PREVIOUS_VERSION).unwrap();
+        assert_eq!(relayed, frame(VERSION));
+        for other in [VERSION, 0, 99] {
+            assert!(as_current(frame(other), PREVIOUS_VERSION).is_err());
+        }
+        assert_eq!(as_current(frame(VERSION), VERSION).unwrap(), frame(VERSION));
+        assert_eq!(as_current(frame(99), VERSION).unwrap(), frame(99));
+    }
+
+    /// A session of the previous version is ended at its window's end (at once, past it);
+    /// one of this version never.
+    #[tokio::test]
+    async fn a_previous_version_session_ends_with_the_window() {
+        let past = Versions {
+            previous_wire_until: Some(SystemTime::now() - Duration::from_secs(1)),
+        };
+        let why = past.window_end(PREVIOUS_VERSION).await;
+        assert!(why.contains("upgrade kvasir-node"), "{why}");
+        let soon = Versions {
+            previous_wire_until: Some(SystemTime::now() + Duration::from_millis(50)),
+        };
+        assert!(soon.window_end(PREVIOUS_VERSION).await.contains("admitted"));
+        let never = tokio::time::timeout(Duration::from_millis(100), soon.window_end(VERSION));
+        assert!(never.await.is_err());
     }
 
     /// A worker of the previous wire version: admitted with a notice before the window's end,

@@ -122,13 +122,8 @@ fn a_worker_redials_a_hub_that_goes_silent() {
             let Ok(Message::Hello(_)) = next_message(&mut source).await else {
                 panic!("no hello");
             };
-            let notice = String::new();
-            tx.send(
-                Message::Welcome(Welcome { session, notice })
-                    .encode()
-                    .into(),
-            )
-            .unwrap();
+            tx.send(Message::Welcome(Welcome::new(session, "")).encode().into())
+                .unwrap();
             welcomed.get_or_insert_with(Instant::now);
             // Held open, never read again.
             held.push((tx, source));

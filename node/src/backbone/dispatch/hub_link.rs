@@ -189,10 +189,14 @@ async fn hub_session(
         tx,
         mut source,
         challenge,
+        notice,
         ..
     } = link::connect(url, tls, identity).await?;
     link.up(tx, challenge);
     tracing::info!("attached to the hub at {url}");
+    if !notice.is_empty() {
+        tracing::warn!("the hub says: {notice}");
+    }
     loop {
         let frame = next_frame(&mut source).await?;
         // A response is checked here but not copied: the step waiting for it decodes it and
