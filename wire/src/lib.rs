@@ -1413,12 +1413,18 @@ mod tests {
         }
     }
 
+    /// A failure's message and a welcome's notice are cut, at a character boundary, to fit.
     #[test]
-    fn a_long_failure_message_is_cut_to_fit_a_frame() {
-        let failure = Failure::new(5, "é".repeat(MAX_TEXT));
-        assert!(failure.message.len() <= MAX_TEXT && failure.message.starts_with('é'));
-        let message = Message::Failure(failure);
-        assert_eq!(Message::decode(&message.encode()), Ok(message));
+    fn long_texts_are_cut_to_fit_a_frame() {
+        let long = "é".repeat(MAX_TEXT);
+        let failure = Failure::new(5, long.clone());
+        let welcome = Welcome::new(1, long);
+        for text in [&failure.message, &welcome.notice] {
+            assert!(text.len() <= MAX_TEXT && text.starts_with('é'));
+        }
+        for message in [Message::Failure(failure), Message::Welcome(welcome)] {
+            assert_eq!(Message::decode(&message.encode()), Ok(message));
+        }
     }
 
     #[test]
@@ -1581,15 +1587,6 @@ mod tests {
         assert!(
             Message::decode_as(&Message::Welcome(Welcome::new(1, "")).encode_as(5), 5).is_err()
         );
-    }
-
-    /// A welcome's notice is cut to fit a frame, as a failure's message is.
-    #[test]
-    fn a_long_notice_is_cut_to_fit_a_frame() {
-        let welcome = Welcome::new(1, "é".repeat(MAX_TEXT));
-        assert!(welcome.notice.len() <= MAX_TEXT);
-        let message = Message::Welcome(welcome);
-        assert_eq!(Message::decode(&message.encode()), Ok(message));
     }
 
     /// A hello signs its arithmetic: another version, or a hello of this version passed off
