@@ -73,8 +73,9 @@ enum GenesisCommand {
         /// commit to the name and the genesis hash, so no other chain takes them.
         #[arg(long)]
         chain_id: Option<String>,
-        /// Pin this checkpoint in genesis (repeatable): evidence of wrong answers is
-        /// recomputed with it, and ledger nodes must be started with it (`--model`).
+        /// Pin this checkpoint directory or GGUF file in genesis (repeatable): evidence of
+        /// wrong answers carries the disputed expert's weights as stored, which validators
+        /// check against the pin and recompute with.
         #[arg(long)]
         model: Vec<PathBuf>,
         /// Seal the key files under a passphrase (KVASIR_PASSPHRASE, or typed twice).
