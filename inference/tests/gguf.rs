@@ -13,7 +13,7 @@ use kvasir_inference::config::Config;
 use kvasir_inference::generate::{generate, Sampling};
 use kvasir_inference::kernels::cpu::matmul_t;
 use kvasir_inference::kernels::quant::BlockFormat;
-use kvasir_inference::model::qwen_moe::Model;
+use kvasir_inference::model::qwen_moe::{Model, Step};
 use kvasir_inference::moe::LocalExperts;
 use kvasir_inference::weights::DType;
 use serde::Deserialize;
@@ -145,20 +145,23 @@ struct LlamaLogits {
     logits: Vec<Vec<f32>>,
 }
 
-/// This engine's logits at every position of `tokens`: each position's from a run over the
-/// tokens up to it.
+/// This engine's logits at every position of `tokens`, one token per forward pass (as
+/// `llama_logits.cpp` decodes them).
 fn teacher_forced(file: &str, tokens: &[u32]) -> Vec<Vec<f32>> {
     let path = fixture(file);
     let config = Config::load(&path).unwrap();
     let checkpoint = Checkpoint::open(&path).unwrap();
     let experts = LocalExperts::load(&checkpoint, &config, |_, _| true).unwrap();
     let model = Model::load(&checkpoint, config).unwrap();
-    (1..=tokens.len())
-        .map(|n| {
-            generate(&model, &experts, &tokens[..n], 1, Sampling::GREEDY)
-                .unwrap()
-                .last_logits()
-                .to_vec()
+    let mut cache = model.new_cache();
+    tokens
+        .chunks(1)
+        .map(|token| {
+            let mut step = [Step {
+                cache: &mut cache,
+                tokens: token,
+            }];
+            model.forward(&mut step, &experts).unwrap().remove(0)
         })
         .collect()
 }
