@@ -8,6 +8,7 @@
 // Unsafe code (SIMD kernels, memory maps, GPU launches) says what it relies on.
 #![warn(clippy::missing_safety_doc, clippy::undocumented_unsafe_blocks)]
 
+pub mod agreement;
 pub mod checkpoint;
 pub mod config;
 pub mod generate;

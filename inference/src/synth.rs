@@ -17,7 +17,7 @@ use crate::config::{Config, Family, Mixer};
 use crate::LoadError;
 
 /// The text the synthetic tokenizers are trained on.
-const CORPUS: &str = include_str!("synth_corpus.txt");
+pub const CORPUS: &str = include_str!("synth_corpus.txt");
 
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {

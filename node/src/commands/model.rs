@@ -1,4 +1,4 @@
-//! `kvasir-node model synth|pin|quantize|inspect` and `kvasir-node generate`: the inference engine on
+//! `kvasir-node model synth|pin|quantize|compare|inspect` and `kvasir-node generate`: the inference engine on
 //! the command line, all experts local.
 
 use std::path::PathBuf;
@@ -48,6 +48,32 @@ pub enum ModelCommand {
         /// q8_0, or q4_0 (its output head in Q8_0).
         #[arg(long = "type", default_value = "q8_0")]
         preset: kvasir_inference::gguf::write::Preset,
+    },
+    /// How far a model (a quantized GGUF file, say) strays from a reference (its bf16
+    /// checkpoint), in llama.cpp's perplexity tool's terms: both teacher-forced over the same
+    /// tokens, the mean and largest KL divergence of its next-token distribution from the
+    /// reference's, top-1 agreement (overall, and where the reference's top two logits are
+    /// `--margin` apart), and the logits' cosine. Both must share a vocabulary.
+    Compare {
+        /// The model measured: checkpoint directory or GGUF file.
+        #[arg(long)]
+        model: PathBuf,
+        /// The model it is measured against.
+        #[arg(long)]
+        reference: PathBuf,
+        /// The text both read, tokenized by the reference's tokenizer (default: the synthetic
+        /// checkpoints' training corpus).
+        #[arg(long)]
+        text: Option<String>,
+        /// At most this many of its tokens.
+        #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(2..=8192))]
+        tokens: u64,
+        /// A position counts as decided when the reference's top two logits are this far apart.
+        #[arg(long, default_value_t = 0.5)]
+        margin: f32,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
     },
     /// What an operator reads before offering capacity: family, model id, layers by kind,
     /// experts, bytes per expert and the share of the weights in experts, and with
@@ -107,6 +133,21 @@ pub fn run(command: ModelCommand) -> Result<()> {
             );
             Ok(())
         }
+        ModelCommand::Compare {
+            model,
+            reference,
+            text,
+            tokens,
+            margin,
+            json,
+        } => compare(
+            &model,
+            &reference,
+            text.as_deref(),
+            tokens as usize,
+            margin,
+            json,
+        ),
         ModelCommand::Inspect {
             model,
             experts,
@@ -121,6 +162,68 @@ pub fn run(command: ModelCommand) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `model compare`: both models teacher-forced over the reference's tokens of `text`.
+fn compare(
+    model: &std::path::Path,
+    reference: &std::path::Path,
+    text: Option<&str>,
+    tokens: usize,
+    margin: f32,
+    json: bool,
+) -> Result<()> {
+    let text = text.unwrap_or(kvasir_inference::synth::CORPUS);
+    let (ref_model, ref_experts, tokenizer) = crate::engine::load_local(reference)
+        .with_context(|| format!("loading {}", reference.display()))?;
+    let (candidate, experts, _) =
+        crate::engine::load_local(model).with_context(|| format!("loading {}", model.display()))?;
+    let vocab = (ref_model.config().vocab_size, candidate.config().vocab_size);
+    if vocab.0 != vocab.1 {
+        bail!(
+            "the reference has {} tokens and the model {}: they do not share a vocabulary",
+            vocab.0,
+            vocab.1
+        );
+    }
+    let mut ids = tokenizer.encode(text)?;
+    ids.truncate(tokens);
+    if ids.len() < 2 {
+        bail!("the text is {} tokens; at least 2 are compared", ids.len());
+    }
+    let start = Instant::now();
+    let theirs = kvasir_inference::agreement::teacher_forced(&ref_model, &ref_experts, &ids)?;
+    let ours = kvasir_inference::agreement::teacher_forced(&candidate, &experts, &ids)?;
+    let agreement = kvasir_inference::agreement::Agreement::of(&theirs, &ours, margin)
+        .context("the two models' logits do not pair")?;
+    if json {
+        println!("{}", serde_json::to_string(&agreement)?);
+        return Ok(());
+    }
+    let a = &agreement;
+    let share = |n: usize, of: usize| 100.0 * n as f64 / of.max(1) as f64;
+    println!(
+        "{} against {}, {} tokens teacher-forced ({:.1} s)",
+        model.display(),
+        reference.display(),
+        a.positions,
+        start.elapsed().as_secs_f64()
+    );
+    println!(
+        "KL divergence: mean {:.6}, max {:.6} nats",
+        a.mean_kl, a.max_kl
+    );
+    println!(
+        "top-1 agreement: {:.2}% ({}/{}); where the reference's margin >= {margin}: {:.2}% ({}/{})",
+        share(a.top1_same, a.positions),
+        a.top1_same,
+        a.positions,
+        share(a.decided_same, a.decided),
+        a.decided_same,
+        a.decided
+    );
+    println!("logits cosine: mean {:.6}", a.mean_cosine);
+    Ok(())
 }
 
 fn synth(out: &std::path::Path, name: &str) -> Result<()> {

@@ -88,3 +88,53 @@ fn bad_input_is_a_one_line_error() {
         stderr(&empty)
     );
 }
+
+/// `model compare`: a GGUF file against itself agrees at every position with no divergence;
+/// against the tiny preset's checkpoint, whose vocabulary differs, it is refused in one line.
+/// Against another quantization of the same model it reports a divergence above zero.
+#[test]
+fn model_compare_measures_one_model_against_another() {
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/../inference/tests/data/gguf/");
+    let q8 = format!("{data}tiny-qwen3moe-llama-q8_0.gguf");
+    let q4 = format!("{data}tiny-qwen3moe-llama-q4_0.gguf");
+    let compare = |model: &str, reference: &str| {
+        let args = [
+            "model",
+            "compare",
+            "--model",
+            model,
+            "--reference",
+            reference,
+            "--tokens",
+            "24",
+            "--json",
+        ];
+        let output = run("kvasir-node", &args);
+        assert!(output.status.success(), "{}", stderr(&output));
+        serde_json::from_str::<serde_json::Value>(&stdout(&output)).unwrap()
+    };
+    let same = compare(&q8, &q8);
+    assert_eq!(same["positions"], 24);
+    assert_eq!(same["top1_same"], 24);
+    assert_eq!(same["mean_kl"], 0.0);
+    let other = compare(&q4, &q8);
+    assert_eq!(other["positions"], 24);
+    assert!(other["mean_kl"].as_f64().unwrap() > 0.0, "{other}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = dir.path().join("tiny");
+    let tiny = tiny.to_str().unwrap();
+    let synth = run(
+        "kvasir-node",
+        &["model", "synth", "--out", tiny, "--preset", "tiny"],
+    );
+    assert!(synth.status.success(), "{}", stderr(&synth));
+    let refused = run(
+        "kvasir-node",
+        &["model", "compare", "--model", &q8, "--reference", tiny],
+    );
+    assert!(!refused.status.success());
+    let message = stderr(&refused);
+    assert!(message.contains("do not share a vocabulary"), "{message}");
+    assert_eq!(message.trim_end().lines().count(), 1, "{message}");
+}
