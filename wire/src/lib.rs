@@ -1307,6 +1307,18 @@ mod tests {
         }
     }
 
+    /// A worker's hello of model `m` on `cpu`, holding `experts`, for `challenge()`.
+    fn worker_hello(key: &Keypair, experts: Vec<ExpertId>) -> Hello {
+        Hello::answer(
+            &challenge(),
+            key,
+            Role::Worker,
+            "m".into(),
+            "cpu".into(),
+            experts,
+        )
+    }
+
     fn request(rows: usize, hidden: usize, experts: Vec<(u16, Vec<u32>)>) -> Request {
         Request {
             session: 3,
@@ -1346,14 +1358,7 @@ mod tests {
         let key = Keypair::from_seed(&[2; 32]);
         vec![
             Message::Challenge(challenge()),
-            Message::Hello(Hello::answer(
-                &challenge(),
-                &key,
-                Role::Worker,
-                "m".into(),
-                "cpu".into(),
-                vec![(0, 1), (0, 2)],
-            )),
+            Message::Hello(worker_hello(&key, vec![(0, 1), (0, 2)])),
             Message::Welcome(Welcome {
                 session: 42,
                 notice: "wire 4 is admitted until 2027-01-31".into(),
@@ -1430,14 +1435,7 @@ mod tests {
     #[test]
     fn a_hello_verifies_only_against_its_own_challenge_and_claims() {
         let key = Keypair::from_seed(&[2; 32]);
-        let hello = Hello::answer(
-            &challenge(),
-            &key,
-            Role::Worker,
-            "m".into(),
-            "cpu".into(),
-            vec![(0, 1)],
-        );
+        let hello = worker_hello(&key, vec![(0, 1)]);
         assert!(hello.verify(&challenge()));
         let other = Challenge {
             nonce: [8; 32],
@@ -1595,14 +1593,7 @@ mod tests {
     #[test]
     fn a_hellos_arithmetic_is_signed() {
         let key = Keypair::from_seed(&[2; 32]);
-        let hello = Hello::answer(
-            &challenge(),
-            &key,
-            Role::Worker,
-            "m".into(),
-            "cpu".into(),
-            vec![],
-        );
+        let hello = worker_hello(&key, vec![]);
         assert_eq!(hello.arithmetic, Some(kvasir_inference::ARITHMETIC_VERSION));
         assert!(hello.verify(&challenge()));
         let mut other = hello.clone();
