@@ -170,7 +170,8 @@ async fn session(
     let challenge = Arc::new(challenge);
     println!("worker session {session} open");
     if !notice.is_empty() {
-        tracing::warn!("the hub says: {notice}");
+        // Debug-quoted: the text is the hub's, and must not write lines of its own.
+        tracing::warn!("the hub says: {notice:?}");
     }
     let mut served = 0;
     loop {

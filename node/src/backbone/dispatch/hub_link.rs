@@ -195,7 +195,8 @@ async fn hub_session(
     link.up(tx, challenge);
     tracing::info!("attached to the hub at {url}");
     if !notice.is_empty() {
-        tracing::warn!("the hub says: {notice}");
+        // Debug-quoted: the text is the hub's, and must not write lines of its own.
+        tracing::warn!("the hub says: {notice:?}");
     }
     loop {
         let frame = next_frame(&mut source).await?;
