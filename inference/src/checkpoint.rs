@@ -36,8 +36,23 @@ struct Entry {
     shape: Vec<usize>,
 }
 
+/// How a checkpoint stores the values the model computes with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Convention {
+    /// As transformers holds them.
+    HuggingFace,
+    /// As llama.cpp's converter rewrites Qwen3.5 for its own graph: the RMSNorms' weights
+    /// hold `1 + weight` (the DeltaNet's gated norm aside), the DeltaNet's decay rate is
+    /// stored as `A = -exp(A_log)` (`linear_attn.A`), and its value heads are tiled over the
+    /// key heads (value head `h` reads key head `h % key_heads`) where transformers groups
+    /// them (`h / (value_heads / key_heads)`). Each is a relabelling or the same arithmetic
+    /// done ahead, so the model computes the same function.
+    LlamaCpp,
+}
+
 pub struct Checkpoint {
     maps: Vec<Arc<Mmap>>,
+    convention: Convention,
     entries: HashMap<String, Entry>,
     /// Whether the text model is stored under `model.language_model.`.
     multimodal: bool,
@@ -158,6 +173,7 @@ impl Checkpoint {
         };
         let mut checkpoint = Checkpoint {
             maps: Vec::new(),
+            convention: Convention::HuggingFace,
             entries: HashMap::new(),
             multimodal: false,
             skipped_bytes: 0,
@@ -234,20 +250,39 @@ impl Checkpoint {
             file: path.display().to_string(),
             reason,
         };
-        let (map, header) = gguf::Gguf::open(path)
-            .map_err(|e| format(e.to_string()))?
-            .into_parts();
+        let parts = gguf::split::open(path).map_err(|e| format(e.to_string()))?;
+        // A Qwen3.5 file's multi-token-prediction layers come after the model's own.
+        let layers = gguf::config::text_layers(parts[0].header()).unwrap_or(u64::MAX);
         let mut checkpoint = Checkpoint {
-            maps: vec![map],
+            maps: Vec::new(),
+            convention: Convention::LlamaCpp,
             entries: HashMap::new(),
             multimodal: false,
             skipped_bytes: 0,
         };
+        for (file, part) in parts.into_iter().enumerate() {
+            let (map, header) = part.into_parts();
+            checkpoint.maps.push(map);
+            checkpoint
+                .add_gguf_tensors(file, &header, layers)
+                .map_err(format)?;
+        }
+        Ok(checkpoint)
+    }
+
+    /// The tensors of one GGUF file (part `file` of the model) under the engine's names.
+    fn add_gguf_tensors(
+        &mut self,
+        file: usize,
+        header: &gguf::Header,
+        layers: u64,
+    ) -> Result<(), String> {
         for tensor in &header.tensors {
             let stacked = gguf::names::stacked_experts(&tensor.name);
             let name = gguf::names::engine_name(&tensor.name);
-            if stacked.is_none() && name.is_none() {
-                checkpoint.skipped_bytes += tensor.byte_len();
+            let prediction = gguf::names::layer(&tensor.name).is_some_and(|l| l as u64 >= layers);
+            if prediction || stacked.is_none() && name.is_none() {
+                self.skipped_bytes += tensor.byte_len();
                 continue;
             }
             let dtype = tensor.kind.dtype();
@@ -255,7 +290,7 @@ impl Checkpoint {
             let mut shape: Vec<usize> = tensor.dims.iter().rev().map(|d| *d as usize).collect();
             let entry = |start: usize, end: usize, shape: Vec<usize>| Entry {
                 stored: tensor.name.clone(),
-                file: 0,
+                file,
                 start,
                 end,
                 dtype,
@@ -264,13 +299,13 @@ impl Checkpoint {
             let entries = match (stacked, name) {
                 (Some((layer, part)), _) => {
                     let [experts, rows, cols] = shape[..] else {
-                        return Err(format(format!(
+                        return Err(format!(
                             "stacked expert tensor {} has dimensions {:?}",
                             tensor.name, tensor.dims
-                        )));
+                        ));
                     };
-                    if experts > MAX_FUSED_EXPERTS {
-                        return Err(format(format!("{} stacks {experts} experts", tensor.name)));
+                    if experts == 0 || experts > MAX_FUSED_EXPERTS {
+                        return Err(format!("{} stacks {experts} experts", tensor.name));
                     }
                     // Whole rows of whole blocks (checked as the header was read), so the
                     // bytes split evenly.
@@ -286,21 +321,30 @@ impl Checkpoint {
                         .collect()
                 }
                 (None, Some(name)) => {
-                    // A shared expert's gate is one row, which GGUF stores as a vector.
+                    // A shared expert's gate is one row, which GGUF stores as a vector, and a
+                    // depthwise convolution's one input channel is left out.
                     if name.ends_with("shared_expert_gate.weight") && shape.len() == 1 {
                         shape.insert(0, 1);
+                    }
+                    if name.ends_with("conv1d.weight") && shape.len() == 2 {
+                        shape.insert(1, 1);
                     }
                     vec![(name, entry(tensor.start, tensor.end, shape))]
                 }
                 (None, None) => Vec::new(),
             };
             for (name, entry) in entries {
-                if checkpoint.entries.insert(name.clone(), entry).is_some() {
-                    return Err(format(format!("tensor {name} appears twice")));
+                if self.entries.insert(name.clone(), entry).is_some() {
+                    return Err(format!("tensor {name} appears twice"));
                 }
             }
         }
-        Ok(checkpoint)
+        Ok(())
+    }
+
+    /// How the checkpoint stores the model's values.
+    pub fn convention(&self) -> Convention {
+        self.convention
     }
 
     /// Every tensor's name, dtype, shape and place, one line each in name order: what two

@@ -9,22 +9,33 @@ use serde_json::{json, Map, Value as Json};
 use crate::gguf::{Gguf, Header, Value};
 use crate::LoadError;
 
-/// Qwen2's pre-tokenizer regex (Qwen2 and Qwen3's tokenizers as published).
-const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// The pre-tokenizers that split on a regex before a byte-level step without its own, by
+/// their `tokenizer.ggml.pre` name: Qwen2's (Qwen2 and Qwen3's tokenizers as published), and
+/// Qwen3.5's, which keeps combining marks with the letters before them.
+const SPLITS: &[(&str, &str)] = &[
+    (
+        "qwen2",
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    ),
+    (
+        "qwen35",
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    ),
+];
 
 /// The pre-tokenizer of each `tokenizer.ggml.pre` this engine rebuilds: GPT-2's byte-level
-/// split, or Qwen2's regex before a byte-level step without its own.
+/// split, or one of `SPLITS`.
 fn pre_tokenizer(pre: &str) -> Option<Json> {
-    match pre {
-        "gpt-2" => Some(json!({
+    if pre == "gpt-2" {
+        return Some(json!({
             "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true
-        })),
-        "qwen2" => Some(json!({"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": QWEN2}, "behavior": "Isolated", "invert": false},
-            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}
-        ]})),
-        _ => None,
+        }));
     }
+    let (_, regex) = SPLITS.iter().find(|(name, _)| *name == pre)?;
+    Some(json!({"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false},
+        {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}
+    ]}))
 }
 
 /// The `tokenizer.ggml.pre` name of a `tokenizer.json` pre-tokenizer, if it is one of those
@@ -38,18 +49,20 @@ pub(crate) fn pre_tokenizer_name(pre_tokenizer: &Json) -> Option<&'static str> {
     if byte_level(pre_tokenizer, true) {
         return Some("gpt-2");
     }
-    match pre_tokenizer["pretokenizers"].as_array().map(Vec::as_slice) {
-        Some([split, bytes])
-            if split["type"] == "Split"
-                && split["pattern"]["Regex"] == QWEN2
-                && split["behavior"] == "Isolated"
-                && split["invert"] != true
-                && byte_level(bytes, false) =>
-        {
-            Some("qwen2")
-        }
-        _ => None,
+    let Some([split, bytes]) = pre_tokenizer["pretokenizers"].as_array().map(Vec::as_slice) else {
+        return None;
+    };
+    if split["type"] != "Split"
+        || split["behavior"] != "Isolated"
+        || split["invert"] == true
+        || !byte_level(bytes, false)
+    {
+        return None;
     }
+    let (name, _) = SPLITS
+        .iter()
+        .find(|(_, regex)| split["pattern"]["Regex"] == *regex)?;
+    Some(name)
 }
 
 pub struct Tokenizer {
@@ -107,7 +120,7 @@ impl Tokenizer {
         let pre = text("tokenizer.ggml.pre").unwrap_or("gpt-2");
         let pre_tokenizer = pre_tokenizer(pre).ok_or_else(|| {
             bad(format!(
-                "pre-tokenizer {pre:?} is not one this engine rebuilds (gpt-2, qwen2); put its tokenizer.json beside the file"
+                "pre-tokenizer {pre:?} is not one this engine rebuilds (gpt-2, qwen2, qwen35); put its tokenizer.json beside the file"
             ))
         })?;
         let tokens = texts("tokenizer.ggml.tokens")?;
@@ -131,7 +144,7 @@ impl Tokenizer {
         let description = json!({
             "version": "1.0",
             "added_tokens": added,
-            "normalizer": if pre == "qwen2" { json!({"type": "NFC"}) } else { Json::Null },
+            "normalizer": if pre == "gpt-2" { Json::Null } else { json!({"type": "NFC"}) },
             "pre_tokenizer": pre_tokenizer,
             "decoder": {
                 "type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true

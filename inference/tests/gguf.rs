@@ -6,7 +6,7 @@
 //! quantized arithmetic promises; and the logits of those llama.cpp made agree with the
 //! logits llama.cpp itself computed for them (`llama_logits.cpp`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use kvasir_inference::agreement::Agreement;
 use kvasir_inference::checkpoint::Checkpoint;
@@ -16,6 +16,7 @@ use kvasir_inference::kernels::cpu::matmul_t;
 use kvasir_inference::kernels::quant::BlockFormat;
 use kvasir_inference::model::qwen_moe::Model;
 use kvasir_inference::moe::LocalExperts;
+use kvasir_inference::synth::{preset, synthesize};
 use kvasir_inference::weights::DType;
 use serde::Deserialize;
 
@@ -146,11 +147,11 @@ struct LlamaLogits {
     logits: Vec<Vec<f32>>,
 }
 
-/// This engine's logits at every position of `tokens` (`agreement::teacher_forced`).
-fn teacher_forced(file: &str, tokens: &[u32]) -> Vec<Vec<f32>> {
-    let path = fixture(file);
-    let config = Config::load(&path).unwrap();
-    let checkpoint = Checkpoint::open(&path).unwrap();
+/// This engine's logits at every position of `tokens` (`agreement::teacher_forced`) for the
+/// model at `path`.
+fn teacher_forced(path: &Path, tokens: &[u32]) -> Vec<Vec<f32>> {
+    let config = Config::load(path).unwrap();
+    let checkpoint = Checkpoint::open(path).unwrap();
     let experts = LocalExperts::load(&checkpoint, &config, |_, _| true).unwrap();
     let model = Model::load(&checkpoint, config).unwrap();
     kvasir_inference::agreement::teacher_forced(&model, &experts, tokens).unwrap()
@@ -172,12 +173,13 @@ fn llama_cpp_files_agree_with_llama_cpps_logits() {
         "tiny-qwen3moe-q5_k_m",
         "tiny-qwen3moe-llama-q8_0",
         "tiny-qwen3moe-llama-q4_0",
+        "tiny-qwen35moe-llama-q8_0",
     ] {
         let golden: LlamaLogits = serde_json::from_str(
             &std::fs::read_to_string(fixture(&format!("{file}.llama.json"))).unwrap(),
         )
         .unwrap();
-        let ours = teacher_forced(&format!("{file}.gguf"), &golden.tokens);
+        let ours = teacher_forced(&fixture(&format!("{file}.gguf")), &golden.tokens);
         let a = Agreement::of(&golden.logits, &ours, MARGIN).expect("paired logits");
         eprintln!(
             "{file}: top-1 {}/{} ({}/{} where llama.cpp's margin >= {MARGIN}), cosine {:.6}, KL mean {:.2e} max {:.2e}",
@@ -192,4 +194,40 @@ fn llama_cpp_files_agree_with_llama_cpps_logits() {
         assert!(a.mean_cosine >= 0.98, "{file}: {a:?}");
         assert!(a.mean_kl <= 0.03 && a.max_kl <= 0.25, "{file}: {a:?}");
     }
+}
+
+/// llama.cpp's converter rewrites a Qwen3.5 checkpoint for its own graph: the DeltaNet's value
+/// heads tiled over its key heads, the RMSNorms' weights plus one, `-exp(A_log)` in place of
+/// `A_log`, the convolution and the shared expert's gate without their unit dimensions. The
+/// file it wrote of the synthesized `qwen35-tiny` (two key heads, four value heads, so the
+/// tiling moves them) computes what the checkpoint computes: every teacher-forced logit within
+/// a few units in the last place (the converter's `exp` is torch's, the engine's its own), and
+/// the same greedy tokens.
+#[test]
+fn llama_cpps_qwen35_file_computes_what_its_checkpoint_does() {
+    let dir = tempfile::tempdir().unwrap();
+    synthesize(dir.path(), preset("qwen35-tiny").unwrap(), |_, _| {}).unwrap();
+    let tokens: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % 384).collect();
+    let checkpoint = teacher_forced(dir.path(), &tokens);
+    let file = teacher_forced(&fixture("tiny-qwen35moe-f32.gguf"), &tokens);
+    assert_eq!(checkpoint.len(), file.len());
+    for (position, (a, b)) in checkpoint.iter().zip(&file).enumerate() {
+        let scale = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let worst = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(
+            worst <= 1e-5 * scale.max(1.0),
+            "position {position}: logits differ by {worst} (largest {scale})"
+        );
+    }
+    let config = Config::load(dir.path()).unwrap();
+    let gguf = Config::load(&fixture("tiny-qwen35moe-f32.gguf")).unwrap();
+    assert_eq!(
+        (0..config.num_hidden_layers)
+            .map(|l| config.mixer(l))
+            .collect::<Vec<_>>(),
+        (0..gguf.num_hidden_layers)
+            .map(|l| gguf.mixer(l))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(config.rotary_dim(), gguf.rotary_dim());
 }

@@ -41,11 +41,14 @@ pub fn answer(
 /// What identifies a model to the swarm (the hello's model id): workers and backbone must
 /// agree on it. The hash of config.json and of the tensors' layout (names, shapes, dtypes,
 /// offsets), the first 32 hex digits; of a GGUF file, the hash of its header (metadata and
-/// tensor layout).
+/// tensor layout), or of each part's header in turn for a model split over several files.
 pub fn model_id(dir: &Path) -> anyhow::Result<String> {
     if kvasir_inference::gguf::is_gguf(dir) {
-        let file = kvasir_inference::gguf::Gguf::open(dir)?;
-        return Ok(blake3::hash(file.header_bytes()).to_hex()[..32].to_string());
+        let mut hasher = blake3::Hasher::new();
+        for part in kvasir_inference::gguf::split::open(dir)? {
+            hasher.update(part.header_bytes());
+        }
+        return Ok(hasher.finalize().to_hex()[..32].to_string());
     }
     let mut hasher = blake3::Hasher::new();
     let config = dir.join("config.json");

@@ -4,8 +4,10 @@
 //! tensors: the vocabulary is the tokenizer's token list, the output head is tied when the
 //! file has no `output.weight`, a layer without stacked experts is a dense one.
 //!
-//! Qwen3-MoE (`qwen3moe`) and Qwen2-MoE (`qwen2moe`); another architecture is refused by
-//! name.
+//! Qwen3-MoE (`qwen3moe`), Qwen2-MoE (`qwen2moe`) and Qwen3.5-MoE (`qwen35moe`, whose gated
+//! DeltaNet is described by the `ssm.*` keys); another architecture is refused by name. A
+//! Qwen3.5 file's multi-token-prediction layers (`nextn_predict_layers`, after the others)
+//! are left out, as they are from a safetensors checkpoint.
 
 use std::collections::HashSet;
 
@@ -20,6 +22,7 @@ use crate::LoadError;
 const ARCHITECTURES: &[(&str, &str, bool)] = &[
     ("qwen3moe", "qwen3_moe", true),
     ("qwen2moe", "qwen2_moe", false),
+    ("qwen35moe", "qwen3_5_moe_text", true),
 ];
 
 /// The engine's config of the model whose GGUF header is `header`.
@@ -32,7 +35,7 @@ pub fn config(header: &Header) -> Result<Config, LoadError> {
     let Some(&(_, model_type, renormalizes)) = ARCHITECTURES.iter().find(|(a, ..)| *a == arch)
     else {
         return Err(bad(format!(
-            "architecture {arch:?} is not one this engine runs from GGUF (qwen3moe, qwen2moe)"
+            "architecture {arch:?} is not one this engine runs from GGUF (qwen3moe, qwen2moe, qwen35moe)"
         )));
     };
     let key = |name: &str| header.get(&format!("{arch}.{name}"));
@@ -41,7 +44,11 @@ pub fn config(header: &Header) -> Result<Config, LoadError> {
             .and_then(Value::as_u64)
             .ok_or_else(|| bad(format!("{arch}.{name} is missing or not a count")))
     };
-    let layers = count("block_count")?;
+    let layers = text_layers(header).ok_or_else(|| {
+        bad(format!(
+            "{arch}.block_count is missing, not a count, or below {arch}.nextn_predict_layers"
+        ))
+    })?;
     // Bounded before the layers are walked (`Config::parse` would refuse more anyway).
     if layers > MAX_LAYERS as u64 {
         return Err(bad(format!("{layers} layers, at most {MAX_LAYERS}")));
@@ -112,6 +119,11 @@ pub fn config(header: &Header) -> Result<Config, LoadError> {
         "attention_bias",
         json!(header.tensor("blk.0.attn_q.bias").is_some()),
     );
+    if arch == "qwen35moe" {
+        for (field, value) in qwen35(header, layers)? {
+            set(field, value);
+        }
+    }
     for (field, name) in [
         ("bos_token_id", "tokenizer.ggml.bos_token_id"),
         ("eos_token_id", "tokenizer.ggml.eos_token_id"),
@@ -123,10 +135,104 @@ pub fn config(header: &Header) -> Result<Config, LoadError> {
     Config::parse(&Json::Object(config).to_string())
 }
 
+/// The layers a GGUF file's model runs: `block_count` less the multi-token-prediction layers
+/// stored after them. None if the counts are missing or do not fit.
+pub fn text_layers(header: &Header) -> Option<u64> {
+    let arch = header.get("general.architecture")?.as_text()?;
+    let key = |name: &str| header.get(&format!("{arch}.{name}"));
+    let blocks = key("block_count")?.as_u64()?;
+    let prediction = match key("nextn_predict_layers") {
+        Some(value) => value.as_u64()?,
+        None => 0,
+    };
+    blocks.checked_sub(prediction)
+}
+
+/// Qwen3.5's fields: the gated DeltaNet's shapes from llama.cpp's `ssm.*` keys (its value
+/// head width is `inner_size / time_step_rank`), each layer's mixer from
+/// `attention.recurrent_layers` (or every `full_attention_interval`-th layer full
+/// attention), and the rotary share from `rope.dimension_count`.
+fn qwen35(header: &Header, layers: u64) -> Result<Vec<(&'static str, Json)>, LoadError> {
+    let bad = |what: String| LoadError::Config(format!("GGUF metadata: qwen35moe.{what}"));
+    let key = |name: &str| header.get(&format!("qwen35moe.{name}"));
+    let count = |name: &str| {
+        key(name)
+            .and_then(Value::as_u64)
+            .ok_or_else(|| bad(format!("{name} is missing or not a count")))
+    };
+    let (value_heads, inner) = (count("ssm.time_step_rank")?, count("ssm.inner_size")?);
+    if value_heads == 0 || !inner.is_multiple_of(value_heads) {
+        return Err(bad(format!(
+            "ssm.inner_size {inner} is not a whole number of ssm.time_step_rank {value_heads} heads"
+        )));
+    }
+    let layer_types: Vec<&str> = match key("attention.recurrent_layers") {
+        Some(Value::Array(flags)) => {
+            let flags: Option<Vec<bool>> = flags
+                .iter()
+                .take(layers as usize)
+                .map(|f| match f {
+                    Value::Bool(recurrent) => Some(*recurrent),
+                    _ => None,
+                })
+                .collect();
+            match flags {
+                Some(flags) if flags.len() as u64 == layers => flags,
+                _ => {
+                    return Err(bad(
+                        "attention.recurrent_layers is not a flag per layer".into()
+                    ))
+                }
+            }
+        }
+        Some(_) => return Err(bad("attention.recurrent_layers is not a list".into())),
+        None => {
+            let interval = match key("full_attention_interval") {
+                Some(value) => value
+                    .as_u64()
+                    .filter(|i| *i > 0)
+                    .ok_or_else(|| bad("full_attention_interval is not a positive count".into()))?,
+                None => 4,
+            };
+            (0..layers)
+                .map(|l| !(l + 1).is_multiple_of(interval))
+                .collect()
+        }
+    }
+    .into_iter()
+    .map(|recurrent| {
+        if recurrent {
+            "linear_attention"
+        } else {
+            "full_attention"
+        }
+    })
+    .collect();
+    let head_dim = count("attention.key_length")?;
+    let rotary = count("rope.dimension_count")?;
+    let factor = rotary as f64 / head_dim as f64;
+    // The engine keeps the share, as config.json does: it must give the count back.
+    if rotary == 0 || rotary > head_dim || (head_dim as f64 * factor) as u64 != rotary {
+        return Err(bad(format!(
+            "rope.dimension_count {rotary} is not a share of the head's {head_dim} dimensions"
+        )));
+    }
+    Ok(vec![
+        ("layer_types", json!(layer_types)),
+        ("linear_conv_kernel_dim", json!(count("ssm.conv_kernel")?)),
+        ("linear_key_head_dim", json!(count("ssm.state_size")?)),
+        ("linear_num_key_heads", json!(count("ssm.group_count")?)),
+        ("linear_num_value_heads", json!(value_heads)),
+        ("linear_value_head_dim", json!(inner / value_heads)),
+        ("partial_rotary_factor", json!(factor)),
+    ])
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::tests::Writer;
     use super::*;
+    use crate::config::Mixer;
 
     /// A tiny qwen3moe header: two layers, the first dense.
     fn qwen3moe() -> Writer {
@@ -205,5 +311,83 @@ mod tests {
             .finish();
         let error = config(&Header::parse(&bytes).unwrap()).unwrap_err();
         assert!(error.to_string().contains("layers, at most"), "{error}");
+    }
+
+    /// A tiny qwen35moe header: four layers, every fourth full attention, an MTP layer after.
+    fn qwen35moe(inner: u32, rotary: u32) -> Vec<u8> {
+        let mut writer = Writer::default()
+            .text("general.architecture", "qwen35moe")
+            .u32("qwen35moe.block_count", 5)
+            .u32("qwen35moe.nextn_predict_layers", 1)
+            .u32("qwen35moe.embedding_length", 64)
+            .u32("qwen35moe.attention.head_count", 4)
+            .u32("qwen35moe.attention.head_count_kv", 2)
+            .u32("qwen35moe.attention.key_length", 32)
+            .u32("qwen35moe.expert_count", 8)
+            .u32("qwen35moe.expert_used_count", 2)
+            .u32("qwen35moe.expert_feed_forward_length", 32)
+            .u32("qwen35moe.expert_shared_feed_forward_length", 48)
+            .u32("qwen35moe.context_length", 512)
+            .u32("qwen35moe.ssm.conv_kernel", 4)
+            .u32("qwen35moe.ssm.state_size", 16)
+            .u32("qwen35moe.ssm.group_count", 2)
+            .u32("qwen35moe.ssm.time_step_rank", 4)
+            .u32("qwen35moe.ssm.inner_size", inner)
+            .u32("qwen35moe.full_attention_interval", 4)
+            .u32("qwen35moe.rope.dimension_count", rotary)
+            .f32("qwen35moe.attention.layer_norm_rms_epsilon", 1e-6)
+            .f32("qwen35moe.rope.freq_base", 1e7)
+            .texts("tokenizer.ggml.tokens", &["a", "b", "c"]);
+        for layer in 0..5 {
+            writer = writer.tensor(
+                &format!("blk.{layer}.ffn_gate_exps.weight"),
+                &[64, 32, 8],
+                0,
+                &[0; 64 * 32 * 8 * 4],
+            );
+        }
+        writer.finish()
+    }
+
+    #[test]
+    fn qwen35moe_metadata_reads_as_the_text_config_it_was_converted_from() {
+        let config = config(&Header::parse(&qwen35moe(64, 8)).unwrap()).unwrap();
+        assert_eq!(config.family(), crate::config::Family::Qwen35Moe);
+        // The multi-token-prediction layer is not one of the model's.
+        assert_eq!(config.num_hidden_layers, 4);
+        assert_eq!(
+            (0..4).map(|l| config.mixer(l)).collect::<Vec<_>>(),
+            [
+                Mixer::LinearAttention,
+                Mixer::LinearAttention,
+                Mixer::LinearAttention,
+                Mixer::FullAttention
+            ]
+        );
+        assert_eq!(
+            (
+                config.linear_conv_kernel_dim,
+                config.linear_key_head_dim,
+                config.linear_value_head_dim,
+                config.linear_num_key_heads,
+                config.linear_num_value_heads
+            ),
+            (4, 16, 16, 2, 4)
+        );
+        assert_eq!(config.shared_expert_intermediate_size, 48);
+        assert_eq!(config.rotary_dim(), 8);
+        assert!(config.renormalizes_top_k());
+    }
+
+    #[test]
+    fn qwen35moe_shapes_that_do_not_divide_are_refused_by_key() {
+        for (inner, rotary, key) in [
+            (66, 8, "ssm.inner_size"),
+            (64, 0, "rope.dimension_count"),
+            (64, 40, "rope.dimension_count"),
+        ] {
+            let error = config(&Header::parse(&qwen35moe(inner, rotary)).unwrap()).unwrap_err();
+            assert!(error.to_string().contains(key), "{error}");
+        }
     }
 }

@@ -15,6 +15,7 @@
 
 pub mod config;
 pub mod names;
+pub mod split;
 pub mod write;
 
 use std::collections::BTreeMap;
@@ -52,6 +53,8 @@ pub enum GgufError {
     Malformed { at: usize, what: String },
     #[error("tensor {tensor} has type {kind}, which this engine does not implement (it reads F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K and Q6_K)")]
     UnsupportedType { tensor: String, kind: String },
+    #[error("{0}: {1}")]
+    Split(String, String),
 }
 
 /// The tensor types this engine reads, with their ggml ids.

@@ -3,6 +3,10 @@
 //! loads through the same `Checkpoint` lookups as a safetensors directory. The converter
 //! keeps each matrix's layout for these architectures: a GGUF tensor's dimensions, innermost
 //! first, are the Hugging Face shape reversed, and its bytes are in the same order.
+//!
+//! Qwen3.5's values are another matter: its converter rewrites some of them for llama.cpp's
+//! graph (`checkpoint::Convention::LlamaCpp` says how), and stores the DeltaNet's decay rate
+//! `-exp(A_log)` in place of `A_log`, which the engine knows as `linear_attn.A`.
 
 /// Per-layer tensors: llama.cpp's suffix, the engine's.
 pub(super) const LAYER: &[(&str, &str)] = &[
@@ -33,6 +37,24 @@ pub(super) const LAYER: &[(&str, &str)] = &[
     ("ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight"),
 ];
 
+/// Per-layer tensors of Qwen3.5 (`qwen35moe`) beside those of `LAYER`: its post-attention norm
+/// under another name, and the gated DeltaNet's.
+pub(super) const QWEN35_LAYER: &[(&str, &str)] = &[
+    (
+        "post_attention_norm.weight",
+        "post_attention_layernorm.weight",
+    ),
+    ("attn_qkv.weight", "linear_attn.in_proj_qkv.weight"),
+    ("attn_gate.weight", "linear_attn.in_proj_z.weight"),
+    ("ssm_beta.weight", "linear_attn.in_proj_b.weight"),
+    ("ssm_alpha.weight", "linear_attn.in_proj_a.weight"),
+    ("ssm_conv1d.weight", "linear_attn.conv1d.weight"),
+    ("ssm_dt.bias", "linear_attn.dt_bias"),
+    ("ssm_a", "linear_attn.A"),
+    ("ssm_norm.weight", "linear_attn.norm.weight"),
+    ("ssm_out.weight", "linear_attn.out_proj.weight"),
+];
+
 /// Tensors outside the layers.
 pub(super) const MODEL: &[(&str, &str)] = &[
     ("token_embd.weight", "model.embed_tokens.weight"),
@@ -54,8 +76,16 @@ pub fn engine_name(name: &str) -> Option<String> {
         return Some(engine.to_string());
     }
     let (layer, suffix) = layer_of(name)?;
-    let (_, engine) = LAYER.iter().find(|(gguf, _)| *gguf == suffix)?;
+    let (_, engine) = LAYER
+        .iter()
+        .chain(QWEN35_LAYER)
+        .find(|(gguf, _)| *gguf == suffix)?;
     Some(format!("model.layers.{layer}.{engine}"))
+}
+
+/// The layer of a per-layer tensor (`blk.L.…`).
+pub fn layer(name: &str) -> Option<usize> {
+    Some(layer_of(name)?.0)
 }
 
 /// For a layer's experts stacked in one tensor (`blk.L.ffn_gate_exps.weight`: experts x
@@ -85,6 +115,11 @@ mod tests {
             engine_name("output.weight").as_deref(),
             Some("lm_head.weight")
         );
+        assert_eq!(
+            engine_name("blk.2.ssm_a").as_deref(),
+            Some("model.layers.2.linear_attn.A")
+        );
+        assert_eq!(layer("blk.40.attn_q.weight"), Some(40));
         assert_eq!(
             stacked_experts("blk.3.ffn_down_exps.weight"),
             Some((3, "down_proj"))

@@ -12,7 +12,9 @@ use serde_json::Value as Json;
 
 use super::{names, GgmlType};
 use crate::checkpoint::Checkpoint;
+use crate::config::Mixer;
 use crate::config::{Config, Family};
+use crate::kernels::cpu::exp;
 use crate::kernels::quant::BlockFormat;
 use crate::weights::DType;
 use crate::LoadError;
@@ -80,6 +82,14 @@ impl HeaderWriter {
         for value in values {
             put_text(out, value);
         }
+        self
+    }
+
+    pub fn bools(&mut self, key: &str, values: &[bool]) -> &mut Self {
+        let out = self.key(key, 9);
+        out.extend(7u32.to_le_bytes());
+        out.extend((values.len() as u64).to_le_bytes());
+        out.extend(values.iter().map(|v| u8::from(*v)));
         self
     }
 
@@ -184,12 +194,99 @@ struct Planned {
     shape: Vec<usize>,
     kind: GgmlType,
     sources: Vec<String>,
+    rewrite: Rewrite,
+}
+
+/// How a Qwen3.5 tensor's values are rewritten for llama.cpp's graph, as its converter
+/// rewrites them (what `checkpoint::Convention::LlamaCpp` reads back). Value heads are
+/// tiled over the key heads: the tiled head `j · key_heads + g` is the grouped head
+/// `g · (value_heads / key_heads) + j`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rewrite {
+    /// The values as stored.
+    None,
+    /// An RMSNorm's weight, stored as `1 + weight`.
+    PlusOne,
+    /// `A_log` per value head, stored as `A = -exp(A_log)`, tiled.
+    NegExp,
+    /// The rows from `first` on are value heads of `unit` rows each, tiled.
+    TileRows { first: usize, unit: usize },
+    /// The columns are value heads of `unit` columns each, tiled.
+    TileColumns { unit: usize },
+}
+
+impl Rewrite {
+    /// The rewrite of Qwen3.5 tensor `name` (the engine's, after `model.layers.L.`).
+    fn of_qwen35(name: &str, config: &Config) -> Rewrite {
+        let (keys, values) = (
+            config.linear_num_key_heads * config.linear_key_head_dim,
+            config.linear_value_head_dim,
+        );
+        match name {
+            "input_layernorm.weight"
+            | "post_attention_layernorm.weight"
+            | "self_attn.q_norm.weight"
+            | "self_attn.k_norm.weight"
+            | "model.norm.weight" => Rewrite::PlusOne,
+            "linear_attn.A" => Rewrite::NegExp,
+            "linear_attn.dt_bias"
+            | "linear_attn.in_proj_a.weight"
+            | "linear_attn.in_proj_b.weight" => Rewrite::TileRows { first: 0, unit: 1 },
+            "linear_attn.in_proj_z.weight" => Rewrite::TileRows {
+                first: 0,
+                unit: values,
+            },
+            "linear_attn.in_proj_qkv.weight" | "linear_attn.conv1d.weight" => Rewrite::TileRows {
+                first: 2 * keys,
+                unit: values,
+            },
+            "linear_attn.out_proj.weight" => Rewrite::TileColumns { unit: values },
+            _ => Rewrite::None,
+        }
+    }
+
+    /// `stored` (`rows x cols`) rewritten.
+    fn apply(self, stored: Vec<f32>, cols: usize, config: &Config) -> Vec<f32> {
+        let (key_heads, value_heads) = (config.linear_num_key_heads, config.linear_num_value_heads);
+        // The grouped head the tiled head `t` is.
+        let grouped = |t: usize| {
+            let per_key = value_heads / key_heads.max(1);
+            (t % key_heads.max(1)) * per_key + t / key_heads.max(1)
+        };
+        let tile = |values: &[f32], unit: usize| -> Vec<f32> {
+            (0..values.len() / unit.max(1))
+                .flat_map(|t| {
+                    let h = grouped(t);
+                    values[h * unit..(h + 1) * unit].iter().copied()
+                })
+                .collect()
+        };
+        match self {
+            Rewrite::None => stored,
+            Rewrite::PlusOne => stored.into_iter().map(|w| w + 1.0).collect(),
+            Rewrite::NegExp => tile(&stored, 1).into_iter().map(|a| -exp(a)).collect(),
+            Rewrite::TileRows { first, unit } => {
+                let at = first * cols;
+                let mut out = stored[..at].to_vec();
+                out.extend(tile(&stored[at..], unit * cols));
+                out
+            }
+            Rewrite::TileColumns { unit } => stored
+                .chunks(cols)
+                .flat_map(|row| tile(row, unit))
+                .collect(),
+        }
+    }
 }
 
 impl Planned {
-    /// GGUF dimensions: the shape reversed, then the number of stacked experts.
+    /// GGUF dimensions: the shape reversed, then the number of stacked experts. A depthwise
+    /// convolution's one input channel is left out, as llama.cpp's converter leaves it.
     fn dims(&self) -> Vec<u64> {
         let mut dims: Vec<u64> = self.shape.iter().rev().map(|d| *d as u64).collect();
+        if self.name.ends_with("ssm_conv1d.weight") {
+            dims.retain(|d| *d != 1);
+        }
         if self.sources.len() > 1 {
             dims.push(self.sources.len() as u64);
         }
@@ -222,7 +319,7 @@ pub fn quantize(dir: &Path, out: &Path, preset: Preset) -> Result<Written, LoadE
     let arch = match config.family() {
         Family::Qwen3Moe => "qwen3moe",
         Family::Qwen2Moe => "qwen2moe",
-        Family::Qwen35Moe => return Err(refuse("Qwen3.5-MoE is not written to GGUF yet".into())),
+        Family::Qwen35Moe => "qwen35moe",
     };
     let checkpoint = Checkpoint::open(dir)?;
     let tokenizer_path = dir.join("tokenizer.json");
@@ -239,7 +336,7 @@ pub fn quantize(dir: &Path, out: &Path, preset: Preset) -> Result<Written, LoadE
         header.tensor(&tensor.name, &tensor.dims(), tensor.kind, tensor.bytes());
     }
     let partial = out.with_extension("gguf.partial");
-    let written = write_file(&partial, &header, &plan, &checkpoint).inspect_err(|_| {
+    let written = write_file(&partial, &header, &plan, &checkpoint, &config).inspect_err(|_| {
         // What was written of it is of no use; the error says why.
         let _ = std::fs::remove_file(&partial);
     })?;
@@ -260,6 +357,7 @@ fn write_file(
     header: &HeaderWriter,
     plan: &[Planned],
     checkpoint: &Checkpoint,
+    config: &Config,
 ) -> Result<u64, LoadError> {
     let io = |e| LoadError::io(partial, e);
     let mut file = BufWriter::new(File::create(partial).map_err(io)?);
@@ -271,6 +369,24 @@ fn write_file(
         for source in &tensor.sources {
             let (dtype, stored) = checkpoint.stored(source)?;
             match tensor.kind.dtype() {
+                _ if tensor.rewrite != Rewrite::None => {
+                    // Dense parts only, so the values fit in memory.
+                    let weight = checkpoint.tensor(source, &tensor.shape)?;
+                    // A vector's values are its rows, as far as tiling goes.
+                    let cols = if tensor.shape.len() == 1 {
+                        1
+                    } else {
+                        weight.cols()
+                    };
+                    let values = tensor.rewrite.apply(weight.to_f32(), cols, config);
+                    for row in values.chunks(weight.cols()) {
+                        let bytes = match tensor.kind.dtype().block_format() {
+                            Some(format) => format.quantize(row).expect("a format this writes"),
+                            None => row.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                        };
+                        file.write_all(&bytes).map_err(io)?;
+                    }
+                }
                 kind if kind == dtype => file.write_all(stored).map_err(io)?,
                 DType::Quantized(format) => {
                     let weight = checkpoint.tensor(source, &tensor.shape)?;
@@ -308,13 +424,15 @@ fn plan(
     checkpoint: &Checkpoint,
     preset: Preset,
 ) -> Result<Vec<Planned>, LoadError> {
+    let qwen35 = config.family() == Family::Qwen35Moe;
     let mut plan = Vec::new();
-    let mut add = |name: String, sources: Vec<String>| -> Result<(), LoadError> {
+    let mut add = |name: String, sources: Vec<String>, rewrite: Rewrite| -> Result<(), LoadError> {
         let (dtype, _) = checkpoint.stored(&sources[0])?;
         let shape = checkpoint.shape(&sources[0])?.to_vec();
         let kind = match preset.format(&name, &shape) {
             Some(format) => GgmlType::of_dtype(DType::Quantized(format)),
-            None if shape.len() < 2 => GgmlType::F32,
+            // Rewritten values are f32, as llama.cpp's converter stores them.
+            None if shape.len() < 2 || rewrite != Rewrite::None => GgmlType::F32,
             None => GgmlType::of_dtype(dtype),
         };
         for source in &sources[1..] {
@@ -332,19 +450,36 @@ fn plan(
             shape,
             kind,
             sources,
+            rewrite,
         });
         Ok(())
     };
+    let rewrite = |engine: &str| match qwen35 {
+        true => Rewrite::of_qwen35(engine, config),
+        false => Rewrite::None,
+    };
     for (gguf, engine) in names::MODEL {
         if checkpoint.shape(engine).is_ok() {
-            add(gguf.to_string(), vec![engine.to_string()])?;
+            add(gguf.to_string(), vec![engine.to_string()], rewrite(engine))?;
         }
     }
+    // Qwen3.5's names first: its post-attention norm is `post_attention_norm`.
+    let layer_names: Vec<&(&str, &str)> = match qwen35 {
+        true => names::QWEN35_LAYER.iter().chain(names::LAYER).collect(),
+        false => names::LAYER.iter().collect(),
+    };
     for layer in 0..config.num_hidden_layers {
-        for (gguf, engine) in names::LAYER {
-            let engine = format!("model.layers.{layer}.{engine}");
-            if checkpoint.shape(&engine).is_ok() {
-                add(format!("blk.{layer}.{gguf}"), vec![engine])?;
+        let mut planned = Vec::new();
+        for (gguf, engine) in &layer_names {
+            // The decay rate is made from `A_log`.
+            let source = match *engine {
+                "linear_attn.A" => "linear_attn.A_log",
+                other => other,
+            };
+            let source = format!("model.layers.{layer}.{source}");
+            if checkpoint.shape(&source).is_ok() && !planned.contains(engine) {
+                planned.push(*engine);
+                add(format!("blk.{layer}.{gguf}"), vec![source], rewrite(engine))?;
             }
         }
         if config.is_moe_layer(layer) {
@@ -352,7 +487,7 @@ fn plan(
                 let sources = (0..config.num_experts)
                     .map(|e| format!("model.layers.{layer}.mlp.experts.{e}.{part}.weight"))
                     .collect();
-                add(format!("blk.{layer}.{gguf}"), sources)?;
+                add(format!("blk.{layer}.{gguf}"), sources, Rewrite::None)?;
             }
         }
     }
@@ -386,7 +521,10 @@ fn metadata(header: &mut HeaderWriter, config: &Config, arch: &str, preset: Pres
         ("expert_feed_forward_length", config.moe_intermediate_size),
     ];
     for (name, value) in counts {
-        header.u32(&key(name), value as u32);
+        // Qwen3.5 has no dense layers, and its converter writes no width for them.
+        if name != "feed_forward_length" || value > 0 {
+            header.u32(&key(name), value as u32);
+        }
     }
     if config.shared_expert_intermediate_size > 0 {
         header.u32(
@@ -401,6 +539,45 @@ fn metadata(header: &mut HeaderWriter, config: &Config, arch: &str, preset: Pres
         )
         .f32(&key("rope.freq_base"), config.rope_theta() as f32)
         .bool(&key("expert_weights_norm"), config.renormalizes_top_k());
+    if config.family() == Family::Qwen35Moe {
+        qwen35_metadata(header, config, key);
+    }
+}
+
+/// Qwen3.5's keys beside the others: the gated DeltaNet's shapes, each layer's mixer, the
+/// rotary share, and the sections of llama.cpp's multimodal RoPE (which text positions, equal
+/// on every axis, do not depend on: a third of the rotary pairs each, as transformers'
+/// default `[11, 11, 10]` of 32).
+fn qwen35_metadata(header: &mut HeaderWriter, config: &Config, key: impl Fn(&str) -> String) {
+    let counts = [
+        ("ssm.conv_kernel", config.linear_conv_kernel_dim),
+        ("ssm.state_size", config.linear_key_head_dim),
+        ("ssm.group_count", config.linear_num_key_heads),
+        ("ssm.time_step_rank", config.linear_num_value_heads),
+        (
+            "ssm.inner_size",
+            config.linear_num_value_heads * config.linear_value_head_dim,
+        ),
+        (
+            "full_attention_interval",
+            config.full_attention_interval.unwrap_or(4),
+        ),
+        ("rope.dimension_count", config.rotary_dim()),
+    ];
+    for (name, value) in counts {
+        header.u32(&key(name), value as u32);
+    }
+    let recurrent: Vec<bool> = (0..config.num_hidden_layers)
+        .map(|l| config.mixer(l) == Mixer::LinearAttention)
+        .collect();
+    header.bools(&key("attention.recurrent_layers"), &recurrent);
+    let pairs = (config.rotary_dim() / 2) as i32;
+    let first = (pairs + 2) / 3;
+    let second = (pairs - first + 1) / 2;
+    header.i32s(
+        &key("rope.dimension_sections"),
+        &[first, second, pairs - first - second, 0],
+    );
 }
 
 /// `tokenizer.json` (a byte-level BPE, as Qwen's are) as llama.cpp's `tokenizer.ggml.*`
@@ -477,7 +654,7 @@ fn tokenizer_metadata(
         .collect::<Option<_>>()
         .ok_or_else(|| bad("a merge that is neither \"a b\" nor [\"a\", \"b\"]"))?;
     let pre = crate::tokenizer::pre_tokenizer_name(&tokenizer["pre_tokenizer"])
-        .ok_or_else(|| bad("a pre-tokenizer other than GPT-2's or Qwen2's"))?;
+        .ok_or_else(|| bad("a pre-tokenizer other than GPT-2's, Qwen2's or Qwen3.5's"))?;
     let kinds: Vec<i32> = tokens.iter().map(|(_, kind)| *kind).collect();
     header
         .text("tokenizer.ggml.model", "gpt2")
@@ -662,6 +839,56 @@ mod tests {
                 .to_string();
             assert!(error.contains(says), "{error}");
             assert!(!out.exists());
+        }
+    }
+
+    /// Qwen3.5 is written as llama.cpp's converter writes it (its `tiny-qwen35moe-f32.gguf` of
+    /// the same synthesized checkpoint): the same tensors under the same names and dimensions,
+    /// the same config read back, and the same values: the rewritten vectors (norms plus one,
+    /// `-exp(A_log)`, tiled value heads) to within `exp`'s last place, each quantized matrix
+    /// to within Q8_0's rounding of them.
+    #[test]
+    fn qwen35_is_written_as_llama_cpps_converter_writes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        synthesize(dir.path(), preset("qwen35-tiny").unwrap(), |_, _| {}).unwrap();
+        let out = dir.path().join("qwen35.gguf");
+        quantize(dir.path(), &out, Preset::Q8_0).unwrap();
+        let theirs = crate::gguf::tests::fixture().with_file_name("tiny-qwen35moe-f32.gguf");
+        let layout = |path: &Path| {
+            let file = Gguf::open(path).unwrap();
+            let tensors: std::collections::BTreeMap<String, Vec<u64>> = file
+                .header()
+                .tensors
+                .iter()
+                .map(|t| (t.name.clone(), t.dims.clone()))
+                .collect();
+            (
+                tensors,
+                super::super::config::config(file.header()).unwrap(),
+            )
+        };
+        assert_eq!(layout(&out), layout(&theirs));
+        let (ours, theirs) = (
+            Checkpoint::open(&out).unwrap(),
+            Checkpoint::open(&theirs).unwrap(),
+        );
+        let mut names: Vec<&str> = ours.tensor_sizes().map(|(name, _)| name).collect();
+        names.sort();
+        for name in names {
+            let shape = ours.shape(name).unwrap().to_vec();
+            let a = ours.tensor(name, &shape).unwrap();
+            let b = theirs.tensor(name, &shape).unwrap().to_f32();
+            let largest = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let tolerance = match a.dtype() {
+                DType::F32 => largest * 1e-6,
+                _ => largest / 127.0,
+            };
+            for (i, (x, y)) in a.to_f32().iter().zip(&b).enumerate() {
+                assert!(
+                    (x - y).abs() <= tolerance,
+                    "{name}[{i}]: {x} vs llama.cpp's {y}"
+                );
+            }
         }
     }
 }

@@ -11,7 +11,7 @@
 
 use rayon::prelude::*;
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, Convention};
 use crate::config::Config;
 use crate::kernels::cpu::{dot, exp, matmul_t, rms_norm, sigmoid, silu, softplus};
 use crate::weights::Weight;
@@ -25,9 +25,20 @@ struct Dims {
     key_dim: usize,
     value_dim: usize,
     kernel: usize,
+    /// Value heads tiled over the key heads (llama.cpp's order) rather than grouped.
+    tiled: bool,
 }
 
 impl Dims {
+    /// The key head value head `head` reads.
+    fn key_head(&self, head: usize) -> usize {
+        if self.tiled {
+            head % self.key_heads
+        } else {
+            head / (self.value_heads / self.key_heads)
+        }
+    }
+
     /// Channels through the convolution: q, k and v side by side.
     fn conv_channels(&self) -> usize {
         2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
@@ -42,7 +53,8 @@ pub struct GatedDeltaNet {
     in_a: Weight,
     /// `channels x kernel`.
     conv: Vec<f32>,
-    /// `-exp(A_log)` per value head, computed once as transformers does per call.
+    /// `-exp(A_log)` per value head, computed once as transformers does per call (or as
+    /// llama.cpp's converter stored it).
     neg_a: Vec<f32>,
     dt_bias: Vec<f32>,
     norm: Vec<f32>,
@@ -67,6 +79,7 @@ impl GatedDeltaNet {
             key_dim: config.linear_key_head_dim,
             value_dim: config.linear_value_head_dim,
             kernel: config.linear_conv_kernel_dim,
+            tiled: checkpoint.convention() == Convention::LlamaCpp,
         };
         let h = config.hidden_size;
         let p = format!("model.layers.{layer}.linear_attn");
@@ -79,14 +92,20 @@ impl GatedDeltaNet {
                 .tensor(&format!("{p}.{name}"), shape)
                 .map(|w| w.to_f32())
         };
-        let a_log = vector("A_log", &[dims.value_heads])?;
+        let neg_a = match checkpoint.convention() {
+            Convention::HuggingFace => vector("A_log", &[dims.value_heads])?
+                .iter()
+                .map(|v| -exp(*v))
+                .collect(),
+            Convention::LlamaCpp => vector("A", &[dims.value_heads])?,
+        };
         Ok(GatedDeltaNet {
             in_qkv: matrix("in_proj_qkv.weight", channels, h)?,
             in_z: matrix("in_proj_z.weight", values, h)?,
             in_b: matrix("in_proj_b.weight", dims.value_heads, h)?,
             in_a: matrix("in_proj_a.weight", dims.value_heads, h)?,
             conv: vector("conv1d.weight", &[channels, 1, dims.kernel])?,
-            neg_a: a_log.iter().map(|v| -exp(*v)).collect(),
+            neg_a,
             dt_bias: vector("dt_bias", &[dims.value_heads])?,
             norm: vector("norm.weight", &[dims.value_dim])?,
             out: matrix("out_proj.weight", h, values)?,
@@ -246,7 +265,7 @@ impl GatedDeltaNet {
     /// `beta·(v − S·k)` along `k`, read with `q`. Returns the head's output.
     fn step(&self, row: &[f32], head: usize, decay: f32, beta: f32, state: &mut [f32]) -> Vec<f32> {
         let d = self.dims;
-        let key_head = head / (d.value_heads / d.key_heads);
+        let key_head = d.key_head(head);
         let q = &row[key_head * d.key_dim..(key_head + 1) * d.key_dim];
         let k_start = d.key_heads * d.key_dim + key_head * d.key_dim;
         let k = &row[k_start..k_start + d.key_dim];

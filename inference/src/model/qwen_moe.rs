@@ -9,7 +9,7 @@ use std::convert::Infallible;
 use rayon::prelude::*;
 
 use super::deltanet::{DeltaState, GatedDeltaNet};
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, Convention};
 use crate::config::{Config, Family, Mixer};
 use crate::kernels::attention::{self, KeyValues};
 use crate::kernels::cpu::{matmul_t, rms_norm, sigmoid};
@@ -49,7 +49,8 @@ struct Layer {
 }
 
 /// An RMSNorm's weight as the family applies it: Qwen3.5's norms scale by `1 + weight`,
-/// added here once in f32 as transformers adds it on every call.
+/// added here once in f32 as transformers adds it on every call (llama.cpp's converter
+/// stores the sum).
 fn norm_weight(
     checkpoint: &Checkpoint,
     config: &Config,
@@ -57,7 +58,7 @@ fn norm_weight(
     len: usize,
 ) -> Result<Vec<f32>, LoadError> {
     let mut weight = checkpoint.tensor(name, &[len])?.to_f32();
-    if config.family() == Family::Qwen35Moe {
+    if config.family() == Family::Qwen35Moe && checkpoint.convention() == Convention::HuggingFace {
         weight.iter_mut().for_each(|w| *w += 1.0);
     }
     Ok(weight)

@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use kvasir_api::reports::{ModelReport, SliceReport};
 use kvasir_inference::checkpoint::Checkpoint;
 use kvasir_inference::config::{Config, Mixer};
-use kvasir_inference::gguf::{is_gguf, Gguf};
+use kvasir_inference::gguf::{is_gguf, split};
 
 use kvasir_wire::model_id;
 use kvasir_wire::spec::ExpertSpec;
@@ -66,16 +66,16 @@ fn safetensors_weights(dir: &Path) -> Result<Weights> {
 }
 
 /// A GGUF file stacks each layer's experts in one tensor per matrix (`ffn_*_exps`): each
-/// expert holds an equal share of its bytes.
+/// expert holds an equal share of its bytes. A split model's tensors are in all its parts.
 fn gguf_weights(path: &Path) -> Result<Weights> {
-    let file = Gguf::open(path)?;
-    let header = file.header();
-    let config = kvasir_inference::gguf::config::config(header)?;
+    let parts = split::open(path)?;
+    let config = kvasir_inference::gguf::config::config(parts[0].header())?;
+    let tensors = || parts.iter().flat_map(|part| &part.header().tensors);
     let mut per_expert: BTreeMap<(usize, usize), u64> = BTreeMap::new();
     for layer in config.moe_layers() {
         for part in ["gate", "up", "down"] {
             let name = format!("blk.{layer}.ffn_{part}_exps.weight");
-            let Some(tensor) = header.tensor(&name) else {
+            let Some(tensor) = tensors().find(|t| t.name == name) else {
                 anyhow::bail!("tensor {name} is missing");
             };
             let share = tensor.byte_len() / config.num_experts.max(1) as u64;
@@ -87,7 +87,7 @@ fn gguf_weights(path: &Path) -> Result<Weights> {
     Ok(Weights {
         config,
         per_expert,
-        total_bytes: header.tensors.iter().map(|t| t.byte_len()).sum(),
+        total_bytes: tensors().map(|t| t.byte_len()).sum(),
         skipped_bytes: 0,
     })
 }

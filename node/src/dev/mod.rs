@@ -61,7 +61,7 @@ pub struct Args {
     #[arg(long, default_value = "small")]
     preset: String,
     /// Serve the preset quantized, as the GGUF file `model quantize` writes of it (q8_0 or
-    /// q4_0; not qwen35-small). The published dev chain pins no quantized model, so a data dir
+    /// q4_0). The published dev chain pins no quantized model, so a data dir
     /// without a chain gets a chain of its own that pins it too.
     #[arg(long = "quantize", value_name = "TYPE")]
     quantized: Option<kvasir_inference::gguf::write::Preset>,

@@ -24,6 +24,12 @@ tiny-qwen3moe-q4_k_m.gguf and tiny-qwen3moe-q5_k_m.gguf from it (its presets' mi
 Q5_K and Q6_K tensors, as users' files have them), and tiny-qwen3moe-llama-q8_0.gguf and
 -llama-q4_0.gguf. With `--llama-logits PATH` too (llama_logits.cpp, built), each of those
 gets llama.cpp's teacher-forced logits over a fixed sequence beside it (`NAME.llama.json`).
+
+With `--qwen35 CKPT --llama-cpp SRC` too (CKPT from `kvasir-node model synth --preset
+qwen35-tiny --out CKPT`, SRC llama.cpp's source tree; the converter needs torch, safetensors,
+transformers and sentencepiece in this venv), llama.cpp's own converter writes the Qwen3.5
+checkpoint as tiny-qwen35moe-f32.gguf (its value heads tiled, norms plus one, `-exp(A_log)`),
+`llama-quantize` makes tiny-qwen35moe-llama-q8_0.gguf of it, and that gets llama.cpp's logits.
 """
 import os
 import subprocess
@@ -181,3 +187,39 @@ if "--llama-quantize" in sys.argv:
                 tokens = ",".join(str(t) for t in TEACHER_TOKENS)
                 with open(os.path.join(HERE, name + ".llama.json"), "w") as f:
                     subprocess.run([logits, out, tokens, "1"], check=True, stdout=f)
+
+# The converter, run from its source tree with GPT-2's pre-tokenizer for the synthesized
+# tokenizer, whose hash it does not know.
+CONVERT = """
+import sys
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/gguf-py"]
+import conversion.base as base
+known = base.TextModel.get_vocab_base_pre
+def pre(self, tokenizer):
+    try:
+        return known(self, tokenizer)
+    except NotImplementedError:
+        return "gpt-2"
+base.TextModel.get_vocab_base_pre = pre
+import convert_hf_to_gguf
+sys.argv = sys.argv[1:]
+convert_hf_to_gguf.main()
+"""
+
+if "--qwen35" in sys.argv:
+    checkpoint = sys.argv[sys.argv.index("--qwen35") + 1]
+    source = sys.argv[sys.argv.index("--llama-cpp") + 1]
+    f32 = os.path.join(HERE, "tiny-qwen35moe-f32.gguf")
+    subprocess.run([sys.executable, "-c", CONVERT, source, checkpoint, "--outfile", f32,
+                    "--outtype", "f32", "--no-mtp"], check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    print(f32, os.path.getsize(f32), "bytes")
+    name = "tiny-qwen35moe-llama-q8_0"
+    out = os.path.join(HERE, name + ".gguf")
+    subprocess.run([quantize, f32, out, "Q8_0", "1"], check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    print(out, os.path.getsize(out), "bytes")
+    logits = sys.argv[sys.argv.index("--llama-logits") + 1]
+    tokens = ",".join(str(t) for t in TEACHER_TOKENS)
+    with open(os.path.join(HERE, name + ".llama.json"), "w") as f:
+        subprocess.run([logits, out, tokens, "1"], check=True, stdout=f)

@@ -1,0 +1,74 @@
+//! A model split over several GGUF files, as llama.cpp's `llama-gguf-split` writes one:
+//! `NAME-00001-of-00003.gguf` to `NAME-00003-of-00003.gguf`, each a whole GGUF file whose
+//! `split.no` and `split.count` say which part it is. The first part holds the model's
+//! metadata, every part its own tensors. A split model is opened by naming its first file,
+//! as llama.cpp opens one; a file without `split.count` is a model of one part.
+
+use std::path::{Path, PathBuf};
+
+use super::{Gguf, GgufError, Header, Value};
+
+/// The most parts a model may be split into (llama.cpp counts them in 16 bits).
+const MAX_PARTS: u64 = u16::MAX as u64;
+
+/// The parts of the model whose first (or only) file is `path`, in order.
+pub fn open(path: &Path) -> Result<Vec<Gguf>, GgufError> {
+    let first = Gguf::open(path)?;
+    let count = match split_key(first.header(), "split.count") {
+        None => return Ok(vec![first]),
+        Some(Some(count)) if (1..=MAX_PARTS).contains(&count) => count,
+        Some(_) => {
+            return Err(bad(
+                path,
+                "split.count is not a count from 1 to 65535".into(),
+            ))
+        }
+    };
+    let parts = part_paths(path, count)?;
+    let mut files = vec![first];
+    for part in &parts[1..] {
+        files.push(Gguf::open(part)?);
+    }
+    for (no, (file, part)) in files.iter().zip(&parts).enumerate() {
+        let header = file.header();
+        if split_key(header, "split.no") != Some(Some(no as u64))
+            || split_key(header, "split.count") != Some(Some(count))
+        {
+            return Err(bad(
+                part,
+                format!(
+                    "it is not part {} of {count} (split.no, split.count)",
+                    no + 1
+                ),
+            ));
+        }
+    }
+    Ok(files)
+}
+
+/// A split key's count: None if absent, Some(None) if it is not a count.
+fn split_key(header: &Header, key: &str) -> Option<Option<u64>> {
+    header.get(key).map(Value::as_u64)
+}
+
+/// Each part's path, from the first's name (`NAME-00001-of-0000N.gguf`).
+fn part_paths(first: &Path, count: u64) -> Result<Vec<PathBuf>, GgufError> {
+    let name = first
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    let suffix = format!("-00001-of-{count:05}.gguf");
+    let Some(prefix) = name.strip_suffix(&suffix) else {
+        return Err(bad(
+            first,
+            format!("a model split in {count} parts is opened by its first file, NAME{suffix}"),
+        ));
+    };
+    Ok((1..=count)
+        .map(|no| first.with_file_name(format!("{prefix}-{no:05}-of-{count:05}.gguf")))
+        .collect())
+}
+
+fn bad(path: &Path, why: String) -> GgufError {
+    GgufError::Split(path.display().to_string(), why)
+}
