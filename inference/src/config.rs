@@ -207,14 +207,15 @@ fn default_model_type() -> String {
 
 impl Config {
     /// `config.json` in `dir`, with the end tokens of `generation_config.json` when the
-    /// checkpoint has one; or the metadata of the GGUF file `dir` names.
+    /// checkpoint has one; or the metadata of the GGUF file `dir` names (the first of a split
+    /// model's, with every part's tensors).
     pub fn load(dir: &Path) -> Result<Config, LoadError> {
         if crate::gguf::is_gguf(dir) {
-            let file = crate::gguf::Gguf::open(dir).map_err(|e| LoadError::Format {
+            let parts = crate::gguf::split::open(dir).map_err(|e| LoadError::Format {
                 file: dir.display().to_string(),
                 reason: e.to_string(),
             })?;
-            return crate::gguf::config::config(file.header());
+            return crate::gguf::config::of_parts(&parts);
         }
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path).map_err(|e| LoadError::io(&path, e))?;

@@ -70,6 +70,12 @@ fn gguf_files_generate_with_pinned_bits_on_any_thread_count() {
             vec![5; 6],
             "dc34688069f5fb44ad6a08153f4d2d9a4d12600ecf09f3e1464e379629ff651f",
         ),
+        // The same model split in three by llama.cpp's `llama-gguf-split`.
+        (
+            "tiny-qwen3moe-q8_0-00001-of-00003.gguf",
+            vec![5; 6],
+            "dc34688069f5fb44ad6a08153f4d2d9a4d12600ecf09f3e1464e379629ff651f",
+        ),
         (
             "tiny-qwen3moe-q4_k_m.gguf",
             vec![10, 5, 4, 10, 5, 4],

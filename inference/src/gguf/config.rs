@@ -13,7 +13,7 @@ use std::collections::HashSet;
 
 use serde_json::{json, Map, Value as Json};
 
-use super::{Header, Value};
+use super::{Gguf, Header, Value};
 use crate::config::{Config, MAX_LAYERS};
 use crate::LoadError;
 
@@ -25,8 +25,29 @@ const ARCHITECTURES: &[(&str, &str, bool)] = &[
     ("qwen35moe", "qwen3_5_moe_text", true),
 ];
 
-/// The engine's config of the model whose GGUF header is `header`.
+/// The engine's config of the model whose GGUF header is `header` (a model of one file).
 pub fn config(header: &Header) -> Result<Config, LoadError> {
+    config_with(
+        header,
+        header.tensors.iter().map(|t| t.name.as_str()).collect(),
+    )
+}
+
+/// The engine's config of a model split over `parts` (`split::open`): the first part's
+/// metadata, every part's tensors.
+pub fn of_parts(parts: &[Gguf]) -> Result<Config, LoadError> {
+    let Some(first) = parts.first() else {
+        return Err(LoadError::Config("GGUF: a model of no files".into()));
+    };
+    let tensors = parts
+        .iter()
+        .flat_map(|part| part.header().tensors.iter().map(|t| t.name.as_str()))
+        .collect();
+    config_with(first.header(), tensors)
+}
+
+/// The config from `header`'s metadata and the names of the model's `tensors`.
+fn config_with(header: &Header, tensors: HashSet<&str>) -> Result<Config, LoadError> {
     let bad = |what: String| LoadError::Config(format!("GGUF metadata: {what}"));
     let arch = header
         .get("general.architecture")
@@ -57,7 +78,6 @@ pub fn config(header: &Header) -> Result<Config, LoadError> {
         Some(Value::Array(tokens)) => tokens.len(),
         _ => return Err(bad("no tokenizer.ggml.tokens".into())),
     };
-    let tensors: HashSet<&str> = header.tensors.iter().map(|t| t.name.as_str()).collect();
     let dense_layers: Vec<u64> = (0..layers)
         .filter(|l| !tensors.contains(format!("blk.{l}.ffn_gate_exps.weight").as_str()))
         .collect();
@@ -113,11 +133,11 @@ pub fn config(header: &Header) -> Result<Config, LoadError> {
     set("norm_topk_prob", json!(renormalizes));
     set(
         "tie_word_embeddings",
-        json!(header.tensor("output.weight").is_none()),
+        json!(!tensors.contains("output.weight")),
     );
     set(
         "attention_bias",
-        json!(header.tensor("blk.0.attn_q.bias").is_some()),
+        json!(tensors.contains("blk.0.attn_q.bias")),
     );
     if arch == "qwen35moe" {
         for (field, value) in qwen35(header, layers)? {

@@ -72,3 +72,73 @@ fn part_paths(first: &Path, count: u64) -> Result<Vec<PathBuf>, GgufError> {
 fn bad(path: &Path, why: String) -> GgufError {
     GgufError::Split(path.display().to_string(), why)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fixture llama.cpp's `llama-gguf-split` made of `tiny-qwen3moe-q8_0.gguf`.
+    const PARTS: u64 = 3;
+
+    fn part(no: u64) -> PathBuf {
+        super::super::tests::fixture()
+            .with_file_name(format!("tiny-qwen3moe-q8_0-{no:05}-of-{PARTS:05}.gguf"))
+    }
+
+    /// Copies of the fixture's parts in a directory of their own.
+    fn copies() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for no in 1..=PARTS {
+            let part = part(no);
+            std::fs::copy(&part, dir.path().join(part.file_name().unwrap())).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn a_split_model_opens_by_its_first_file_with_every_tensor_of_the_whole() {
+        let parts = open(&part(1)).unwrap();
+        assert_eq!(parts.len(), PARTS as usize);
+        let whole = Gguf::open(&super::super::tests::fixture()).unwrap();
+        let mut split: Vec<(&str, &[u8])> = parts
+            .iter()
+            .flat_map(|p| {
+                p.header()
+                    .tensors
+                    .iter()
+                    .map(move |t| (t.name.as_str(), p.bytes(t)))
+            })
+            .collect();
+        let mut all: Vec<(&str, &[u8])> = whole
+            .header()
+            .tensors
+            .iter()
+            .map(|t| (t.name.as_str(), whole.bytes(t)))
+            .collect();
+        split.sort();
+        all.sort();
+        assert_eq!(split, all);
+        // A file of one part is a model of one part.
+        assert_eq!(open(&super::super::tests::fixture()).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_part_that_is_not_the_first_missing_or_misnumbered_is_an_error_naming_it() {
+        let error = open(&part(2)).err().unwrap().to_string();
+        assert!(error.contains("opened by its first file"), "{error}");
+        let dir = copies();
+        let name = |no: u64| dir.path().join(part(no).file_name().unwrap());
+        // A part in the place of another.
+        std::fs::copy(name(3), name(2)).unwrap();
+        let error = open(&name(1)).err().unwrap().to_string();
+        assert!(error.contains("is not part 2 of 3"), "{error}");
+        std::fs::remove_file(name(2)).unwrap();
+        let error = open(&name(1)).err().unwrap().to_string();
+        assert!(error.contains("00002-of-00003.gguf"), "{error}");
+        // The first part renamed: its parts cannot be found from its name.
+        let renamed = dir.path().join("model.gguf");
+        std::fs::rename(name(1), &renamed).unwrap();
+        let error = open(&renamed).err().unwrap().to_string();
+        assert!(error.contains("NAME-00001-of-00003.gguf"), "{error}");
+    }
+}

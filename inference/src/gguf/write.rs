@@ -767,7 +767,7 @@ mod tests {
 
     /// The tokenizer written to the metadata is the checkpoint's: the same ids for any text,
     /// added tokens included, and the same text back; for GPT-2's pre-tokenizer (the
-    /// synthesized checkpoints') and for Qwen2's (its regex split, then bytes).
+    /// synthesized checkpoints') and for Qwen2's and Qwen3.5's (a regex split, then bytes).
     #[test]
     fn the_files_own_tokenizer_is_the_checkpoints() {
         use crate::tokenizer::Tokenizer;
@@ -776,7 +776,14 @@ mod tests {
              "behavior": "Isolated", "invert": false},
             {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}
         ]});
-        for pre_tokenizer in [None, Some(qwen2)] {
+        // Qwen3.5's keeps combining marks with the letters before them.
+        let mut qwen35 = qwen2.clone();
+        qwen35["pretokenizers"][0]["pattern"]["Regex"] = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+".into();
+        for (pre_tokenizer, pre) in [
+            (None, "gpt-2"),
+            (Some(qwen2), "qwen2"),
+            (Some(qwen35), "qwen35"),
+        ] {
             let dir = tiny();
             let path = dir.path().join("tokenizer.json");
             if let Some(pre_tokenizer) = pre_tokenizer {
@@ -788,6 +795,13 @@ mod tests {
             }
             let out = dir.path().join("model.gguf");
             quantize(dir.path(), &out, Preset::Q8_0).unwrap();
+            let file = Gguf::open(&out).unwrap();
+            assert_eq!(
+                file.header()
+                    .get("tokenizer.ggml.pre")
+                    .and_then(super::super::Value::as_text),
+                Some(pre)
+            );
             let source = Tokenizer::load(dir.path()).unwrap();
             // Nothing beside the file: the tokenizer comes from its metadata.
             std::fs::remove_file(&path).unwrap();
@@ -796,6 +810,8 @@ mod tests {
                 "Hello, world!  It's 2026.\n\n  indented\ttab 12345",
                 "<|endoftext|>after the end",
                 "ünïcödé — 東京 🙂",
+                // Marks no letter composes with, which Qwen3.5's split keeps in the word.
+                "ka\u{320}t\u{331}a x\u{359}y",
             ] {
                 let ids = source.encode(text).unwrap();
                 assert_eq!(own.encode(text).unwrap(), ids, "{text:?}");

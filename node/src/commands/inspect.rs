@@ -69,7 +69,7 @@ fn safetensors_weights(dir: &Path) -> Result<Weights> {
 /// expert holds an equal share of its bytes. A split model's tensors are in all its parts.
 fn gguf_weights(path: &Path) -> Result<Weights> {
     let parts = split::open(path)?;
-    let config = kvasir_inference::gguf::config::config(parts[0].header())?;
+    let config = kvasir_inference::gguf::config::of_parts(&parts)?;
     let tensors = || parts.iter().flat_map(|part| &part.header().tensors);
     let mut per_expert: BTreeMap<(usize, usize), u64> = BTreeMap::new();
     for layer in config.moe_layers() {

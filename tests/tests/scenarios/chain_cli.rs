@@ -354,18 +354,23 @@ fn dev_over_four_validators_runs_the_whole_loop_and_every_store_verifies() {
 }
 
 /// The seed's own family, Qwen3.5-MoE (gated DeltaNet and gated attention layers, a
-/// shared expert), served by the whole swarm: every expert remote, the output identical
-/// to the local run bit for bit, a dishonest worker caught, the others paid exactly.
+/// shared expert), served by the whole swarm as a Q4_0 GGUF file in llama.cpp's layout
+/// (value heads tiled, norms plus one: what `model quantize` writes): every expert remote,
+/// the output identical to the local run bit for bit, a dishonest worker caught, the others
+/// paid exactly.
 #[test]
-fn dev_serves_qwen35_moe_remote_identical_to_local_and_pays_exactly() {
+fn dev_serves_qwen35_moe_quantized_remote_identical_to_local_and_pays_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let (report, text) = dev_preset(
         &data,
         "qwen35-small",
-        &["--workers", "3", "--dishonest", "1"],
+        &["--quantize", "q4_0", "--workers", "3", "--dishonest", "1"],
     );
-    assert!(text.contains("model qwen35-small"), "{text}");
+    assert!(
+        text.contains("model qwen35-small quantized as Q4_0"),
+        "{text}"
+    );
     let genesis = Genesis::load(&data.join("genesis.json")).unwrap();
     assert_eq!(report.caught.len(), 1, "{report:?}");
     assert_paid_exactly(&report, &genesis, &data);

@@ -25,6 +25,9 @@ Q5_K and Q6_K tensors, as users' files have them), and tiny-qwen3moe-llama-q8_0.
 -llama-q4_0.gguf. With `--llama-logits PATH` too (llama_logits.cpp, built), each of those
 gets llama.cpp's teacher-forced logits over a fixed sequence beside it (`NAME.llama.json`).
 
+With `--llama-gguf-split PATH` (llama.cpp's `llama-gguf-split`), tiny-qwen3moe-q8_0.gguf is
+split in three parts of at most ten tensors, tiny-qwen3moe-q8_0-00001-of-00003.gguf and on.
+
 With `--qwen35 CKPT --llama-cpp SRC` too (CKPT from `kvasir-node model synth --preset
 qwen35-tiny --out CKPT`, SRC llama.cpp's source tree; the converter needs torch, safetensors,
 transformers and sentencepiece in this venv), llama.cpp's own converter writes the Qwen3.5
@@ -133,6 +136,11 @@ def write_model(path, hidden, width, dense, head_dim, experts, quantized, expert
 
 write_model(os.path.join(HERE, "tiny-qwen3moe-q8_0.gguf"), HIDDEN, WIDTH, DENSE, HEAD_DIM, EXPERTS,
             Q.Q8_0, Q.Q4_0)
+
+if "--llama-gguf-split" in sys.argv:
+    split = sys.argv[sys.argv.index("--llama-gguf-split") + 1]
+    subprocess.run([split, "--split-max-tensors", "10", os.path.join(HERE, "tiny-qwen3moe-q8_0.gguf"),
+                    os.path.join(HERE, "tiny-qwen3moe-q8_0")], check=True, stdout=subprocess.DEVNULL)
 
 rows = values(4 * 128, 99).reshape(4, 128)
 rows[1] *= 1000.0
