@@ -78,6 +78,14 @@ fn config_with(header: &Header, tensors: HashSet<&str>) -> Result<Config, LoadEr
         Some(Value::Array(tokens)) => tokens.len(),
         _ => return Err(bad("no tokenizer.ggml.tokens".into())),
     };
+    if let Some(fused) = tensors
+        .iter()
+        .find(|t| t.ends_with("ffn_gate_up_exps.weight"))
+    {
+        return Err(bad(format!(
+            "{fused}: experts with gate and up fused in one tensor are not read; convert without --fuse-gate-up-exps"
+        )));
+    }
     let dense_layers: Vec<u64> = (0..layers)
         .filter(|l| !tensors.contains(format!("blk.{l}.ffn_gate_exps.weight").as_str()))
         .collect();
@@ -230,8 +238,13 @@ fn qwen35(header: &Header, layers: u64) -> Result<Vec<(&'static str, Json)>, Loa
     .collect();
     let head_dim = count("attention.key_length")?;
     let rotary = count("rope.dimension_count")?;
-    let factor = rotary as f64 / head_dim as f64;
-    // The engine keeps the share, as config.json does: it must give the count back.
+    // The engine keeps the share, as config.json does: it must give the count back, which
+    // the nearest share may miss by rounding down.
+    let nearest = rotary as f64 / head_dim as f64;
+    let factor = match (head_dim as f64 * nearest) as u64 == rotary {
+        true => nearest,
+        false => nearest.next_up(),
+    };
     if rotary == 0 || rotary > head_dim || (head_dim as f64 * factor) as u64 != rotary {
         return Err(bad(format!(
             "rope.dimension_count {rotary} is not a share of the head's {head_dim} dimensions"

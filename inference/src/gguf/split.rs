@@ -8,19 +8,25 @@ use std::path::{Path, PathBuf};
 
 use super::{Gguf, GgufError, Header, Value};
 
-/// The most parts a model may be split into (llama.cpp counts them in 16 bits).
-const MAX_PARTS: u64 = u16::MAX as u64;
+/// The most parts a model may be split into: each part stays mapped while the model is, and
+/// a process has some 65,000 maps in all (llama.cpp counts parts in 16 bits).
+const MAX_PARTS: u64 = 1024;
 
 /// The parts of the model whose first (or only) file is `path`, in order.
 pub fn open(path: &Path) -> Result<Vec<Gguf>, GgufError> {
     let first = Gguf::open(path)?;
-    let count = match split_key(first.header(), "split.count") {
-        None => return Ok(vec![first]),
-        Some(Some(count)) if (1..=MAX_PARTS).contains(&count) => count,
-        Some(_) => {
+    let (count, no) = (
+        split_key(first.header(), "split.count"),
+        split_key(first.header(), "split.no"),
+    );
+    let count = match (count, no) {
+        // One part, however the file is named (llama.cpp does not look at the name either).
+        (None | Some(Some(1)), None | Some(Some(0))) => return Ok(vec![first]),
+        (Some(Some(count)), _) if (2..=MAX_PARTS).contains(&count) => count,
+        _ => {
             return Err(bad(
                 path,
-                "split.count is not a count from 1 to 65535".into(),
+                format!("split.count is not a count from 1 to {MAX_PARTS}, or split.no is not 0 in a model of one part"),
             ))
         }
     };
@@ -59,9 +65,17 @@ fn part_paths(first: &Path, count: u64) -> Result<Vec<PathBuf>, GgufError> {
         .unwrap_or_default();
     let suffix = format!("-00001-of-{count:05}.gguf");
     let Some(prefix) = name.strip_suffix(&suffix) else {
+        // Another part, named as llama-gguf-split names them: say which file to open.
+        let first_name = name
+            .strip_suffix(&format!("-of-{count:05}.gguf"))
+            .and_then(|rest| rest.get(..rest.len().checked_sub(6)?))
+            .filter(|prefix| name.as_bytes().get(prefix.len()) == Some(&b'-'))
+            .map_or_else(|| "NAME".to_string(), str::to_string);
         return Err(bad(
             first,
-            format!("a model split in {count} parts is opened by its first file, NAME{suffix}"),
+            format!(
+                "a model split in {count} parts is opened by its first file, {first_name}{suffix}"
+            ),
         ));
     };
     Ok((1..=count)
@@ -125,7 +139,10 @@ mod tests {
     #[test]
     fn a_part_that_is_not_the_first_missing_or_misnumbered_is_an_error_naming_it() {
         let error = open(&part(2)).err().unwrap().to_string();
-        assert!(error.contains("opened by its first file"), "{error}");
+        assert!(
+            error.contains("opened by its first file, tiny-qwen3moe-q8_0-00001-of-00003.gguf"),
+            "{error}"
+        );
         let dir = copies();
         let name = |no: u64| dir.path().join(part(no).file_name().unwrap());
         // A part in the place of another.
@@ -140,5 +157,25 @@ mod tests {
         std::fs::rename(name(1), &renamed).unwrap();
         let error = open(&renamed).err().unwrap().to_string();
         assert!(error.contains("NAME-00001-of-00003.gguf"), "{error}");
+    }
+
+    /// A file that says it is the one part of its model opens whatever its name; one that
+    /// says it is another part, or of a count past the bound, is refused.
+    #[test]
+    fn a_model_of_one_part_opens_by_any_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.gguf");
+        for (count, no, opens) in [(1, 0, true), (1, 1, false), (0, 0, false), (5000, 0, false)] {
+            let bytes = super::super::tests::Writer::default()
+                .u32("split.count", count)
+                .u32("split.no", no)
+                .finish();
+            std::fs::write(&path, bytes).unwrap();
+            assert_eq!(
+                open(&path).is_ok(),
+                opens,
+                "split.count {count}, split.no {no}"
+            );
+        }
     }
 }

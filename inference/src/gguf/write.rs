@@ -245,8 +245,9 @@ impl Rewrite {
         }
     }
 
-    /// `stored` (`rows x cols`) rewritten.
-    fn apply(self, stored: Vec<f32>, cols: usize, config: &Config) -> Vec<f32> {
+    /// `stored` (`rows x cols`) rewritten, or why its shape is not the one the config
+    /// implies (a checkpoint from outside is checked here: nothing else loads it).
+    fn apply(self, stored: Vec<f32>, cols: usize, config: &Config) -> Result<Vec<f32>, String> {
         let (key_heads, value_heads) = (config.linear_num_key_heads, config.linear_num_value_heads);
         // The grouped head the tiled head `t` is.
         let grouped = |t: usize| {
@@ -261,7 +262,27 @@ impl Rewrite {
                 })
                 .collect()
         };
-        match self {
+        let rows = match cols {
+            0 => 0,
+            _ => stored.len() / cols,
+        };
+        let fits = cols > 0
+            && rows * cols == stored.len()
+            && match self {
+                Rewrite::None | Rewrite::PlusOne => true,
+                Rewrite::NegExp => stored.len() == value_heads,
+                Rewrite::TileRows { first, unit } => {
+                    rows.checked_sub(first) == Some(value_heads * unit)
+                }
+                Rewrite::TileColumns { unit } => cols == value_heads * unit,
+            };
+        if !fits {
+            return Err(format!(
+                "{} values in rows of {cols} are not the shape the config implies ({self:?})",
+                stored.len()
+            ));
+        }
+        Ok(match self {
             Rewrite::None => stored,
             Rewrite::PlusOne => stored.into_iter().map(|w| w + 1.0).collect(),
             Rewrite::NegExp => tile(&stored, 1).into_iter().map(|a| -exp(a)).collect(),
@@ -275,7 +296,7 @@ impl Rewrite {
                 .chunks(cols)
                 .flat_map(|row| tile(row, unit))
                 .collect(),
-        }
+        })
     }
 }
 
@@ -378,8 +399,13 @@ fn write_file(
                     } else {
                         weight.cols()
                     };
-                    let values = tensor.rewrite.apply(weight.to_f32(), cols, config);
-                    for row in values.chunks(weight.cols()) {
+                    let values = tensor
+                        .rewrite
+                        .apply(weight.to_f32(), cols, config)
+                        .map_err(|why| {
+                            LoadError::Config(format!("model quantize: {source}: {why}"))
+                        })?;
+                    for row in values.chunks(weight.cols().max(1)) {
                         let bytes = match tensor.kind.dtype().block_format() {
                             Some(format) => format.quantize(row).expect("a format this writes"),
                             None => row.iter().flat_map(|v| v.to_le_bytes()).collect(),
@@ -522,7 +548,7 @@ fn metadata(header: &mut HeaderWriter, config: &Config, arch: &str, preset: Pres
     ];
     for (name, value) in counts {
         // Qwen3.5 has no dense layers, and its converter writes no width for them.
-        if name != "feed_forward_length" || value > 0 {
+        if name != "feed_forward_length" || config.family() != Family::Qwen35Moe {
             header.u32(&key(name), value as u32);
         }
     }
@@ -906,5 +932,27 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A Qwen3.5 checkpoint whose DeltaNet tensors are not the shape its config implies (here
+    /// a config naming two value heads where the tensors hold four) is refused by name, and
+    /// leaves no file: nothing else checks those shapes before they are rewritten.
+    #[test]
+    fn a_qwen35_checkpoint_unlike_its_config_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        synthesize(dir.path(), preset("qwen35-tiny").unwrap(), |_, _| {}).unwrap();
+        let path = dir.path().join("config.json");
+        let mut config: Json = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        config["linear_num_value_heads"] = 2.into();
+        std::fs::write(&path, config.to_string()).unwrap();
+        let out = dir.path().join("qwen35.gguf");
+        let error = quantize(dir.path(), &out, Preset::Q8_0)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("linear_attn") && error.contains("shape"),
+            "{error}"
+        );
+        assert!(!out.exists() && !out.with_extension("gguf.partial").exists());
     }
 }
