@@ -5,7 +5,7 @@
 //! apart, so that the reference itself has decided), and the logits' cosine. Used against
 //! llama.cpp's own logits (`tests/gguf.rs`) and by `kvasir-node model compare`.
 
-use crate::model::qwen_moe::{ForwardError, Model, Step};
+use crate::model::qwen_moe::{Cache, ForwardError, Model, Step};
 use crate::moe::ExpertExecutor;
 
 /// The logits `model` gives at every position of `tokens`, teacher-forced (each position sees
@@ -17,15 +17,44 @@ pub fn teacher_forced(
 ) -> Result<Vec<Vec<f32>>, ForwardError> {
     let mut cache = model.new_cache();
     tokens
-        .chunks(1)
-        .map(|token| {
-            let mut step = [Step {
-                cache: &mut cache,
-                tokens: token,
-            }];
-            Ok(model.forward(&mut step, experts)?.remove(0))
-        })
+        .iter()
+        .map(|token| next_logits(model, experts, &mut cache, *token))
         .collect()
+}
+
+/// The logits after `token`, which extends the sequence in `cache`.
+fn next_logits(
+    model: &Model,
+    experts: &dyn ExpertExecutor,
+    cache: &mut Cache,
+    token: u32,
+) -> Result<Vec<f32>, ForwardError> {
+    let mut step = [Step {
+        cache,
+        tokens: &[token],
+    }];
+    Ok(model.forward(&mut step, experts)?.remove(0))
+}
+
+/// `candidate` against `reference`, both teacher-forced over `tokens` side by side, one
+/// position's logits of each held at a time (a long text's would not fit): None when their
+/// logits do not pair (`Agreement::of`).
+pub fn compare(
+    reference: (&Model, &dyn ExpertExecutor),
+    candidate: (&Model, &dyn ExpertExecutor),
+    tokens: &[u32],
+    margin: f32,
+) -> Result<Option<Agreement>, ForwardError> {
+    let (mut theirs, mut ours) = (reference.0.new_cache(), candidate.0.new_cache());
+    let mut sums = Sums::new(margin);
+    for token in tokens {
+        let expected = next_logits(reference.0, reference.1, &mut theirs, *token)?;
+        let got = next_logits(candidate.0, candidate.1, &mut ours, *token)?;
+        if !sums.add(&expected, &got) {
+            return Ok(None);
+        }
+    }
+    Ok(sums.finish())
 }
 
 /// A candidate's logits against a reference's, position by position.
@@ -49,37 +78,73 @@ impl Agreement {
     /// `candidate` against `reference`, positions paired in order; None when they differ in
     /// length, a position's vocabularies differ, or there are none.
     pub fn of(reference: &[Vec<f32>], candidate: &[Vec<f32>], margin: f32) -> Option<Agreement> {
-        let pairs = reference.len();
-        if pairs == 0 || candidate.len() != pairs {
+        if candidate.len() != reference.len() {
             return None;
         }
-        let mut agreement = Agreement {
-            positions: pairs,
-            top1_same: 0,
-            decided: 0,
-            decided_same: 0,
-            margin,
-            mean_kl: 0.0,
-            max_kl: 0.0,
-            mean_cosine: 0.0,
-        };
+        let mut sums = Sums::new(margin);
         for (theirs, mine) in reference.iter().zip(candidate) {
-            if theirs.len() != mine.len() || theirs.len() < 2 {
+            if !sums.add(theirs, mine) {
                 return None;
             }
-            let (their_top, their_margin) = top(theirs);
-            let same = top(mine).0 == their_top;
-            agreement.top1_same += usize::from(same);
-            if their_margin >= margin {
-                agreement.decided += 1;
-                agreement.decided_same += usize::from(same);
-            }
-            let divergence = kl(theirs, mine);
-            agreement.mean_kl += divergence / pairs as f64;
-            agreement.max_kl = agreement.max_kl.max(divergence);
-            agreement.mean_cosine += cosine(theirs, mine) / pairs as f64;
         }
-        Some(agreement)
+        sums.finish()
+    }
+}
+
+/// An `Agreement` being summed, position by position.
+struct Sums {
+    agreement: Agreement,
+    kl: f64,
+    cosine: f64,
+}
+
+impl Sums {
+    fn new(margin: f32) -> Sums {
+        Sums {
+            agreement: Agreement {
+                positions: 0,
+                top1_same: 0,
+                decided: 0,
+                decided_same: 0,
+                margin,
+                mean_kl: 0.0,
+                max_kl: 0.0,
+                mean_cosine: 0.0,
+            },
+            kl: 0.0,
+            cosine: 0.0,
+        }
+    }
+
+    /// Adds one position; false when its vocabularies differ or hold fewer than two tokens.
+    fn add(&mut self, theirs: &[f32], mine: &[f32]) -> bool {
+        if theirs.len() != mine.len() || theirs.len() < 2 {
+            return false;
+        }
+        let a = &mut self.agreement;
+        let (their_top, their_margin) = top(theirs);
+        let same = top(mine).0 == their_top;
+        a.positions += 1;
+        a.top1_same += usize::from(same);
+        if their_margin >= a.margin {
+            a.decided += 1;
+            a.decided_same += usize::from(same);
+        }
+        let divergence = kl(theirs, mine);
+        self.kl += divergence;
+        a.max_kl = a.max_kl.max(divergence);
+        self.cosine += cosine(theirs, mine);
+        true
+    }
+
+    /// The agreement over the positions added; None for none.
+    fn finish(self) -> Option<Agreement> {
+        let positions = self.agreement.positions;
+        (positions > 0).then(|| Agreement {
+            mean_kl: self.kl / positions as f64,
+            mean_cosine: self.cosine / positions as f64,
+            ..self.agreement
+        })
     }
 }
 

@@ -192,10 +192,13 @@ fn compare(
         bail!("the text is {} tokens; at least 2 are compared", ids.len());
     }
     let start = Instant::now();
-    let theirs = kvasir_inference::agreement::teacher_forced(&ref_model, &ref_experts, &ids)?;
-    let ours = kvasir_inference::agreement::teacher_forced(&candidate, &experts, &ids)?;
-    let agreement = kvasir_inference::agreement::Agreement::of(&theirs, &ours, margin)
-        .context("the two models' logits do not pair")?;
+    let agreement = kvasir_inference::agreement::compare(
+        (&ref_model, &ref_experts),
+        (&candidate, &experts),
+        &ids,
+        margin,
+    )?
+    .context("the two models' logits do not pair")?;
     if json {
         println!("{}", serde_json::to_string(&agreement)?);
         return Ok(());
