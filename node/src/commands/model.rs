@@ -176,7 +176,7 @@ fn compare(
     let text = text.unwrap_or(kvasir_inference::synth::CORPUS);
     let (ref_model, ref_experts, tokenizer) = crate::engine::load_local(reference)
         .with_context(|| format!("loading {}", reference.display()))?;
-    let (candidate, experts, _) =
+    let (candidate, experts, candidate_tokenizer) =
         crate::engine::load_local(model).with_context(|| format!("loading {}", model.display()))?;
     let vocab = (ref_model.config().vocab_size, candidate.config().vocab_size);
     if vocab.0 != vocab.1 {
@@ -187,6 +187,10 @@ fn compare(
         );
     }
     let mut ids = tokenizer.encode(text)?;
+    // Logits compare token by token only where both models read the same tokens.
+    if candidate_tokenizer.encode(text)? != ids {
+        bail!("the reference's and the model's tokenizers split the text differently: they do not share a vocabulary");
+    }
     ids.truncate(tokens);
     if ids.len() < 2 {
         bail!("the text is {} tokens; at least 2 are compared", ids.len());
