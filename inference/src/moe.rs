@@ -3,7 +3,7 @@
 //! `(layer, expert, rows) -> partials`; partials are combined in ascending expert order,
 //! as transformers does, so the sum is the same bytes wherever a partial was computed.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use rayon::prelude::*;
 
@@ -86,6 +86,15 @@ impl SwiGlu {
     pub fn byte_len(&self) -> usize {
         self.gate.byte_len() + self.up.byte_len() + self.down.byte_len()
     }
+
+    /// Whether its input meets only matrices of block formats (gate and up), which take it
+    /// quantized in blocks of 32 (`kernels::quant`): then the input's quantized blocks are all
+    /// that its output depends on, and they may travel in place of it.
+    pub fn quantizes_input(&self) -> bool {
+        [&self.gate, &self.up]
+            .iter()
+            .all(|w| w.dtype().block_format().is_some())
+    }
 }
 
 /// The rows routed to one expert in one layer step.
@@ -157,6 +166,20 @@ impl LocalExperts {
             hidden: config.hidden_size,
             experts,
         })
+    }
+
+    /// The layers whose held experts all quantize their input (`SwiGlu::quantizes_input`).
+    pub fn layers_quantizing_input(&self) -> BTreeSet<usize> {
+        let layers: BTreeSet<usize> = self.experts.keys().map(|(layer, _)| *layer).collect();
+        layers
+            .into_iter()
+            .filter(|l| {
+                self.experts
+                    .iter()
+                    .filter(|((layer, _), _)| layer == l)
+                    .all(|(_, expert)| expert.quantizes_input())
+            })
+            .collect()
     }
 
     /// Weight bytes read by one evaluation of the largest expert held.

@@ -321,7 +321,15 @@ pub(crate) mod tests {
             })
             .collect();
         let members: Vec<usize> = (0..requests.len()).collect();
-        Request::from_expert_requests(7, id, 0, hidden, &requests, &members).unwrap()
+        Request::from_expert_requests(
+            7,
+            id,
+            (0, hidden),
+            kvasir_wire::RowFormat::F32,
+            &requests,
+            &members,
+        )
+        .unwrap()
     }
 
     /// What a validator holding only `answers` judges a request body to: its correct

@@ -6,6 +6,8 @@
 //! key; a key whose standing cannot be read (the ledger unreachable) is not admitted, so an
 //! outage never lets an unbonded key in.
 
+use std::time::{Duration, Instant};
+
 use anyhow::{Context, Result};
 use kvasir_api::Client;
 use kvasir_ledger::{Address, Amount};
@@ -31,13 +33,29 @@ pub enum Refused {
     Unknown { key: Address, reason: String },
 }
 
+/// How long a role starting up waits for its ledger to answer: roles start in any order, and
+/// a ledger may be restarting.
+const LEDGER_WAIT: Duration = Duration::from_secs(30);
+
 impl BondCheck {
-    /// Checks against the ledger at `url`, whose bond parameters are read now.
+    /// Checks against the ledger at `url`, whose bond parameters are read now (waiting up to
+    /// `LEDGER_WAIT` for it to answer).
     pub fn new(url: &str) -> Result<BondCheck> {
         let ledger = Client::new(url);
-        let params = ledger
-            .params()
-            .with_context(|| format!("reading the chain's bond parameters from {url}"))?;
+        let deadline = Instant::now() + LEDGER_WAIT;
+        let params = loop {
+            match ledger.params() {
+                Ok(params) => break params,
+                Err(e) if Instant::now() < deadline => {
+                    tracing::warn!("waiting for the ledger at {url}: {e}");
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                Err(e) => {
+                    return Err(e)
+                        .with_context(|| format!("reading the chain's bond parameters from {url}"))
+                }
+            }
+        };
         Ok(BondCheck {
             ledger,
             min_bond: params.min_bond.base_units,

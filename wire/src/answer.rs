@@ -86,6 +86,7 @@ mod tests {
             id: 3,
             layer: 0,
             hidden,
+            format: crate::RowFormat::F32,
             rows: vec![1.0, 2.0, 3.0, 4.0],
             experts: vec![(1, vec![1]), (5, vec![0, 1])],
         }

@@ -121,10 +121,10 @@
 //! | 0      | `u64`          | `session`: the worker's session; the hub routes by it    |
 //! | 8      | `u64`          | `id`: the request id                                     |
 //! | 16     | `u16`          | `layer`                                                  |
-//! | 18     | `u8`           | row dtype: 0 = `f32`, the only one defined               |
+//! | 18     | `u8`           | row format ([`RowFormat`]): 0 `f32`, 1 Q8_0 blocks       |
 //! | 19     | `u32`          | `hidden`: values per row, 1 to `MAX_HIDDEN`              |
 //! | 23     | `u32`          | `rows`: number of rows, at most `MAX_ROWS` (0 is valid)  |
-//! | 27     | `f32` × r·h    | the rows, row-major: row `i` is values `i·hidden ..`     |
+//! | 27     | r·h values     | the rows, row-major: row `i` is values `i·hidden ..`     |
 //! |        | `u32`          | expert count, at most 65,536                             |
 //! |        | `u16`          | per expert, in order: its number,                        |
 //! |        | `u32`          | then n, how many rows it lists (at most `rows`),         |
@@ -133,7 +133,17 @@
 //! The decoder also requires: experts strictly ascending (no repeats); every row index below
 //! `rows`; no row index twice for one expert (two experts may list the same row; indices
 //! need not ascend, and a row may be listed by none); the listed-rows bound above. Frame
-//! length: [`Request::frame_len`] = 10 + 27 + 4·rows·hidden + 4 + Σ(6 + 4·n).
+//! length: [`Request::frame_len`] = 10 + 27 + row bytes + 4 + Σ(6 + 4·n).
+//!
+//! Row formats. `f32` (0): 4 bytes a value. Q8_0 (1, since version 4; a frame of version 3
+//! with it is refused): `hidden` a multiple of 32, each row `hidden / 32` blocks of 34 bytes,
+//! a binary16 scale then 32 `i8`, as the reference arithmetic quantizes activations
+//! (`kvasir_inference::kernels::quant`), a little over a quarter of the `f32` bytes. The
+//! rows stand for the values `quant::activation_values` gives (each integer times its scale),
+//! which a matrix of a block format multiplies exactly as it would the `f32` row they were
+//! quantized from. So a backbone sends Q8_0 rows for a layer only where its experts' `gate`
+//! and `up` matrices are of block formats (a quantized GGUF file), and `f32` rows otherwise;
+//! the answer, the audit and the evidence are the same bits either way.
 //!
 //! **6 Response**:
 //!
@@ -338,6 +348,7 @@ pub use answer::{answer, model_id, AnswerError};
 
 pub use translate::{split_partials, TranslateError};
 
+use kvasir_inference::kernels::quant::{self, BlockFormat};
 use kvasir_primitives::answer::{body_hash, AnswerClaim};
 use kvasir_primitives::codec::{self, ReadError};
 use kvasir_primitives::hash::Hash;
@@ -375,6 +386,29 @@ const MAX_SESSIONS: usize = 1 << 16;
 
 /// Row data type on the wire. Only f32: partials travel as the exact bits computed.
 const DTYPE_F32: u8 = 0;
+const DTYPE_Q8_0: u8 = 1;
+
+/// How a request carries its rows (see [Row formats](#row-formats) in the module's header).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowFormat {
+    F32,
+    /// Activation blocks of the reference arithmetic; the request's `rows` are the values
+    /// they stand for (`quant::activation_values`), and are quantized again as it is encoded.
+    Q8_0,
+}
+
+impl RowFormat {
+    /// Bytes `values` row values take in this format (whole blocks for Q8_0).
+    pub fn bytes(self, values: usize) -> usize {
+        match self {
+            RowFormat::F32 => 4 * values,
+            RowFormat::Q8_0 => values / quant::BLOCK * Q8_0_BLOCK_BYTES,
+        }
+    }
+}
+
+/// A Q8_0 block: a binary16 scale and 32 integers.
+const Q8_0_BLOCK_BYTES: usize = 2 + quant::BLOCK;
 
 /// A (layer, expert) pair.
 pub type ExpertId = (u16, u16);
@@ -568,6 +602,8 @@ pub struct Request {
     pub id: u64,
     pub layer: u16,
     pub hidden: u32,
+    /// How the rows go on the wire.
+    pub format: RowFormat,
     /// `rows x hidden`, row-major.
     pub rows: Vec<f32>,
     /// Per expert, the indices of the rows routed to it.
@@ -588,7 +624,7 @@ impl Request {
             .iter()
             .map(|(_, rows)| 6 + 4 * rows.len())
             .sum();
-        HEADER + 27 + 4 * self.rows.len() + 4 + lists
+        HEADER + 27 + self.format.bytes(self.rows.len()) + 4 + lists
     }
 }
 
@@ -908,14 +944,28 @@ impl Message {
                 }
             }
             Message::Request(r) => {
-                w.0.reserve(r.rows.len() * 4 + 64);
+                w.0.reserve(r.format.bytes(r.rows.len()) + 64);
                 w.u64(r.session);
                 w.u64(r.id);
                 w.u16(r.layer);
-                w.u8(DTYPE_F32);
-                w.u32(r.hidden);
-                w.u32((r.rows.len() / r.hidden.max(1) as usize) as u32);
-                w.f32s(&r.rows);
+                match r.format {
+                    RowFormat::F32 => {
+                        w.u8(DTYPE_F32);
+                        w.u32(r.hidden);
+                        w.u32((r.rows.len() / r.hidden.max(1) as usize) as u32);
+                        w.f32s(&r.rows);
+                    }
+                    RowFormat::Q8_0 => {
+                        w.u8(DTYPE_Q8_0);
+                        w.u32(r.hidden);
+                        w.u32((r.rows.len() / r.hidden.max(1) as usize) as u32);
+                        // Rows of whole blocks (`Request::from_expert_requests` checks); any
+                        // other is written short, and no decoder takes it.
+                        if r.rows.len().is_multiple_of(quant::BLOCK) {
+                            w.bytes(&BlockFormat::Q8_0.quantize(&r.rows).unwrap_or_default());
+                        }
+                    }
+                }
                 w.u32(r.experts.len() as u32);
                 for (expert, rows) in &r.experts {
                     w.u16(*expert);
@@ -986,7 +1036,7 @@ impl Message {
                 }
                 Message::Directory(Directory { sessions })
             }
-            KIND_REQUEST => Message::Request(r.request(true)?),
+            KIND_REQUEST => Message::Request(r.request(true, version)?),
             KIND_RESPONSE => {
                 let id = r.u64()?;
                 let count = r.count("response values", MAX_FRAME / 4, 4)?;
@@ -1013,11 +1063,12 @@ impl Message {
         let (kind, mut r) = Reader::open(frame, VERSION)?;
         let relayed = match kind {
             KIND_REQUEST => {
-                let request = r.request(false)?;
+                let request = r.request(false, VERSION)?;
                 Relayed::Request {
                     session: request.session,
                     id: request.id,
                     response_values: request.response_values(),
+                    format: request.format,
                 }
             }
             KIND_RESPONSE => {
@@ -1043,6 +1094,7 @@ impl Message {
                 session: r.session,
                 id: r.id,
                 response_values: r.response_values(),
+                format: r.format,
             },
             Message::Response(r) => Relayed::Response {
                 id: r.id,
@@ -1080,6 +1132,8 @@ pub enum Relayed {
         session: u64,
         id: u64,
         response_values: usize,
+        /// How its rows go: a worker of the previous version reads `f32` rows only.
+        format: RowFormat,
     },
     /// The signed part is `response_body(frame)`; checking it is the reader's business.
     Response {
@@ -1217,16 +1271,23 @@ impl<'a> Reader<'a> {
         let count = self.count("held experts", MAX_HOLDINGS, 4)?;
         (0..count).map(|_| Ok((self.u16()?, self.u16()?))).collect()
     }
-    /// A request; its rows are skipped (left empty) unless `keep_rows`.
-    fn request(&mut self, keep_rows: bool) -> Result<Request, WireError> {
+    /// A request of protocol `version`; its rows are skipped (left empty) unless `keep_rows`.
+    fn request(&mut self, keep_rows: bool, version: u8) -> Result<Request, WireError> {
         let (session, id, layer) = (self.u64()?, self.u64()?, self.u16()?);
-        if self.u8()? != DTYPE_F32 {
-            return Err(WireError::Invalid("row dtype (only f32 is defined)"));
-        }
+        let format = match self.u8()? {
+            DTYPE_F32 => RowFormat::F32,
+            DTYPE_Q8_0 if version >= 4 => RowFormat::Q8_0,
+            _ => return Err(WireError::Invalid("row format")),
+        };
         let hidden = self.u32()?;
         let rows = self.u32()?;
         if hidden == 0 || hidden > MAX_HIDDEN {
             return Err(WireError::Invalid("hidden size"));
+        }
+        if format == RowFormat::Q8_0 && !(hidden as usize).is_multiple_of(quant::BLOCK) {
+            return Err(WireError::Invalid(
+                "hidden size (Q8_0 rows are whole blocks of 32)",
+            ));
         }
         if rows > MAX_ROWS {
             return Err(WireError::TooLarge {
@@ -1236,17 +1297,21 @@ impl<'a> Reader<'a> {
             });
         }
         let values = rows as usize * hidden as usize;
-        if values * 4 > self.remaining() {
+        let bytes = format.bytes(values);
+        if bytes > self.remaining() {
             return Err(WireError::Truncated {
                 at: self.position(),
-                needed: values * 4 - self.remaining(),
+                needed: bytes - self.remaining(),
             });
         }
-        let data = if keep_rows {
-            self.f32s(values)?
-        } else {
-            self.take(values * 4)?;
-            Vec::new()
+        let data = match (keep_rows, format) {
+            (true, RowFormat::F32) => self.f32s(values)?,
+            (true, RowFormat::Q8_0) => quant::activation_values(self.take(bytes)?)
+                .ok_or(WireError::Invalid("Q8_0 rows"))?,
+            (false, _) => {
+                self.take(bytes)?;
+                Vec::new()
+            }
         };
         let count = self.count("request experts", 1 << 16, 6)?;
         let mut experts: Vec<(u16, Vec<u32>)> = Vec::with_capacity(count);
@@ -1288,6 +1353,7 @@ impl<'a> Reader<'a> {
             id,
             layer,
             hidden,
+            format,
             rows: data,
             experts,
         })
@@ -1297,6 +1363,7 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvasir_inference::moe::ExpertRequest;
     use proptest::prelude::*;
 
     fn challenge() -> Challenge {
@@ -1325,9 +1392,42 @@ mod tests {
             id: 9,
             layer: 1,
             hidden: hidden as u32,
+            format: RowFormat::F32,
             rows: (0..rows * hidden).map(|i| i as f32 * 0.25 - 3.0).collect(),
             experts,
         }
+    }
+
+    /// Q8_0 rows are of version 4 and of whole blocks: a frame of version 3 carrying them,
+    /// or rows of another width, is refused by name; so is a request the backbone would make
+    /// of rows that are not whole blocks.
+    #[test]
+    fn q8_0_rows_are_refused_in_version_3_and_in_rows_not_of_whole_blocks() {
+        let mut q8 = request(2, 64, vec![(0, vec![0, 1])]);
+        q8.format = RowFormat::Q8_0;
+        let frame = Message::Request(q8).encode();
+        assert!(matches!(Message::decode(&frame), Ok(Message::Request(_))));
+        let old = restamped(&frame, PREVIOUS_VERSION);
+        assert_eq!(
+            Message::decode_as(&old, PREVIOUS_VERSION),
+            Err(WireError::Invalid("row format"))
+        );
+        // The width of a row of 33 values, in a frame of otherwise Q8_0 rows of 32.
+        let mut ragged = frame.clone();
+        ragged[HEADER + 19..HEADER + 23].copy_from_slice(&33u32.to_le_bytes());
+        assert!(matches!(
+            Message::decode(&ragged),
+            Err(WireError::Invalid(why)) if why.contains("whole blocks")
+        ));
+        let rows = vec![ExpertRequest {
+            expert: 0,
+            tokens: vec![0],
+            rows: vec![1.0; 33],
+        }];
+        assert_eq!(
+            Request::from_expert_requests(1, 2, (0, 33), RowFormat::Q8_0, &rows, &[0]),
+            Err(TranslateError::Blocks { hidden: 33 })
+        );
     }
 
     #[test]
@@ -1338,6 +1438,7 @@ mod tests {
             id: 2,
             layer: 0,
             hidden: 8192,
+            format: RowFormat::F32,
             rows: vec![0.0; 8192],
             experts: (0..4096).map(|e| (e, vec![0])).collect(),
         };
@@ -1766,6 +1867,40 @@ mod tests {
             experts.dedup_by_key(|(e, _)| *e);
             let message = Message::Request(Request { session, id, layer, ..request(rows, hidden, experts) });
             prop_assert_eq!(Message::decode(&message.encode()), Ok(message));
+        }
+
+        /// Q8_0 rows: the frame is the size `frame_len` says (a little over a quarter of the
+        /// f32 rows'), and decodes to the values its blocks stand for, which quantize to the
+        /// same blocks as the rows sent (so any expert of block formats computes the same
+        /// bits from them) and encode to the same frame.
+        #[test]
+        fn q8_0_requests_carry_what_the_arithmetic_reads_of_the_rows(
+            rows in 1usize..4, blocks in 1usize..4,
+            values in proptest::collection::vec(-1000f32..1000.0, 3 * 3 * 32),
+            zeros in proptest::collection::vec(any::<bool>(), 3 * 3),
+        ) {
+            let hidden = blocks * quant::BLOCK;
+            let mut request = request(rows, hidden, vec![(2, (0..rows as u32).collect())]);
+            request.format = RowFormat::Q8_0;
+            request.rows = values[..rows * hidden].to_vec();
+            for (block, zero) in request.rows.chunks_mut(quant::BLOCK).zip(&zeros) {
+                if *zero {
+                    block.fill(0.0);
+                }
+            }
+            let frame = Message::Request(request.clone()).encode();
+            prop_assert_eq!(frame.len(), request.frame_len());
+            // 34 bytes for each 32 values, where f32 rows take 128.
+            let f32_frame = Message::Request(Request { format: RowFormat::F32, ..request.clone() }).encode();
+            prop_assert_eq!(f32_frame.len() - frame.len(), (128 - 34) * rows * blocks);
+            let Ok(Message::Request(decoded)) = Message::decode(&frame) else {
+                return Err(TestCaseError::fail("not a request"));
+            };
+            prop_assert_eq!(decoded.format, RowFormat::Q8_0);
+            for (sent, read) in request.rows.chunks(hidden).zip(decoded.rows.chunks(hidden)) {
+                prop_assert_eq!(quant::quantize_row(sent), quant::quantize_row(read));
+            }
+            prop_assert_eq!(Message::Request(decoded).encode(), frame);
         }
 
         #[test]

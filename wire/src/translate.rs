@@ -18,7 +18,9 @@ use std::collections::hash_map::{Entry, HashMap};
 
 use kvasir_inference::moe::ExpertRequest;
 
-use super::{Request, Response, MAX_FRAME, MAX_HIDDEN, MAX_ROWS};
+use kvasir_inference::kernels::quant::BLOCK;
+
+use super::{Request, Response, RowFormat, MAX_FRAME, MAX_HIDDEN, MAX_ROWS};
 
 /// Why expert requests, a frame or partials do not translate.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -33,6 +35,8 @@ pub enum TranslateError {
     },
     #[error("experts must ascend without repeats: expert {expert} follows {previous}")]
     Order { previous: u16, expert: u16 },
+    #[error("rows of width {hidden} are not whole Q8_0 blocks of 32")]
+    Blocks { hidden: usize },
     #[error("expert {expert} has {values} row values for {tokens} tokens of width {hidden}")]
     Rows {
         expert: usize,
@@ -76,12 +80,12 @@ fn narrow(what: &'static str, value: usize) -> Result<u16, TranslateError> {
 impl Request {
     /// The request for worker `session` carrying `requests[i]` for each `i` in `members`
     /// (one layer step's share of one worker, in ascending expert order): every token's row
-    /// once, and per expert the indices of its tokens' rows.
+    /// once, and per expert the indices of its tokens' rows; the rows to go as `format`.
     pub fn from_expert_requests(
         session: u64,
         id: u64,
-        layer: usize,
-        hidden: usize,
+        (layer, hidden): (usize, usize),
+        format: RowFormat,
         requests: &[ExpertRequest],
         members: &[usize],
     ) -> Result<Request, TranslateError> {
@@ -92,6 +96,9 @@ impl Request {
                 got: hidden,
                 max: MAX_HIDDEN as usize,
             });
+        }
+        if format == RowFormat::Q8_0 && !hidden.is_multiple_of(BLOCK) {
+            return Err(TranslateError::Blocks { hidden });
         }
         // Per token its row index in the frame; per row index the last member that used it
         // (a token listed twice for one expert is refused, as the decoder would refuse it).
@@ -160,6 +167,7 @@ impl Request {
             id,
             layer,
             hidden: hidden as u32,
+            format,
             rows,
             experts,
         };
@@ -301,7 +309,7 @@ mod tests {
     }
 
     fn build(requests: &[ExpertRequest], members: &[usize]) -> Result<Request, TranslateError> {
-        Request::from_expert_requests(1, 2, 0, 3, requests, members)
+        Request::from_expert_requests(1, 2, (0, 3), RowFormat::F32, requests, members)
     }
 
     fn bits(values: &[f32]) -> Vec<u32> {
@@ -358,14 +366,14 @@ mod tests {
             Err(TranslateError::OutOfRange { what: "expert", .. })
         ));
         assert!(matches!(
-            Request::from_expert_requests(1, 2, 0, 0, &[], &[]),
+            Request::from_expert_requests(1, 2, (0, 0), RowFormat::F32, &[], &[]),
             Err(TranslateError::OutOfRange {
                 what: "row width",
                 ..
             })
         ));
         assert!(matches!(
-            Request::from_expert_requests(1, 2, 1 << 20, 3, &[], &[]),
+            Request::from_expert_requests(1, 2, (1 << 20, 3), RowFormat::F32, &[], &[]),
             Err(TranslateError::OutOfRange { what: "layer", .. })
         ));
     }
@@ -466,7 +474,7 @@ mod tests {
             seed: u32,
         ) {
             let members: Vec<usize> = (0..requests.len()).filter(|i| chosen[*i]).collect();
-            let request = Request::from_expert_requests(7, 9, 3, hidden, &requests, &members).unwrap();
+            let request = Request::from_expert_requests(7, 9, (3, hidden), RowFormat::F32, &requests, &members).unwrap();
             let frame = Message::Request(request.clone()).encode();
             prop_assert_eq!(frame.len(), request.frame_len());
             let Ok(Message::Request(received)) = Message::decode(&frame) else {

@@ -665,6 +665,32 @@ pub fn dequantize(format: BlockFormat, row: &[u8]) -> Vec<f32> {
     out
 }
 
+/// The values a row of activation blocks stands for (Q8_0's layout, what the wire protocol
+/// carries a quantized request's rows in), chosen so that `quantize_row` gives back the very
+/// blocks `quantize_row` wrote: each value its integer times its block's scale, exact in
+/// binary32. A block whose scale is an infinity or a NaN (`quantize_row` writes an infinity
+/// for a block holding one, or whose scale overflows binary16) stands for an infinity
+/// followed by zeros, which quantizes to an infinite scale again: its products are NaN
+/// whatever the integers. So a matrix of block format times these values gives the bits it
+/// gives the row they were quantized from. None unless `blocks` is whole blocks.
+pub fn activation_values(blocks: &[u8]) -> Option<Vec<f32>> {
+    let format = BlockFormat::Q8_0;
+    if !blocks.len().is_multiple_of(format.block_bytes()) {
+        return None;
+    }
+    let mut values = dequantize(format, blocks);
+    for (block, out) in blocks
+        .chunks_exact(format.block_bytes())
+        .zip(values.chunks_exact_mut(BLOCK))
+    {
+        if Scale::of_f16(u16::from_le_bytes([block[0], block[1]])).is_none() {
+            out.fill(0.0);
+            out[0] = f32::INFINITY;
+        }
+    }
+    Some(values)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -800,6 +826,58 @@ mod tests {
             .unwrap();
             prop_assert_eq!(dot(format, &reversed_row, &reversed_x).to_bits(), got.to_bits());
         }
+    }
+
+    proptest! {
+        /// Rows quantized, sent as blocks and read back as `activation_values` quantize to the
+        /// same blocks, whatever the values (infinities, NaNs, subnormals, zeros included): so
+        /// a worker that reads them computes what the sender would have.
+        #[test]
+        fn activation_blocks_read_back_quantize_to_themselves(
+            raw in proptest::collection::vec(any::<u32>(), BLOCK * 4),
+            special in proptest::collection::vec(
+                proptest::sample::select(vec![
+                    0.0f32, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-40, -3e-39,
+                    f32::MAX, f32::MIN_POSITIVE, 1e-30,
+                ]),
+                BLOCK * 4,
+            ),
+            mix in proptest::collection::vec(0u8..4, BLOCK * 4),
+            scale in -140i32..130,
+        ) {
+            let x: Vec<f32> = raw
+                .iter()
+                .zip(&special)
+                .zip(&mix)
+                .map(|((bits, special), mix)| match mix {
+                    0 => *special,
+                    1 => f32::from_bits(*bits),
+                    _ => (*bits as f32 / u32::MAX as f32 - 0.5) * 2f32.powi(scale),
+                })
+                .collect();
+            // What the arithmetic reads of a block: its scale, and its integers where the
+            // scale is finite (a product with an infinite or NaN scale is NaN whatever they
+            // are, and a huge finite block can overflow its binary16 scale to an infinity).
+            let read = |row: QuantizedRow| -> Vec<(u16, Vec<i8>)> {
+                row.scales
+                    .iter()
+                    .zip(row.values.chunks(BLOCK))
+                    .map(|(scale, values)| match Scale::of_f16(*scale) {
+                        Some(_) => (*scale, values.to_vec()),
+                        None => (*scale, Vec::new()),
+                    })
+                    .collect()
+            };
+            let blocks = BlockFormat::Q8_0.quantize(&x).unwrap();
+            let back = activation_values(&blocks).unwrap();
+            prop_assert_eq!(read(quantize_row(&back)), read(quantize_row(&x)));
+        }
+    }
+
+    #[test]
+    fn activation_values_of_a_ragged_row_are_none() {
+        assert_eq!(activation_values(&[0; 35]), None);
+        assert_eq!(activation_values(&[]), Some(Vec::new()));
     }
 
     /// The kernel tiers this CPU runs.

@@ -47,6 +47,7 @@ fn request(id: u64, session: u64, rows: usize) -> Message {
         id,
         layer: 0,
         hidden: HIDDEN as u32,
+        format: kvasir_wire::RowFormat::F32,
         rows: vec![0.25; rows * HIDDEN],
         experts: vec![(0, (0..rows as u32).collect())],
     })

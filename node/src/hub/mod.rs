@@ -400,6 +400,9 @@ async fn connection(hub: Arc<Hub>, stream: TcpStream) -> Result<()> {
                         bail!("refused {}: {why}", hello.key);
                     }
                 };
+                if version == kvasir_wire::PREVIOUS_VERSION {
+                    links.of_previous_version(session);
+                }
                 send(Message::Welcome(Welcome::new(session, notice)));
                 expelled
             };

@@ -26,7 +26,7 @@ use crate::bonds;
 use crate::metrics::Exposition;
 use kvasir_wire::{
     request_hash, response_body, AnswerScope, Directory, DirectoryEntry, ExpertId, Failure,
-    Message, Relayed,
+    Message, Relayed, RowFormat, PREVIOUS_VERSION,
 };
 
 #[cfg(fuzzing)]
@@ -99,6 +99,9 @@ pub(super) struct WorkerLink {
     /// Tells the session's connection, by `Hub::expel`, that the hub dropped it and why.
     /// Dropped unsent when the connection itself ended the session.
     expelled: oneshot::Sender<bonds::Refused>,
+    /// A worker of the previous protocol version (admitted in its window), which reads
+    /// `f32` rows only.
+    previous_version: bool,
 }
 
 /// Why a worker is not admitted.
@@ -137,6 +140,13 @@ impl Links {
     /// Admits worker `entry` (its claims already distinct) if the hub has room for its claims.
     /// What the returned receiver gets is why the hub expelled the session (`Hub::expel`); its
     /// connection must then end.
+    /// Marks session `session` as a worker of the previous protocol version.
+    pub fn of_previous_version(&mut self, session: u64) {
+        if let Some(worker) = self.workers.get_mut(&session) {
+            worker.previous_version = true;
+        }
+    }
+
     pub fn add_worker(
         &mut self,
         entry: DirectoryEntry,
@@ -162,6 +172,7 @@ impl Links {
             tx,
             unanswered: 0,
             expelled,
+            previous_version: false,
         };
         self.workers.insert(session, link);
         self.directory_changed = true;
@@ -375,6 +386,7 @@ impl Hub {
             session,
             id,
             response_values,
+            format,
         } = Message::inspect(&frame)?
         else {
             bail!("a backbone may only send requests");
@@ -387,6 +399,13 @@ impl Hub {
             links.fail(id, format!("session {session} is not connected"));
             return Ok(());
         };
+        if worker.previous_version && format != RowFormat::F32 {
+            let message = format!(
+                "session {session} speaks protocol version {PREVIOUS_VERSION}, whose requests carry f32 rows only"
+            );
+            links.fail(id, message);
+            return Ok(());
+        }
         if worker.unanswered >= MAX_UNANSWERED {
             let message = format!("session {session} has {MAX_UNANSWERED} requests unanswered");
             links.fail(id, message);
@@ -547,6 +566,7 @@ mod tests {
             id,
             layer: 0,
             hidden: 2,
+            format: kvasir_wire::RowFormat::F32,
             rows: vec![1.0, 2.0],
             experts: vec![(0, vec![0])],
         })
@@ -616,6 +636,39 @@ mod tests {
             }
         }
         ids
+    }
+
+    /// A worker of the previous protocol version reads f32 rows only: a request with Q8_0
+    /// rows for it is failed back to the backbone at once (which computes it itself), one
+    /// with f32 rows is relayed, and a worker of this version gets both.
+    #[test]
+    fn q8_0_rows_do_not_go_to_a_worker_of_the_previous_version() {
+        let q8 = |session: u64, id: u64| -> Bytes {
+            Message::Request(Request {
+                session,
+                id,
+                layer: 0,
+                hidden: 32,
+                format: kvasir_wire::RowFormat::Q8_0,
+                rows: vec![0.5; 32],
+                experts: vec![(0, vec![0])],
+            })
+            .encode()
+            .into()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let hub = hub(dir.path(), Duration::from_secs(60));
+        let (mut old, mut backbone) = attach(&hub, 1);
+        hub.links().of_previous_version(1);
+        hub.relay_request(1, q8(1, 10)).unwrap();
+        hub.relay_request(1, request(1, 11)).unwrap();
+        assert_eq!(failures(&mut backbone), [10]);
+        assert_eq!(old.try_recv().unwrap(), request(1, 11));
+        assert!(old.try_recv().is_err());
+        let (mut current, mut backbone) = attach(&hub, 2);
+        hub.relay_request(1, q8(2, 12)).unwrap();
+        assert!(failures(&mut backbone).is_empty());
+        assert_eq!(current.try_recv().unwrap(), q8(2, 12));
     }
 
     #[test]

@@ -239,6 +239,7 @@ mod tests {
             id: 9,
             layer: 0,
             hidden: hidden as u32,
+            format: kvasir_wire::RowFormat::F32,
             rows: (0..2 * hidden)
                 .map(|i| (i % 7) as f32 * 0.25 - 0.5)
                 .collect(),
@@ -277,6 +278,7 @@ mod tests {
 
         let wide = Request {
             hidden: hidden as u32 * 2,
+            format: kvasir_wire::RowFormat::F32,
             ..request
         };
         let frame = Message::Request(wide.clone()).encode();

@@ -121,7 +121,15 @@ mod tests {
 
     /// The bytes the two bodies of `members` of `requests` really take on the wire.
     fn bodies(requests: &[ExpertRequest], members: &[usize], hidden: usize) -> usize {
-        let request = Request::from_expert_requests(1, 2, 0, hidden, requests, members).unwrap();
+        let request = Request::from_expert_requests(
+            1,
+            2,
+            (0, hidden),
+            kvasir_wire::RowFormat::F32,
+            requests,
+            members,
+        )
+        .unwrap();
         let values = request.response_values();
         let frame = Message::Request(request).encode();
         kvasir_wire::request_body(&frame).len() + Response::frame_len(values)

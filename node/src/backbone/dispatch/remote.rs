@@ -7,7 +7,7 @@
 //! reconnects is a new session and is used again. Each answer used comes with what an audit
 //! needs (`SignedAnswer`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use kvasir_api::generation::{AuditReport, DispatchCounts};
 use kvasir_inference::config::Config;
+use kvasir_inference::kernels::quant;
 use kvasir_inference::moe::{ExpertError, ExpertExecutor, ExpertRequest, LocalExperts};
 use kvasir_ledger::answer::AnswerClaim;
 use kvasir_ledger::keys::{Address, Keypair, Signature};
@@ -32,7 +33,7 @@ use kvasir_wire::model_id;
 use kvasir_wire::spec::ExpertSpec;
 use kvasir_wire::{
     request_body, request_hash, response_body, split_partials, AnswerScope, Challenge, Message,
-    Request, TranslateError, WireError,
+    Request, RowFormat, TranslateError, WireError,
 };
 
 /// An expert executor that sends the `remote` experts to workers through the hub.
@@ -47,6 +48,8 @@ pub struct RemoteExperts {
     /// What a request's and its response's bodies may take together, so that any answer
     /// fits in an evidence transaction (`provable`).
     provable_bytes: usize,
+    /// The layers whose rows go as Q8_0 blocks: a quarter of the bytes, the same answers.
+    quantized_rows: BTreeSet<usize>,
     stats: Mutex<DispatchCounts>,
     /// From sending a request to its answer, for the answers that came.
     pub round_trip: Histogram,
@@ -174,7 +177,12 @@ impl RemoteExperts {
         hidden: usize,
         timeout: Duration,
     ) -> RemoteExperts {
+        let quantized_rows = match hidden.is_multiple_of(quant::BLOCK) {
+            true => local.layers_quantizing_input(),
+            false => BTreeSet::new(),
+        };
         RemoteExperts {
+            quantized_rows,
             local,
             choice: Choice::new(remote, model_id),
             hidden,
@@ -278,6 +286,16 @@ impl RemoteExperts {
         })
     }
 
+    /// How layer `layer`'s rows go to workers: as Q8_0 blocks where its experts take their
+    /// input quantized anyway (a quantized GGUF file), so that the worker computes the same
+    /// bits from a little over a quarter of the bytes; as `f32` otherwise.
+    fn row_format(&self, layer: usize) -> RowFormat {
+        match self.quantized_rows.contains(&layer) {
+            true => RowFormat::Q8_0,
+            false => RowFormat::F32,
+        }
+    }
+
     /// Sends each worker its share; returns the shares and the requests left to do locally.
     fn send(&self, layer: usize, requests: &[ExpertRequest]) -> (Vec<Dispatch>, Vec<usize>) {
         let up = self.link.is_up();
@@ -302,8 +320,14 @@ impl RemoteExperts {
         });
         for (session, worker, members) in groups {
             let id = self.link.next_id();
-            let request =
-                Request::from_expert_requests(session, id, layer, self.hidden, requests, &members);
+            let request = Request::from_expert_requests(
+                session,
+                id,
+                (layer, self.hidden),
+                self.row_format(layer),
+                requests,
+                &members,
+            );
             let in_flight = match request {
                 Ok(request) => self.link.send(worker, id, request),
                 Err(e) => {
@@ -492,6 +516,22 @@ mod tests {
         let dir = tiny();
         let config = Config::load(&dir).unwrap();
         LocalExperts::load(&Checkpoint::open(&dir).unwrap(), &config, |_, _| true).unwrap()
+    }
+
+    /// Rows go as Q8_0 blocks for a layer whose experts are of block formats (the GGUF
+    /// fixture's MoE layer), as f32 for one whose are not (the f32 checkpoint's).
+    #[test]
+    fn rows_go_quantized_only_where_the_experts_quantize_them() {
+        let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../inference/tests/data/gguf/tiny-qwen3moe-q8_0.gguf");
+        let config = Config::load(&fixture).unwrap();
+        let checkpoint = Checkpoint::open(&fixture).unwrap();
+        let local = LocalExperts::load(&checkpoint, &config, |_, _| true).unwrap();
+        let quantized = RemoteExperts::unlinked(local, config.hidden_size);
+        assert_eq!(quantized.row_format(1), RowFormat::Q8_0);
+        assert_eq!(quantized.row_format(0), RowFormat::F32, "a dense layer");
+        let plain = RemoteExperts::unlinked(every_expert(), 64);
+        assert!((0..3).all(|layer| plain.row_format(layer) == RowFormat::F32));
     }
 
     fn challenge() -> Challenge {

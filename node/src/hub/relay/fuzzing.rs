@@ -146,6 +146,7 @@ fn request(script: &mut Script, session: u64) -> Bytes {
         id: u64::from(script.byte() % 8),
         layer: 0,
         hidden,
+        format: kvasir_wire::RowFormat::F32,
         rows: vec![0.5; (rows * hidden) as usize],
         experts,
     })
