@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use kvasir_api::Client;
+use kvasir_api::{Client, ClientError};
 use kvasir_ledger::{Address, Amount};
 
 /// Reads standings from one ledger.
@@ -39,14 +39,15 @@ const LEDGER_WAIT: Duration = Duration::from_secs(30);
 
 impl BondCheck {
     /// Checks against the ledger at `url`, whose bond parameters are read now (waiting up to
-    /// `LEDGER_WAIT` for it to answer).
+    /// `LEDGER_WAIT` for one that cannot be reached yet).
     pub fn new(url: &str) -> Result<BondCheck> {
         let ledger = Client::new(url);
         let deadline = Instant::now() + LEDGER_WAIT;
         let params = loop {
             match ledger.params() {
                 Ok(params) => break params,
-                Err(e) if Instant::now() < deadline => {
+                // Only a ledger not (yet) listening is waited for; any other answer is final.
+                Err(e @ ClientError::Unreachable { .. }) if Instant::now() < deadline => {
                     tracing::warn!("waiting for the ledger at {url}: {e}");
                     std::thread::sleep(Duration::from_millis(500));
                 }

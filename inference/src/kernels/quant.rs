@@ -666,13 +666,16 @@ pub fn dequantize(format: BlockFormat, row: &[u8]) -> Vec<f32> {
 }
 
 /// The values a row of activation blocks stands for (Q8_0's layout, what the wire protocol
-/// carries a quantized request's rows in), chosen so that `quantize_row` gives back the very
-/// blocks `quantize_row` wrote: each value its integer times its block's scale, exact in
-/// binary32. A block whose scale is an infinity or a NaN (`quantize_row` writes an infinity
-/// for a block holding one, or whose scale overflows binary16) stands for an infinity
-/// followed by zeros, which quantizes to an infinite scale again: its products are NaN
-/// whatever the integers. So a matrix of block format times these values gives the bits it
-/// gives the row they were quantized from. None unless `blocks` is whole blocks.
+/// carries a quantized request's rows in), chosen so that `quantize_row` gives back what the
+/// arithmetic reads of the blocks `quantize_row` wrote: each value its integer times its
+/// block's scale, exact in binary32, which quantizes to the same scale and integers. Two
+/// kinds of block come back with other integers and products all the same: one whose scale
+/// underflowed binary16 to zero (its products are zero), and one whose scale is an infinity
+/// or a NaN (`quantize_row` writes an infinity for a block holding one, or whose scale
+/// overflows binary16), which stands for an infinity followed by zeros and quantizes to an
+/// infinite scale again (its products are NaN). So a matrix of block format times these
+/// values gives the bits it gives the row they were quantized from. None unless `blocks` is
+/// whole blocks.
 pub fn activation_values(blocks: &[u8]) -> Option<Vec<f32>> {
     let format = BlockFormat::Q8_0;
     if !blocks.len().is_multiple_of(format.block_bytes()) {
@@ -856,21 +859,69 @@ mod tests {
                 })
                 .collect();
             // What the arithmetic reads of a block: its scale, and its integers where the
-            // scale is finite (a product with an infinite or NaN scale is NaN whatever they
-            // are, and a huge finite block can overflow its binary16 scale to an infinity).
+            // scale is finite and not zero (a product with an infinite or NaN scale is NaN
+            // whatever they are, with a zero scale zero; a huge block's scale can overflow
+            // binary16 to an infinity, a tiny one's underflow to zero, its integers not).
             let read = |row: QuantizedRow| -> Vec<(u16, Vec<i8>)> {
                 row.scales
                     .iter()
                     .zip(row.values.chunks(BLOCK))
                     .map(|(scale, values)| match Scale::of_f16(*scale) {
-                        Some(_) => (*scale, values.to_vec()),
-                        None => (*scale, Vec::new()),
+                        Some(s) if s.mantissa != 0 => (*scale, values.to_vec()),
+                        _ => (*scale, Vec::new()),
                     })
                     .collect()
             };
             let blocks = BlockFormat::Q8_0.quantize(&x).unwrap();
             let back = activation_values(&blocks).unwrap();
             prop_assert_eq!(read(quantize_row(&back)), read(quantize_row(&x)));
+        }
+    }
+
+    /// Blocks whose scale underflows or overflows binary16 keep integers their products do
+    /// not read: read back, they quantize to the same scale, and matrices of every block
+    /// format give the same bits for them as for the rows they came from.
+    #[test]
+    fn blocks_of_a_scale_out_of_binary16_give_the_same_products() {
+        let weights: Vec<u8> = (0..210).map(|i| (i * 37 % 251) as u8).collect();
+        let normal = |x: &mut [f32]| {
+            x.iter_mut()
+                .enumerate()
+                .for_each(|(i, v)| *v = i as f32 - 50.0)
+        };
+        // A block whose scale underflows (its products zero), and one whose scale overflows
+        // with another holding an infinity (its products NaN).
+        let mut tiny = vec![0f32; 256];
+        normal(&mut tiny);
+        tiny[..BLOCK]
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = i as f32 * 1e-7);
+        let mut huge = vec![0f32; 256];
+        normal(&mut huge);
+        huge[..BLOCK].fill(f32::MAX / 2.0);
+        huge[BLOCK] = f32::INFINITY;
+        for (x, finite) in [(tiny, true), (huge, false)] {
+            let back = activation_values(&BlockFormat::Q8_0.quantize(&x).unwrap()).unwrap();
+            let (sent, read) = (quantize_row(&x), quantize_row(&back));
+            assert_eq!(sent.scales, read.scales);
+            assert_ne!(
+                sent.values, read.values,
+                "the out-of-range block's integers differ"
+            );
+            for format in BlockFormat::ALL {
+                let blocks = 256 / format.block_values();
+                let mut row = weights[..format.block_bytes()].repeat(blocks);
+                // Weight scales of 1/16, so that the products are finite where they should be.
+                for block in row.chunks_exact_mut(format.block_bytes()) {
+                    for at in scale_offsets(format) {
+                        block[*at..*at + 2].copy_from_slice(&0x2c00u16.to_le_bytes());
+                    }
+                }
+                let (a, b) = (dot(format, &row, &sent), dot(format, &row, &read));
+                assert_eq!(a.to_bits(), b.to_bits(), "{format:?}");
+                assert_eq!(a.is_finite(), finite, "{format:?}: {a}");
+            }
         }
     }
 

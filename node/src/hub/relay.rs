@@ -137,16 +137,17 @@ impl Links {
         self.to_backbone(Message::Failure(failure).encode().into());
     }
 
-    /// Admits worker `entry` (its claims already distinct) if the hub has room for its claims.
-    /// What the returned receiver gets is why the hub expelled the session (`Hub::expel`); its
-    /// connection must then end.
-    /// Marks session `session` as a worker of the previous protocol version.
+    /// Marks session `session` as a worker of the previous protocol version (under the same
+    /// lock as `add_worker`, before any request can reach it).
     pub fn of_previous_version(&mut self, session: u64) {
         if let Some(worker) = self.workers.get_mut(&session) {
             worker.previous_version = true;
         }
     }
 
+    /// Admits worker `entry` (its claims already distinct) if the hub has room for its claims.
+    /// What the returned receiver gets is why the hub expelled the session (`Hub::expel`); its
+    /// connection must then end.
     pub fn add_worker(
         &mut self,
         entry: DirectoryEntry,
