@@ -3,7 +3,7 @@
 //! `(layer, expert, rows) -> partials`; partials are combined in ascending expert order,
 //! as transformers does, so the sum is the same bytes wherever a partial was computed.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use rayon::prelude::*;
 
@@ -170,15 +170,13 @@ impl LocalExperts {
 
     /// The layers whose held experts all quantize their input (`SwiGlu::quantizes_input`).
     pub fn layers_quantizing_input(&self) -> BTreeSet<usize> {
-        let layers: BTreeSet<usize> = self.experts.keys().map(|(layer, _)| *layer).collect();
+        let mut layers: BTreeMap<usize, bool> = BTreeMap::new();
+        for ((layer, _), expert) in &self.experts {
+            *layers.entry(*layer).or_insert(true) &= expert.quantizes_input();
+        }
         layers
             .into_iter()
-            .filter(|l| {
-                self.experts
-                    .iter()
-                    .filter(|((layer, _), _)| layer == l)
-                    .all(|(_, expert)| expert.quantizes_input())
-            })
+            .filter_map(|(layer, quantizes)| quantizes.then_some(layer))
             .collect()
     }
 

@@ -948,23 +948,20 @@ impl Message {
                 w.u64(r.session);
                 w.u64(r.id);
                 w.u16(r.layer);
+                w.u8(match r.format {
+                    RowFormat::F32 => DTYPE_F32,
+                    RowFormat::Q8_0 => DTYPE_Q8_0,
+                });
+                w.u32(r.hidden);
+                w.u32((r.rows.len() / r.hidden.max(1) as usize) as u32);
                 match r.format {
-                    RowFormat::F32 => {
-                        w.u8(DTYPE_F32);
-                        w.u32(r.hidden);
-                        w.u32((r.rows.len() / r.hidden.max(1) as usize) as u32);
-                        w.f32s(&r.rows);
+                    RowFormat::F32 => w.f32s(&r.rows),
+                    // Rows of whole blocks (`Request::from_expert_requests` checks); any other
+                    // is written short, and no decoder takes it.
+                    RowFormat::Q8_0 if r.rows.len().is_multiple_of(quant::BLOCK) => {
+                        w.bytes(&BlockFormat::Q8_0.quantize(&r.rows).unwrap_or_default())
                     }
-                    RowFormat::Q8_0 => {
-                        w.u8(DTYPE_Q8_0);
-                        w.u32(r.hidden);
-                        w.u32((r.rows.len() / r.hidden.max(1) as usize) as u32);
-                        // Rows of whole blocks (`Request::from_expert_requests` checks); any
-                        // other is written short, and no decoder takes it.
-                        if r.rows.len().is_multiple_of(quant::BLOCK) {
-                            w.bytes(&BlockFormat::Q8_0.quantize(&r.rows).unwrap_or_default());
-                        }
-                    }
+                    RowFormat::Q8_0 => {}
                 }
                 w.u32(r.experts.len() as u32);
                 for (expert, rows) in &r.experts {

@@ -4,16 +4,23 @@
 use kvasir_api::generation::GenerationReport;
 use kvasir_tests::{run, stderr, stdout};
 
+/// `model synth --preset tiny` into `dir`: the checkpoint's path.
+fn synth_tiny(dir: &tempfile::TempDir) -> String {
+    let model = dir.path().join("tiny");
+    let model = model.to_str().unwrap().to_string();
+    let synth = run(
+        "kvasir-node",
+        &["model", "synth", "--out", &model, "--preset", "tiny"],
+    );
+    assert!(synth.status.success(), "{}", stderr(&synth));
+    model
+}
+
 #[test]
 fn synth_then_generate_greedy_is_reproducible_and_reports_ids() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny");
-    let model = model.to_str().unwrap();
-    let synth = run(
-        "kvasir-node",
-        &["model", "synth", "--out", model, "--preset", "tiny"],
-    );
-    assert!(synth.status.success(), "{}", stderr(&synth));
+    let model = synth_tiny(&dir);
+    let model = model.as_str();
     let args = [
         "generate",
         "--model",
@@ -122,13 +129,8 @@ fn model_compare_measures_one_model_against_another() {
     assert!(other["mean_kl"].as_f64().unwrap() > 0.0, "{other}");
 
     let dir = tempfile::tempdir().unwrap();
-    let tiny = dir.path().join("tiny");
-    let tiny = tiny.to_str().unwrap();
-    let synth = run(
-        "kvasir-node",
-        &["model", "synth", "--out", tiny, "--preset", "tiny"],
-    );
-    assert!(synth.status.success(), "{}", stderr(&synth));
+    let tiny = synth_tiny(&dir);
+    let tiny = tiny.as_str();
     let refused = run(
         "kvasir-node",
         &["model", "compare", "--model", &q8, "--reference", tiny],
