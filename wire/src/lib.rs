@@ -1294,6 +1294,14 @@ impl<'a> Reader<'a> {
             });
         }
         let values = rows as usize * hidden as usize;
+        // Q8_0 rows decode to four bytes a value: no more than f32 rows could carry.
+        if RowFormat::F32.bytes(values) > MAX_FRAME {
+            return Err(WireError::TooLarge {
+                what: "request row values",
+                got: values as u64,
+                max: (MAX_FRAME / 4) as u64,
+            });
+        }
         let bytes = format.bytes(values);
         if bytes > self.remaining() {
             return Err(WireError::Truncated {
@@ -1425,6 +1433,44 @@ mod tests {
             Request::from_expert_requests(1, 2, (0, 33), RowFormat::Q8_0, &rows, &[0]),
             Err(TranslateError::Blocks { hidden: 33 })
         );
+    }
+
+    /// Q8_0 rows decode to a quarter more than four times their bytes: a frame of them may
+    /// not carry more values than f32 rows could, so a frame allocates at most a frame's worth.
+    #[test]
+    fn q8_0_rows_decode_to_no_more_values_than_a_frame_of_f32_holds() {
+        let hidden = 8192;
+        let rows = MAX_FRAME / 4 / hidden + 1;
+        // Zero blocks, one expert listing row 0: written by hand, as a hostile peer would.
+        let frame = framed(KIND_REQUEST, |w| {
+            w.u64(1);
+            w.u64(2);
+            w.u16(0);
+            w.u8(DTYPE_Q8_0);
+            w.u32(hidden as u32);
+            w.u32(rows as u32);
+            w.bytes(&vec![0; RowFormat::Q8_0.bytes(rows * hidden)]);
+            w.u32(1);
+            w.u16(0);
+            w.u32(1);
+            w.u32(0);
+        });
+        assert!(frame.len() < MAX_FRAME);
+        for result in [
+            Message::decode(&frame).map(drop),
+            Message::inspect(&frame).map(drop),
+        ] {
+            assert!(
+                matches!(
+                    result,
+                    Err(WireError::TooLarge {
+                        what: "request row values",
+                        ..
+                    })
+                ),
+                "{result:?}"
+            );
+        }
     }
 
     #[test]
