@@ -15,21 +15,10 @@ const MAX_PARTS: u64 = 1024;
 /// The parts of the model whose first (or only) file is `path`, in order.
 pub fn open(path: &Path) -> Result<Vec<Gguf>, GgufError> {
     let first = Gguf::open(path)?;
-    let (count, no) = (
-        split_key(first.header(), "split.count"),
-        split_key(first.header(), "split.no"),
-    );
-    let count = match (count, no) {
-        // One part, however the file is named (llama.cpp does not look at the name either).
-        (None | Some(Some(1)), None | Some(Some(0))) => return Ok(vec![first]),
-        (Some(Some(count)), _) if (2..=MAX_PARTS).contains(&count) => count,
-        _ => {
-            return Err(bad(
-                path,
-                format!("split.count is not a count from 1 to {MAX_PARTS}, or split.no is not 0 in a model of one part"),
-            ))
-        }
-    };
+    let count = part_count(path, first.header())?;
+    if count == 1 {
+        return Ok(vec![first]);
+    }
     let parts = part_paths(path, count)?;
     let mut files = vec![first];
     for part in &parts[1..] {
@@ -50,6 +39,32 @@ pub fn open(path: &Path) -> Result<Vec<Gguf>, GgufError> {
         }
     }
     Ok(files)
+}
+
+/// The paths of the files of the model whose first (or only) file is `path`, in order, as
+/// `open` would open them.
+pub fn paths(path: &Path) -> Result<Vec<PathBuf>, GgufError> {
+    let first = Gguf::open(path)?;
+    match part_count(path, first.header())? {
+        1 => Ok(vec![path.to_path_buf()]),
+        count => part_paths(path, count),
+    }
+}
+
+/// How many parts the model whose first file (at `path`) has `header` is split into.
+fn part_count(path: &Path, header: &Header) -> Result<u64, GgufError> {
+    match (
+        split_key(header, "split.count"),
+        split_key(header, "split.no"),
+    ) {
+        // One part, however the file is named (llama.cpp does not look at the name either).
+        (None | Some(Some(1)), None | Some(Some(0))) => Ok(1),
+        (Some(Some(count)), _) if (2..=MAX_PARTS).contains(&count) => Ok(count),
+        _ => Err(bad(
+            path,
+            format!("split.count is not a count from 1 to {MAX_PARTS}, or split.no is not 0 in a model of one part"),
+        )),
+    }
 }
 
 /// A split key's count: None if absent, Some(None) if it is not a count.
@@ -134,6 +149,14 @@ mod tests {
         assert_eq!(split, all);
         // A file of one part is a model of one part.
         assert_eq!(open(&super::super::tests::fixture()).unwrap().len(), 1);
+        // `paths` names the files `open` opens.
+        assert_eq!(
+            paths(&part(1)).unwrap(),
+            (1..=PARTS).map(part).collect::<Vec<_>>()
+        );
+        let whole = super::super::tests::fixture();
+        assert_eq!(paths(&whole).unwrap(), vec![whole]);
+        assert!(paths(&part(2)).is_err());
     }
 
     #[test]

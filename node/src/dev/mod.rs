@@ -60,6 +60,11 @@ pub struct Args {
     /// The synthetic checkpoint to serve.
     #[arg(long, default_value = "small")]
     preset: String,
+    /// Serve this model instead of a preset: a GGUF file as llama.cpp's tools write it (the
+    /// first file of a split one), or a checkpoint directory. Dev links it into the data dir
+    /// (`models/`), and a data dir without a chain gets a chain of its own that pins it.
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["preset", "quantized"])]
+    model: Option<PathBuf>,
     /// Serve the preset quantized, as the GGUF file `model quantize` writes of it (q8_0 or
     /// q4_0). The published dev chain pins no quantized model, so a data dir
     /// without a chain gets a chain of its own that pins it too.
@@ -144,14 +149,74 @@ fn quantized_path(
     ))
 }
 
-/// The quantized models dev has written under `dir` (`ensure_quantized`), and nothing else.
-fn quantized_models(dir: &Path) -> Vec<PathBuf> {
+/// The quantized models dev has written under `dir` (`ensure_quantized`), and the models
+/// `--model` linked there (`link_model`).
+fn added_models(dir: &Path) -> Result<Vec<PathBuf>> {
     use kvasir_inference::gguf::write::Preset;
-    DEV_CHAIN_PRESETS
+    let mut models: Vec<PathBuf> = DEV_CHAIN_PRESETS
         .iter()
         .flat_map(|name| [Preset::Q8_0, Preset::Q4_0].map(|p| quantized_path(dir, name, p)))
         .filter(|file| file.exists())
-        .collect()
+        .collect();
+    let linked = dir.join(LINKED);
+    if linked.exists() {
+        let mut entries = Vec::new();
+        for entry in
+            std::fs::read_dir(&linked).with_context(|| format!("reading {}", linked.display()))?
+        {
+            let path = entry?.path();
+            // A split model is opened by its first file.
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            if !name.contains("-of-") || name.contains("-00001-of-") {
+                entries.push(path);
+            }
+        }
+        entries.sort();
+        models.extend(entries);
+    }
+    Ok(models)
+}
+
+/// Where `--model`'s models are linked, in the data dir.
+const LINKED: &str = "models";
+
+/// `model` linked into the data dir (`LINKED`) under its own name, so that later runs and the
+/// chain dev makes for it find it: every file of a GGUF model (each part of a split one), or
+/// the checkpoint directory. The link, as the model's path from now on.
+fn link_model(dir: &Path, model: &Path) -> Result<PathBuf> {
+    let files = if kvasir_inference::gguf::is_gguf(model) {
+        kvasir_inference::gguf::split::paths(model)?
+    } else if model.join("config.json").exists() {
+        vec![model.to_path_buf()]
+    } else {
+        bail!(
+            "--model {}: neither a GGUF file nor a checkpoint directory (with a config.json)",
+            model.display()
+        );
+    };
+    let linked = dir.join(LINKED);
+    std::fs::create_dir_all(&linked).with_context(|| format!("creating {}", linked.display()))?;
+    let mut links = Vec::with_capacity(files.len());
+    for file in &files {
+        let target = file
+            .canonicalize()
+            .with_context(|| format!("finding {}", file.display()))?;
+        // The name as given (a split model's parts are found by it), or the target's for `.`.
+        let name = file.file_name().or(target.file_name());
+        let link = linked.join(name.context("a model file has a name")?);
+        links.push(link.clone());
+        match std::fs::read_link(&link) {
+            Ok(held) if held == target => continue,
+            Ok(held) => bail!(
+                "{} already links {}, another model of the same name: use another --data-dir",
+                link.display(),
+                held.display()
+            ),
+            Err(_) => std::os::unix::fs::symlink(&target, &link)
+                .with_context(|| format!("linking {} to {}", link.display(), target.display()))?,
+        }
+    }
+    Ok(links.swap_remove(0))
 }
 
 /// The checkpoint of each model `genesis` pins, under `dir`, synthesized on first use. Dev
@@ -166,7 +231,7 @@ fn pinned_models(dir: &Path, genesis: &Genesis) -> Result<Vec<PathBuf>> {
         ensure_model(&model_dir, name)?;
         candidates.push(model_dir);
     }
-    candidates.extend(quantized_models(dir));
+    candidates.extend(added_models(dir)?);
     for model_dir in candidates {
         let id = model_id(&model_dir)?;
         if genesis.model(&id).is_some() {
@@ -176,7 +241,7 @@ fn pinned_models(dir: &Path, genesis: &Genesis) -> Result<Vec<PathBuf>> {
     }
     if let Some(other) = genesis.models.iter().find(|m| !found.contains(&m.id)) {
         bail!(
-            "this chain pins model {}, which is none of the presets dev synthesizes ({}) nor of the files --quantize wrote in this data dir",
+            "this chain pins model {}, which is none of the presets dev synthesizes ({}) nor of the models --quantize wrote or --model linked in this data dir",
             other.id,
             DEV_CHAIN_PRESETS.join(", ")
         );
@@ -204,17 +269,18 @@ pub fn run(args: Args) -> Result<()> {
     let dir = &args.data_dir;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let validators = usize::from(args.validators);
-    let model_dir = match args.quantized {
-        None => {
+    let model_dir = match (&args.model, args.quantized) {
+        (Some(model), _) => link_model(dir, model)?,
+        (None, None) => {
             let model_dir = dir.join(format!("model-{}", args.preset));
             ensure_model(&model_dir, &args.preset)?;
             model_dir
         }
-        Some(preset) => ensure_quantized(dir, &args.preset, preset)?,
+        (None, Some(preset)) => ensure_quantized(dir, &args.preset, preset)?,
     };
     let genesis = if genesis_path(dir).exists() {
         Genesis::load(&genesis_path(dir))?
-    } else if validators == 1 && args.quantized.is_none() {
+    } else if validators == 1 && args.quantized.is_none() && args.model.is_none() {
         install_dev_chain(dir)?
     } else {
         new_dev_chain(dir, validators)?
@@ -250,14 +316,15 @@ pub fn run(args: Args) -> Result<()> {
             config.num_experts
         );
     }
+    let serving = match (&args.model, args.quantized) {
+        (Some(model), _) => model.display().to_string(),
+        (None, None) => args.preset.clone(),
+        (None, Some(q)) => format!("{} quantized as {q:?}", args.preset),
+    };
     println!(
-        "Kvasir dev swarm: chain {} (genesis {}), model {}{} in {}",
+        "Kvasir dev swarm: chain {} (genesis {}), model {serving} in {}",
         genesis.params.chain_id,
         genesis.hash(),
-        args.preset,
-        args.quantized
-            .map(|q| format!(" quantized as {q:?}"))
-            .unwrap_or_default(),
         dir.display()
     );
 
@@ -550,8 +617,9 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 /// A fresh chain for `validators` validators in `dir`: the dev chain's parameters and pinned
-/// presets, and the quantized presets written in `dir` (`--quantize`), with new keys (the
-/// published dev chain has one validator and pins no quantized model).
+/// presets, and the quantized presets written in `dir` (`--quantize`) and the models linked
+/// there (`--model`), with new keys (the published dev chain has one validator and pins only
+/// its presets).
 fn new_dev_chain(dir: &Path, validators: usize) -> Result<Genesis> {
     let mut pins = Vec::new();
     for name in DEV_CHAIN_PRESETS {
@@ -559,7 +627,7 @@ fn new_dev_chain(dir: &Path, validators: usize) -> Result<Genesis> {
         ensure_model(&model_dir, name)?;
         pins.push(model_pin(&model_dir)?);
     }
-    for file in quantized_models(dir) {
+    for file in added_models(dir)? {
         pins.push(model_pin(&file)?);
     }
     let mut template = load_template(None)?;
@@ -674,6 +742,35 @@ mod tests {
         genesis.models[0].id = "another".into();
         let refused = pinned_models(scratch.path(), &genesis).unwrap_err();
         assert!(refused.to_string().contains("another"), "{refused}");
+    }
+
+    /// `--model` on a split file links every part; the data dir's models then list it once,
+    /// by its first file, which opens as the original does. Linking it again changes nothing,
+    /// another model of the same name is refused, and a path that is no model is an error.
+    #[test]
+    fn a_split_model_is_linked_part_by_part_and_found_by_its_first_file() {
+        let scratch = tempfile::tempdir().unwrap();
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../inference/tests/data/gguf");
+        let name = "tiny-qwen3moe-q8_0-00001-of-00003.gguf";
+        let first = fixtures.join(name);
+        let linked = link_model(scratch.path(), &first).unwrap();
+        assert_eq!(linked, scratch.path().join(LINKED).join(name));
+        let links = std::fs::read_dir(scratch.path().join(LINKED)).unwrap();
+        assert_eq!(links.count(), 3);
+        assert_eq!(added_models(scratch.path()).unwrap(), vec![linked.clone()]);
+        assert_eq!(model_id(&linked).unwrap(), model_id(&first).unwrap());
+        assert_eq!(link_model(scratch.path(), &first).unwrap(), linked);
+
+        let elsewhere = tempfile::tempdir().unwrap();
+        let namesake = elsewhere.path().join(name);
+        std::fs::copy(fixtures.join("tiny-qwen3moe-q8_0.gguf"), &namesake).unwrap();
+        let refused = link_model(scratch.path(), &namesake).unwrap_err();
+        assert!(refused.to_string().contains("already links"), "{refused}");
+        let refused = link_model(scratch.path(), &fixtures).unwrap_err();
+        assert!(
+            refused.to_string().contains("neither a GGUF file"),
+            "{refused}"
+        );
     }
 
     #[test]

@@ -178,12 +178,15 @@ fn dev_with(data: &Path, extra: &[&str]) -> (DevReport, String) {
 
 /// As `dev_with`, serving `preset`.
 fn dev_preset(data: &Path, preset: &str, extra: &[&str]) -> (DevReport, String) {
+    dev_serving(data, &[&["--preset", preset], extra].concat())
+}
+
+/// `dev` for 8 tokens with the arguments that say what it serves (and others).
+fn dev_serving(data: &Path, extra: &[&str]) -> (DevReport, String) {
     let mut args = vec![
         "dev",
         "--data-dir",
         path_str(data),
-        "--preset",
-        preset,
         "--tokens",
         "8",
         "--json",
@@ -376,26 +379,30 @@ fn dev_serves_qwen35_moe_quantized_remote_identical_to_local_and_pays_exactly() 
     assert_paid_exactly(&report, &genesis, &data);
 }
 
-/// `dev --quantize q4_0`: the preset as the GGUF file `model quantize` writes, on a chain of
-/// its own that pins the file's quantized blocks; every expert remote and the output
-/// identical to the local run bit for bit, a liar convicted by evidence that carries its
-/// expert's Q4_0 blocks, the others paid exactly. A quantization the chain does not pin is
-/// refused by name.
+/// `dev --model FILE`: a Q4_K_M file made by llama.cpp's converter and `llama-quantize` (Q4_K
+/// and Q6_K blocks), linked into the data dir, on a chain of its own that pins the file's
+/// quantized blocks; every expert remote and the output identical to the local run bit for
+/// bit, a liar convicted by evidence that carries its expert's blocks, the others paid
+/// exactly. A model the chain does not pin is refused by name.
 #[test]
-fn dev_serves_a_quantized_model_remote_identical_to_local_and_convicts_a_liar() {
+fn dev_serves_a_llama_cpp_q4_k_m_file_remote_identical_to_local_and_convicts_a_liar() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let (report, text) = dev_with(
-        &data,
-        &["--quantize", "q4_0", "--workers", "3", "--dishonest", "1"],
+    let file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../inference/tests/data/gguf/tiny-qwen3moe-q4_k_m.gguf"
     );
-    assert!(text.contains("model tiny quantized as Q4_0"), "{text}");
+    let (report, text) = dev_serving(
+        &data,
+        &["--model", file, "--workers", "3", "--dishonest", "1"],
+    );
+    assert!(text.contains("tiny-qwen3moe-q4_k_m.gguf in"), "{text}");
     let genesis = Genesis::load(&data.join("genesis.json")).unwrap();
     let pin = genesis
         .models
         .iter()
-        .find(|m| m.name == "tiny-q4-0")
-        .expect("the quantized model's pin");
+        .find(|m| m.name == "tiny-qwen3moe-q4-k-m")
+        .expect("the file's pin");
     assert_eq!(pin.arithmetic, 1);
     assert_eq!(report.caught.len(), 1, "{report:?}");
     assert_eq!(report.caught[0].address, report.workers[2].address);
@@ -407,7 +414,8 @@ fn dev_serves_a_quantized_model_remote_identical_to_local_and_convicts_a_liar() 
     );
     assert!(!output.status.success());
     assert!(
-        stderr(&output).contains("does not pin") && stderr(&output).contains("tiny-q4-0"),
+        stderr(&output).contains("does not pin")
+            && stderr(&output).contains("tiny-qwen3moe-q4-k-m"),
         "{}",
         stderr(&output)
     );
