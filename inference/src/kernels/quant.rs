@@ -86,7 +86,21 @@ pub struct QuantizedRow {
     mantissas: Vec<i32>,
     exponents: Vec<i32>,
     finite: bool,
+    /// Per group of `GROUP_BLOCKS` blocks (a K format's block) whose nonzero scales' exponents
+    /// spread at most `GROUP_SPREAD`: the lowest of them, and (in `shifted`) each block's
+    /// mantissa times 2 to its exponent less that one, which fits 31 bits. So the group's
+    /// scales are exact integers times one power of two, and a kernel can sum a block's
+    /// terms in 64 bits before it scales them once. None for a wider group.
+    group_exponents: Vec<Option<i32>>,
+    shifted: Vec<i32>,
 }
+
+/// Activation blocks in a group (`QuantizedRow::group`): 256 values, a K format's block.
+pub(super) const GROUP_BLOCKS: usize = 8;
+
+/// How far a group's scales' exponents may spread for `QuantizedRow::group`: an 11-bit
+/// mantissa shifted 20 bits stays within 31.
+const GROUP_SPREAD: i32 = 20;
 
 impl QuantizedRow {
     /// The row of these blocks, or `None` unless there are 32 values a scale, all in
@@ -106,14 +120,41 @@ impl QuantizedRow {
                 exponent: 0,
             })
         };
+        let exacts: Vec<Scale> = decoded.iter().map(exact).collect();
+        let mut group_exponents = Vec::with_capacity(exacts.len() / GROUP_BLOCKS);
+        let mut shifted = Vec::with_capacity(exacts.len());
+        for group in exacts.chunks_exact(GROUP_BLOCKS) {
+            // A zero scale's block adds nothing, whatever its exponent.
+            let nonzero = || group.iter().filter(|s| s.mantissa != 0);
+            let lowest = nonzero().map(|s| s.exponent).min().unwrap_or(0);
+            let narrow = nonzero().all(|s| s.exponent - lowest <= GROUP_SPREAD);
+            group_exponents.push(narrow.then_some(lowest));
+            shifted.extend(group.iter().map(|s| match narrow && s.mantissa != 0 {
+                true => s.mantissa << (s.exponent - lowest),
+                false => 0,
+            }));
+        }
         Some(QuantizedRow {
-            mantissas: decoded.iter().map(|s| exact(s).mantissa).collect(),
-            exponents: decoded.iter().map(|s| exact(s).exponent).collect(),
+            mantissas: exacts.iter().map(|s| s.mantissa).collect(),
+            exponents: exacts.iter().map(|s| s.exponent).collect(),
             finite: decoded.iter().all(Option::is_some),
+            group_exponents,
+            shifted,
             scales,
             values,
             sums,
         })
+    }
+
+    /// Group `g`'s scales as one power of two's exponent and the blocks' integer multiples
+    /// of it (`group_exponents`), or None where they spread too wide.
+    #[inline(always)]
+    pub(super) fn group(&self, g: usize) -> Option<(i32, &[i32])> {
+        let exponent = (*self.group_exponents.get(g)?)?;
+        Some((
+            exponent,
+            &self.shifted[g * GROUP_BLOCKS..(g + 1) * GROUP_BLOCKS],
+        ))
     }
 
     pub fn values(&self) -> &[i8] {
@@ -189,11 +230,27 @@ impl ExactSum {
         self.units += units << (w.exponent + x.exponent - LOWEST);
     }
 
+    /// Adds `integer * w * 2^exponent`: terms of one weight scale `w` and activation scales
+    /// that a kernel has already summed exactly as an integer multiple of `2^exponent` (an
+    /// activation exponent, so at least -24).
+    #[inline(always)]
+    pub(super) fn add_scaled(&mut self, integer: i64, w: Scale, exponent: i32) {
+        let shift = w.exponent + exponent - LOWEST;
+        // The power of two folded into the mantissa where 64 bits hold it: one 64-by-64-bit
+        // multiply, where a variable 128-bit shift is slow (AMD's `shld`).
+        if shift <= 52 {
+            self.units += i128::from(integer) * i128::from(i64::from(w.mantissa) << shift);
+        } else {
+            self.units += (i128::from(integer) * i128::from(w.mantissa)) << shift;
+        }
+    }
+
     /// Adds `units * 2^(power + LOWEST)`, `power` at most `2 * 5 - LOWEST`: terms a kernel
     /// has already summed exactly.
     #[inline(always)]
     pub(super) fn add_units(&mut self, units: i64, power: i32) {
-        self.units += i128::from(units) << power;
+        // A multiply, not a 128-bit shift (`add_scaled`): `power` is below 63.
+        self.units += i128::from(units) * i128::from(1i64 << power);
     }
 
     /// Makes the sum NaN: a scale was an infinity or a NaN.
@@ -206,9 +263,14 @@ impl ExactSum {
         if self.not_finite {
             return f32::NAN;
         }
-        // The conversion rounds to nearest even; the power of two after it is exact (the
-        // result, when not zero, is at least 2^-48, far above binary32's subnormals).
-        (self.units as f32) * f32::from_bits(((127 + LOWEST) as u32) << 23)
+        // The conversion rounds to nearest even (from 64 bits in one instruction, where it
+        // fits); the power of two after it is exact (the result, when not zero, is at least
+        // 2^-48, far above binary32's subnormals).
+        let rounded = match i64::try_from(self.units) {
+            Ok(units) => units as f32,
+            Err(_) => self.units as f32,
+        };
+        rounded * f32::from_bits(((127 + LOWEST) as u32) << 23)
     }
 }
 
@@ -493,7 +555,7 @@ fn unpack_with_mins(block: &[u8], high: Option<&[u8]>, nibbles: &[u8]) -> Unpack
 /// Sub-block `i`'s 6-bit scale and min in Q4_K's and Q5_K's 12 packed bytes: for the first
 /// four, the low six bits of bytes `i` and `i + 4`; for the last four, a nibble of byte
 /// `i + 4` below the top two bits of byte `i - 4` (scale) or of byte `i` (min).
-pub(super) fn scale_and_min(packed: &[u8; 12], i: usize) -> (u8, u8) {
+fn scale_and_min(packed: &[u8; 12], i: usize) -> (u8, u8) {
     if i < 4 {
         (packed[i] & 63, packed[i + 4] & 63)
     } else {
@@ -959,7 +1021,23 @@ mod tests {
             scales in proptest::collection::vec(any::<u16>(), 2 * 19 * 3),
             narrow in any::<bool>(),
             activations in proptest::collection::vec(-1000.0f32..1000.0, 256 * 19 * 3),
+            magnitudes in proptest::collection::vec(-45i32..30, 8 * 19 * 3),
+            spread in 0u8..3,
         ) {
+            // Activation blocks of one magnitude, or some zero and the rest as far apart as
+            // 2^-45 and 2^30 (the kernels' grouped fast path and their exact fallback).
+            let mut activations = activations;
+            if spread > 0 {
+                let wide = spread == 2;
+                for (block, m) in activations.chunks_exact_mut(BLOCK).zip(&magnitudes) {
+                    let factor = match (m, wide) {
+                        (-45..=-40, _) => 0.0,
+                        (_, true) => 2f32.powi(*m),
+                        (_, false) => 2f32.powi(m.rem_euclid(16) - 8),
+                    };
+                    block.iter_mut().for_each(|v| *v *= factor);
+                }
+            }
             // K formats: at most 3 blocks of 256 (the byte and value budgets above).
             let blocks = if format.block_values() > BLOCK { blocks.min(3) } else { blocks };
             let (bytes, values) = (format.block_bytes(), format.block_values());

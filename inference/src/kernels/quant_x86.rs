@@ -6,8 +6,8 @@
 use std::arch::x86_64::*;
 
 use super::quant::{
-    add_blocks, column_products, scale_and_min, BlockFormat, ExactSum, IntegerDot, QuantizedRow,
-    Scale, BLOCK, LOWEST,
+    add_blocks, column_products, BlockFormat, ExactSum, IntegerDot, QuantizedRow, Scale, BLOCK,
+    GROUP_BLOCKS, LOWEST,
 };
 use crate::weights::Weight;
 
@@ -18,6 +18,14 @@ trait Partials {
     ///
     /// The tier's CPU features; activations never -128.
     unsafe fn partials(w: __m256i, x: __m256i) -> __m256i;
+
+    /// The same for weights in 0..=127, which need no sign moved (the K formats with mins,
+    /// whose values are 0..32).
+    ///
+    /// # Safety
+    ///
+    /// As for `partials`.
+    unsafe fn unsigned_partials(w: __m256i, x: __m256i) -> __m256i;
 }
 
 /// `vpmaddubsw` multiplies unsigned bytes by signed ones: the weights' magnitudes by the
@@ -33,6 +41,12 @@ impl Partials for Avx2 {
             let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
             _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
         }
+    }
+
+    #[inline(always)]
+    unsafe fn unsigned_partials(w: __m256i, x: __m256i) -> __m256i {
+        // SAFETY: the caller's promise of AVX2. A pair's sum is at most 2 * 127 * 127.
+        unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)) }
     }
 }
 
@@ -50,6 +64,12 @@ impl Partials for Vnni {
                 _mm256_sign_epi8(x, w),
             )
         }
+    }
+
+    #[inline(always)]
+    unsafe fn unsigned_partials(w: __m256i, x: __m256i) -> __m256i {
+        // SAFETY: the caller's promise of AVX-512 VNNI and VL.
+        unsafe { _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x) }
     }
 }
 
@@ -138,7 +158,7 @@ pub(super) unsafe fn column_products_vnni(
 }
 
 /// Blocks a group: eight, one 32-bit lane each (a K format's block is one group).
-const GROUP: usize = 8;
+const GROUP: usize = GROUP_BLOCKS;
 
 /// Eight terms `a * m * 2^(power + LOWEST)` (32-bit lanes; `|a * m|` below 2^`bits`) summed
 /// exactly: in 64-bit lanes, each shifted up from the group's lowest power. `None` when the
@@ -239,7 +259,8 @@ unsafe fn flat_row<P: Partials + IntegerDot>(
             };
             for (x, sum) in xs.iter().zip(sums.iter_mut()) {
                 let first = g * GROUP;
-                let (lows, highs) = half_sums::<P>(&weights, x.values()[first * BLOCK..].as_ptr());
+                let (lows, highs) =
+                    half_sums::<P, false>(&weights, x.values()[first * BLOCK..].as_ptr());
                 let (x_mantissas, x_powers) = activation_scales(x, first);
                 let terms = exact_terms(
                     _mm256_add_epi32(lows, highs),
@@ -291,8 +312,11 @@ unsafe fn k_row<P: Partials + IntegerDot>(
             };
             let first = b * GROUP;
             for (x, sum) in xs.iter().zip(sums.iter_mut()) {
-                let (lows, highs) = half_sums::<P>(&k.values, x.values()[first * BLOCK..].as_ptr());
-                let (x_mantissas, x_powers) = activation_scales(x, first);
+                let xs = x.values()[first * BLOCK..].as_ptr();
+                let (lows, highs) = match format {
+                    BlockFormat::Q6K => half_sums::<P, false>(&k.values, xs),
+                    _ => half_sums::<P, true>(&k.values, xs),
+                };
                 let (a, bits) = match format {
                     // Sixteen scales, one per half sub-block: below 2 * 2^7 * 2^16 * 2^22.
                     BlockFormat::Q6K => (
@@ -308,21 +332,35 @@ unsafe fn k_row<P: Partials + IntegerDot>(
                         46,
                     ),
                 };
+                let x_sums = _mm256_loadu_si256(x.sums()[first..first + GROUP].as_ptr().cast());
+                // The mins: `-min * sum(x)`, a 6-bit min times a sum below 2^12.
+                let mins = _mm256_mullo_epi32(k.mins, x_sums);
+                // The activation scales as one power of two's multiples (below 2^31): each
+                // weight scale's terms summed in 64 bits (below 2^24 times those, eight
+                // times), then scaled once.
+                if let Some((exponent, multiples)) = x.group(b) {
+                    let multiples = _mm256_loadu_si256(multiples.as_ptr().cast());
+                    if format == BlockFormat::Q6K {
+                        let (scaled, _) = weighted_sums(a, _mm256_setzero_si256(), multiples);
+                        sum.add_scaled(scaled, d, exponent);
+                    } else {
+                        let (scaled, mins) = weighted_sums(a, mins, multiples);
+                        sum.add_scaled(scaled, d, exponent);
+                        sum.add_scaled(-mins, dmin, exponent);
+                    }
+                    continue;
+                }
+                let (x_mantissas, x_powers) = activation_scales(x, first);
                 let scaled = exact_terms(
                     a,
                     _mm256_mullo_epi32(_mm256_set1_epi32(d.mantissa), x_mantissas),
                     _mm256_add_epi32(_mm256_set1_epi32(d.exponent), x_powers),
                     bits,
                 );
-                // The mins: `-min * sum(x)`, a 6-bit min times a sum below 2^12.
-                let x_sums = _mm256_loadu_si256(x.sums()[first..first + GROUP].as_ptr().cast());
                 let mins = match format {
                     BlockFormat::Q6K => Some((0, 0)),
                     _ => exact_terms(
-                        _mm256_sub_epi32(
-                            _mm256_setzero_si256(),
-                            _mm256_mullo_epi32(k.mins, x_sums),
-                        ),
+                        _mm256_sub_epi32(_mm256_setzero_si256(), mins),
                         _mm256_mullo_epi32(_mm256_set1_epi32(dmin.mantissa), x_mantissas),
                         _mm256_add_epi32(_mm256_set1_epi32(dmin.exponent), x_powers),
                         40,
@@ -343,6 +381,35 @@ unsafe fn k_row<P: Partials + IntegerDot>(
                 }
             }
         }
+    }
+}
+
+/// The sums of 8 products `a * m` and of 8 products `b * m` (32-bit lanes), exact in 64
+/// bits: the caller keeps each product below 2^60.
+#[inline(always)]
+unsafe fn weighted_sums(a: __m256i, b: __m256i, m: __m256i) -> (i64, i64) {
+    // SAFETY: AVX2 is the caller's promise.
+    unsafe {
+        // `vpmuldq` multiplies the low 32 bits of each 64-bit lane, signed: the even lanes,
+        // then the odd ones moved down.
+        let odd_m = _mm256_srli_epi64::<32>(m);
+        // A macro, not a closure: a closure is compiled without the caller's features.
+        macro_rules! four {
+            ($v:expr) => {
+                _mm256_add_epi64(
+                    _mm256_mul_epi32($v, m),
+                    _mm256_mul_epi32(_mm256_srli_epi64::<32>($v), odd_m),
+                )
+            };
+        }
+        let (a, b) = (four!(a), four!(b));
+        // Both reduced at once: lanes a0+a1, b0+b1, a2+a3, b2+b3, then the halves.
+        let pairs = _mm256_add_epi64(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
+        let two = _mm_add_epi64(
+            _mm256_castsi256_si128(pairs),
+            _mm256_extracti128_si256::<1>(pairs),
+        );
+        (_mm_cvtsi128_si64(two), _mm_extract_epi64::<1>(two))
     }
 }
 
@@ -423,12 +490,20 @@ unsafe fn k_block(format: BlockFormat, block: &[u8]) -> KBlock {
                 }
             }
             _ => {
-                let packed: &[u8; 12] = block[4..16].try_into().expect("12 bytes of scales");
-                let (mut scales, mut mins) = ([0i32; GROUP], [0i32; GROUP]);
-                for i in 0..GROUP {
-                    let (scale, min) = scale_and_min(packed, i);
-                    (scales[i], mins[i]) = (i32::from(scale), i32::from(min));
-                }
+                // `quant::scale_and_min` for all eight at once, four bytes a word: bytes
+                // 0..4 hold the first four scales in their low six bits, bytes 4..8 the
+                // mins; bytes 8..12 the last four's low nibbles (scales) and high nibbles
+                // (mins), under the top two bits of bytes 0..4 (scales) and 4..8 (mins).
+                let word = |at: usize| {
+                    u32::from_le_bytes(block[at..at + 4].try_into().expect("12 bytes of scales"))
+                };
+                let (w0, w1, w2) = (word(4), word(8), word(12));
+                let low_six = 0x3f3f_3f3f;
+                let (nibbles, tops) = (0x0f0f_0f0f, 0x3030_3030);
+                let scales =
+                    u64::from(w0 & low_six) | u64::from((w2 & nibbles) | ((w0 >> 2) & tops)) << 32;
+                let mins = u64::from(w1 & low_six)
+                    | u64::from(((w2 >> 4) & nibbles) | ((w1 >> 2) & tops)) << 32;
                 let (high, nibbles) = match format {
                     BlockFormat::Q5K => (Some(load!(16)), 48),
                     _ => (None, 16),
@@ -454,9 +529,9 @@ unsafe fn k_block(format: BlockFormat, block: &[u8]) -> KBlock {
                 }
                 KBlock {
                     values,
-                    scales: _mm256_loadu_si256(scales.as_ptr().cast()),
+                    scales: _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(scales as i64)),
                     high_scales: _mm256_setzero_si256(),
-                    mins: _mm256_loadu_si256(mins.as_ptr().cast()),
+                    mins: _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(mins as i64)),
                     d: half(0),
                     dmin: half(2),
                 }
@@ -494,14 +569,22 @@ unsafe fn weights_of(format: BlockFormat, group: &[u8]) -> [__m256i; GROUP] {
 }
 
 /// The integer sums of 8 weight blocks with the 8 activation blocks at `x`, one block per
-/// lane: over each block's first 16 values, and over its last 16.
+/// lane: over each block's first 16 values, and over its last 16. `UNSIGNED`: the weights
+/// are in 0..=127 (`Partials::unsigned_partials`).
 #[inline(always)]
-unsafe fn half_sums<P: Partials>(weights: &[__m256i; GROUP], x: *const i8) -> (__m256i, __m256i) {
+unsafe fn half_sums<P: Partials, const UNSIGNED: bool>(
+    weights: &[__m256i; GROUP],
+    x: *const i8,
+) -> (__m256i, __m256i) {
     // SAFETY: AVX2 and `P`'s features are the caller's promise; `x` has 8 blocks readable.
     unsafe {
         let mut p = [_mm256_setzero_si256(); GROUP];
         for (i, p) in p.iter_mut().enumerate() {
-            *p = P::partials(weights[i], _mm256_loadu_si256(x.add(i * BLOCK).cast()));
+            let x = _mm256_loadu_si256(x.add(i * BLOCK).cast());
+            *p = match UNSIGNED {
+                true => P::unsigned_partials(weights[i], x),
+                false => P::partials(weights[i], x),
+            };
         }
         // Pairwise sums: the low 128-bit half of `q0` holds blocks 0..4's sums over their
         // first 16 values, its high half their sums over the last 16; `q1` blocks 4..8's.

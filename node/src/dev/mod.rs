@@ -459,6 +459,11 @@ pub fn run(args: Args) -> Result<()> {
     let remote: GenerationReport =
         serde_json::from_str(&backbone.line("{").map(|rest| format!("{{{rest}"))?)
             .context("the backbone's report is not a generation report")?;
+    // Nothing more is asked of the workers once the backbone has gone, so the counts the
+    // registry settles on are what the ledger credits.
+    backbone
+        .finish(Duration::from_secs(60))
+        .context("the backbone did not exit after its report")?;
     let (model, experts, tokenizer) = load_local(&model_dir)?;
     let local = run_generation(
         &model,
@@ -494,9 +499,18 @@ pub fn run(args: Args) -> Result<()> {
     let audit = remote.audit.unwrap_or_default();
     let caught = convictions(&ledger, &audit, &workers)?;
 
-    // Every session's bytes, credited: wait until the ledger's marks reach the registry's counts.
+    // Every session's bytes, credited: wait until the ledger's marks reach the registry's counts,
+    // read once they hold still (the hub meters an answer it relays as it arrives).
     let registry = Client::new(&format!("http://{}", swarm.registry_addr));
-    let listing = registry.all_receipts()?;
+    let mut listing = registry.all_receipts()?;
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let again = registry.all_receipts()?;
+        if again.receipts == listing.receipts {
+            break;
+        }
+        listing = again;
+    }
     let sessions: Vec<MeteredSession> = listing
         .receipts
         .iter()
@@ -595,7 +609,6 @@ pub fn run(args: Args) -> Result<()> {
         crate::shutdown::wait_unless(|| swarm.check())?;
         println!("stopping the swarm");
     }
-    drop(backbone);
     market::close(&ledger, &mut placed)?;
     swarm.stop();
     // Evidence in the chain is recomputed as the ledger judged it.
