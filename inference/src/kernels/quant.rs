@@ -263,14 +263,31 @@ impl ExactSum {
         if self.not_finite {
             return f32::NAN;
         }
-        // The conversion rounds to nearest even (from 64 bits in one instruction, where it
-        // fits); the power of two after it is exact (the result, when not zero, is at least
-        // 2^-48, far above binary32's subnormals).
-        let rounded = match i64::try_from(self.units) {
-            Ok(units) => units as f32,
-            Err(_) => self.units as f32,
-        };
-        rounded * f32::from_bits(((127 + LOWEST) as u32) << 23)
+        // The power of two after the rounding is exact (the result, when not zero, is at
+        // least 2^-48, far above binary32's subnormals).
+        round_to_f32(self.units) * f32::from_bits(((127 + LOWEST) as u32) << 23)
+    }
+}
+
+/// `units` rounded to binary32, nearest even: what `units as f32` gives, without its
+/// library call (8% of a Q4_K_M decode's time). A magnitude within 63 bits
+/// converts in one instruction; a wider one keeps its top 63 bits and, in the lowest, whether
+/// any bit below them is set, which rounds to 24 bits the same way.
+#[inline(always)]
+fn round_to_f32(units: i128) -> f32 {
+    let magnitude = units.unsigned_abs();
+    let rounded = if magnitude < 1 << 63 {
+        magnitude as i64 as f32
+    } else {
+        let shift = 65 - magnitude.leading_zeros();
+        let sticky = magnitude & ((1 << shift) - 1) != 0;
+        let kept = (magnitude >> shift) as i64 | i64::from(sticky);
+        kept as f32 * f32::from_bits((127 + shift) << 23)
+    };
+    if units < 0 {
+        -rounded
+    } else {
+        rounded
     }
 }
 
@@ -800,6 +817,41 @@ mod tests {
             .flat_map(|(vs, s)| vs.iter().map(move |v| i128::from(*v) * fixed(*s)));
         let scaled: i128 = w.iter().zip(xs).map(|(a, b)| a * b).sum();
         (scaled as f32) * 2f32.powi(-48)
+    }
+
+    proptest! {
+        /// `round_to_f32` is Rust's own conversion, at every width.
+        #[test]
+        fn rounding_128_bits_is_the_conversions(value in any::<i128>(), width in 0u32..128) {
+            let value = value >> width;
+            prop_assert_eq!(round_to_f32(value).to_bits(), (value as f32).to_bits());
+        }
+    }
+
+    #[test]
+    fn rounding_128_bits_at_the_edges() {
+        let halfway = (1i128 << 70) + (1i128 << 46);
+        for value in [
+            0,
+            1,
+            -1,
+            i128::MAX,
+            i128::MIN,
+            i128::MIN + 1,
+            1 << 63,
+            (1 << 63) - 1,
+            halfway,
+            halfway + 1,
+            -halfway,
+            -halfway - 1,
+            halfway + (1i128 << 47),
+        ] {
+            assert_eq!(
+                round_to_f32(value).to_bits(),
+                (value as f32).to_bits(),
+                "{value}"
+            );
+        }
     }
 
     /// Where a block of `format` keeps its binary16 scales.
