@@ -94,8 +94,9 @@ pub enum ModelCommand {
 #[derive(clap::Args)]
 pub struct GenerateArgs {
     /// Checkpoint directory (config.json, model.safetensors[.index.json], tokenizer.json), or
-    /// a GGUF file of qwen3moe or qwen2moe with F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K or Q6_K tensors and a
-    /// tokenizer.json beside it.
+    /// a GGUF file of qwen3moe, qwen2moe or qwen35moe (the first file of a split one) with F32,
+    /// F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K or Q6_K tensors, its tokenizer in its metadata or in
+    /// a tokenizer.json beside it.
     #[arg(long)]
     model: PathBuf,
     #[arg(long)]
