@@ -304,82 +304,119 @@ unsafe fn k_row<P: Partials + IntegerDot>(
     // SAFETY: AVX2 and `P` are the caller's promise; every load below reads within a block
     // of `row` or within an activation row as long as `row`.
     unsafe {
+        // One row (decode at batch 1): its sum kept in registers, and no loop over rows for
+        // the unpacked block to stay live across (which spilled it to the stack).
+        if let ([x], [sum]) = (xs, &mut *sums) {
+            let mut local = std::mem::replace(sum, ExactSum::new());
+            for (b, block) in row.chunks_exact(bytes).enumerate() {
+                let k = k_block(format, block);
+                match (Scale::of_f16(k.d), Scale::of_f16(k.dmin)) {
+                    (Some(d), Some(dmin)) => {
+                        k_product::<P>(format, &k, (d, dmin), (block, b), x, &mut local)
+                    }
+                    _ => local.poison(),
+                }
+            }
+            *sum = local;
+            return;
+        }
         for (b, block) in row.chunks_exact(bytes).enumerate() {
             let k = k_block(format, block);
             let (Some(d), Some(dmin)) = (Scale::of_f16(k.d), Scale::of_f16(k.dmin)) else {
                 sums.iter_mut().for_each(ExactSum::poison);
                 continue;
             };
-            let first = b * GROUP;
             for (x, sum) in xs.iter().zip(sums.iter_mut()) {
-                let xs = x.values()[first * BLOCK..].as_ptr();
-                let (lows, highs) = match format {
-                    BlockFormat::Q6K => half_sums::<P, false>(&k.values, xs),
-                    _ => half_sums::<P, true>(&k.values, xs),
-                };
-                let (a, bits) = match format {
-                    // Sixteen scales, one per half sub-block: below 2 * 2^7 * 2^16 * 2^22.
-                    BlockFormat::Q6K => (
-                        _mm256_add_epi32(
-                            _mm256_mullo_epi32(k.scales, lows),
-                            _mm256_mullo_epi32(k.high_scales, highs),
-                        ),
-                        47,
-                    ),
-                    // A 6-bit scale times a sum below 2^17, times two mantissas.
-                    _ => (
-                        _mm256_mullo_epi32(k.scales, _mm256_add_epi32(lows, highs)),
-                        46,
-                    ),
-                };
-                let x_sums = _mm256_loadu_si256(x.sums()[first..first + GROUP].as_ptr().cast());
-                // The mins: `-min * sum(x)`, a 6-bit min times a sum below 2^12.
-                let mins = _mm256_mullo_epi32(k.mins, x_sums);
-                // The activation scales as one power of two's multiples (below 2^31): each
-                // weight scale's terms summed in 64 bits (below 2^24 times those, eight
-                // times), then scaled once.
-                if let Some((exponent, multiples)) = x.group(b) {
-                    let multiples = _mm256_loadu_si256(multiples.as_ptr().cast());
-                    if format == BlockFormat::Q6K {
-                        let (scaled, _) = weighted_sums(a, _mm256_setzero_si256(), multiples);
-                        sum.add_scaled(scaled, d, exponent);
-                    } else {
-                        let (scaled, mins) = weighted_sums(a, mins, multiples);
-                        sum.add_scaled(scaled, d, exponent);
-                        sum.add_scaled(-mins, dmin, exponent);
-                    }
-                    continue;
-                }
-                let (x_mantissas, x_powers) = activation_scales(x, first);
-                let scaled = exact_terms(
-                    a,
-                    _mm256_mullo_epi32(_mm256_set1_epi32(d.mantissa), x_mantissas),
-                    _mm256_add_epi32(_mm256_set1_epi32(d.exponent), x_powers),
-                    bits,
-                );
-                let mins = match format {
-                    BlockFormat::Q6K => Some((0, 0)),
-                    _ => exact_terms(
-                        _mm256_sub_epi32(_mm256_setzero_si256(), mins),
-                        _mm256_mullo_epi32(_mm256_set1_epi32(dmin.mantissa), x_mantissas),
-                        _mm256_add_epi32(_mm256_set1_epi32(dmin.exponent), x_powers),
-                        40,
-                    ),
-                };
-                match (scaled, mins) {
-                    (Some((units, lowest)), Some((min_units, min_lowest))) => {
-                        sum.add_units(units, lowest);
-                        sum.add_units(min_units, min_lowest);
-                    }
-                    _ => add_blocks::<P>(
-                        format,
-                        block,
-                        b,
-                        std::slice::from_ref(x),
-                        std::slice::from_mut(sum),
-                    ),
-                }
+                k_product::<P>(format, &k, (d, dmin), (block, b), x, sum);
             }
+        }
+    }
+}
+
+/// Adds the product of K-format block `b` of a row (`block`, unpacked as `k`, its scales
+/// `d` and `dmin`) and activation row `x` to `sum`.
+///
+/// # Safety
+///
+/// The CPU has AVX2 and `P`'s features; `x` is as long as the weight row.
+#[inline(always)]
+unsafe fn k_product<P: Partials + IntegerDot>(
+    format: BlockFormat,
+    k: &KBlock,
+    (d, dmin): (Scale, Scale),
+    (block, b): (&[u8], usize),
+    x: &QuantizedRow,
+    sum: &mut ExactSum,
+) {
+    let first = b * GROUP;
+    // SAFETY: AVX2 and `P` are the caller's promise; the loads read within `x`.
+    unsafe {
+        let xs = x.values()[first * BLOCK..].as_ptr();
+        let (lows, highs) = match format {
+            BlockFormat::Q6K => half_sums::<P, false>(&k.values, xs),
+            _ => half_sums::<P, true>(&k.values, xs),
+        };
+        let (a, bits) = match format {
+            // Sixteen scales, one per half sub-block: below 2 * 2^7 * 2^16 * 2^22.
+            BlockFormat::Q6K => (
+                _mm256_add_epi32(
+                    _mm256_mullo_epi32(k.scales, lows),
+                    _mm256_mullo_epi32(k.high_scales, highs),
+                ),
+                47,
+            ),
+            // A 6-bit scale times a sum below 2^17, times two mantissas.
+            _ => (
+                _mm256_mullo_epi32(k.scales, _mm256_add_epi32(lows, highs)),
+                46,
+            ),
+        };
+        let x_sums = _mm256_loadu_si256(x.sums()[first..first + GROUP].as_ptr().cast());
+        // The mins: `-min * sum(x)`, a 6-bit min times a sum below 2^12.
+        let mins = _mm256_mullo_epi32(k.mins, x_sums);
+        // The activation scales as one power of two's multiples (below 2^31): each
+        // weight scale's terms summed in 64 bits (below 2^24 times those, eight
+        // times), then scaled once.
+        if let Some((exponent, multiples)) = x.group(b) {
+            let multiples = _mm256_loadu_si256(multiples.as_ptr().cast());
+            if format == BlockFormat::Q6K {
+                let (scaled, _) = weighted_sums(a, _mm256_setzero_si256(), multiples);
+                sum.add_scaled(scaled, d, exponent);
+            } else {
+                let (scaled, mins) = weighted_sums(a, mins, multiples);
+                sum.add_scaled(scaled, d, exponent);
+                sum.add_scaled(-mins, dmin, exponent);
+            }
+            return;
+        }
+        let (x_mantissas, x_powers) = activation_scales(x, first);
+        let scaled = exact_terms(
+            a,
+            _mm256_mullo_epi32(_mm256_set1_epi32(d.mantissa), x_mantissas),
+            _mm256_add_epi32(_mm256_set1_epi32(d.exponent), x_powers),
+            bits,
+        );
+        let mins = match format {
+            BlockFormat::Q6K => Some((0, 0)),
+            _ => exact_terms(
+                _mm256_sub_epi32(_mm256_setzero_si256(), mins),
+                _mm256_mullo_epi32(_mm256_set1_epi32(dmin.mantissa), x_mantissas),
+                _mm256_add_epi32(_mm256_set1_epi32(dmin.exponent), x_powers),
+                40,
+            ),
+        };
+        match (scaled, mins) {
+            (Some((units, lowest)), Some((min_units, min_lowest))) => {
+                sum.add_units(units, lowest);
+                sum.add_units(min_units, min_lowest);
+            }
+            _ => add_blocks::<P>(
+                format,
+                block,
+                b,
+                std::slice::from_ref(x),
+                std::slice::from_mut(sum),
+            ),
         }
     }
 }
