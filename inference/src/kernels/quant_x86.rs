@@ -244,44 +244,91 @@ unsafe fn flat_row<P: Partials + IntegerDot>(
     // SAFETY: AVX2 and `P` are the caller's promise; every load below reads within `row`
     // (whole blocks of `bytes`) or within an activation row as long as it.
     unsafe {
-        for g in 0..groups {
-            let group = &row[g * GROUP * bytes..(g + 1) * GROUP * bytes];
-            let weights = weights_of(format, group);
-            let mut bits = [0i32; GROUP];
-            for (i, bits) in bits.iter_mut().enumerate() {
-                *bits = i32::from(u16::from_le_bytes([group[i * bytes], group[i * bytes + 1]]));
+        // One row: as in `k_row`.
+        if let ([x], [sum]) = (xs, &mut *sums) {
+            let mut local = std::mem::replace(sum, ExactSum::new());
+            for g in 0..groups {
+                let group = &row[g * GROUP * bytes..(g + 1) * GROUP * bytes];
+                match flat_scales(format, group) {
+                    Some(scales) => {
+                        let weights = weights_of(format, group);
+                        flat_product::<P>(format, &weights, scales, (group, g), x, &mut local)
+                    }
+                    None => local.poison(),
+                }
             }
-            let Some((w_mantissas, w_exponents)) =
-                decode_f16(_mm256_loadu_si256(bits.as_ptr().cast()))
-            else {
-                sums.iter_mut().for_each(ExactSum::poison);
-                continue;
-            };
-            for (x, sum) in xs.iter().zip(sums.iter_mut()) {
-                let first = g * GROUP;
-                let (lows, highs) =
-                    half_sums::<P, false>(&weights, x.values()[first * BLOCK..].as_ptr());
-                let (x_mantissas, x_powers) = activation_scales(x, first);
-                let terms = exact_terms(
-                    _mm256_add_epi32(lows, highs),
-                    _mm256_mullo_epi32(w_mantissas, x_mantissas),
-                    _mm256_add_epi32(w_exponents, x_powers),
-                    FLAT_BITS,
-                );
-                match terms {
-                    Some((units, lowest)) => sum.add_units(units, lowest),
-                    None => add_blocks::<P>(
-                        format,
-                        group,
-                        first,
-                        std::slice::from_ref(x),
-                        std::slice::from_mut(sum),
-                    ),
+            *sum = local;
+        } else {
+            for g in 0..groups {
+                let group = &row[g * GROUP * bytes..(g + 1) * GROUP * bytes];
+                let weights = weights_of(format, group);
+                let Some(scales) = flat_scales(format, group) else {
+                    sums.iter_mut().for_each(ExactSum::poison);
+                    continue;
+                };
+                for (x, sum) in xs.iter().zip(sums.iter_mut()) {
+                    flat_product::<P>(format, &weights, scales, (group, g), x, sum);
                 }
             }
         }
         let done = groups * GROUP;
         add_blocks::<P>(format, &row[done * bytes..], done, xs, sums);
+    }
+}
+
+/// A group's 8 weight scales decoded in lanes (`decode_f16`), or None if one is an infinity
+/// or a NaN.
+///
+/// # Safety
+///
+/// The CPU has AVX2; `group` holds GROUP whole blocks.
+#[inline(always)]
+unsafe fn flat_scales(format: BlockFormat, group: &[u8]) -> Option<(__m256i, __m256i)> {
+    let bytes = format.block_bytes();
+    let mut bits = [0i32; GROUP];
+    for (i, bits) in bits.iter_mut().enumerate() {
+        *bits = i32::from(u16::from_le_bytes([group[i * bytes], group[i * bytes + 1]]));
+    }
+    // SAFETY: AVX2 is the caller's promise.
+    unsafe { decode_f16(_mm256_loadu_si256(bits.as_ptr().cast())) }
+}
+
+/// Adds the product of Q8_0 or Q4_0 group `g` of a row (`group`, its values `weights` and
+/// scales `w_mantissas`, `w_exponents`) and activation row `x` to `sum`.
+///
+/// # Safety
+///
+/// The CPU has AVX2 and `P`'s features; `x` is as long as the weight row.
+#[inline(always)]
+unsafe fn flat_product<P: Partials + IntegerDot>(
+    format: BlockFormat,
+    weights: &[__m256i; GROUP],
+    (w_mantissas, w_exponents): (__m256i, __m256i),
+    (group, g): (&[u8], usize),
+    x: &QuantizedRow,
+    sum: &mut ExactSum,
+) {
+    let first = g * GROUP;
+    // SAFETY: AVX2 and `P` are the caller's promise; the loads read within `x`.
+    unsafe {
+        let (lows, highs) = half_sums::<P, false>(weights, x.values()[first * BLOCK..].as_ptr());
+        let (x_mantissas, x_powers) = activation_scales(x, first);
+        let terms = exact_terms(
+            _mm256_add_epi32(lows, highs),
+            _mm256_mullo_epi32(w_mantissas, x_mantissas),
+            _mm256_add_epi32(w_exponents, x_powers),
+            FLAT_BITS,
+        );
+        match terms {
+            Some((units, lowest)) => sum.add_units(units, lowest),
+            None => add_blocks::<P>(
+                format,
+                group,
+                first,
+                std::slice::from_ref(x),
+                std::slice::from_mut(sum),
+            ),
+        }
     }
 }
 
