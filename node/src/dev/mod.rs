@@ -166,8 +166,7 @@ fn added_models(dir: &Path) -> Result<Vec<PathBuf>> {
         {
             let path = entry?.path();
             // A split model is opened by its first file.
-            let name = path.file_name().unwrap_or_default().to_string_lossy();
-            if !name.contains("-of-") || name.contains("-00001-of-") {
+            if !is_later_part(&path.file_name().unwrap_or_default().to_string_lossy()) {
                 entries.push(path);
             }
         }
@@ -175,6 +174,30 @@ fn added_models(dir: &Path) -> Result<Vec<PathBuf>> {
         models.extend(entries);
     }
     Ok(models)
+}
+
+/// Whether `name` is a split GGUF model's part other than the first, as `llama-gguf-split`
+/// names them: `NAME-0000N-of-0000M.gguf` with N above 1.
+fn is_later_part(name: &str) -> bool {
+    let Some(stem) = name.strip_suffix(".gguf") else {
+        return false;
+    };
+    let tail = stem.len().checked_sub(15).and_then(|at| stem.get(at..));
+    let Some(tail) = tail else {
+        return false;
+    };
+    let digits = |s: &str| s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit());
+    match (
+        tail.get(..1),
+        tail.get(1..6),
+        tail.get(6..10),
+        tail.get(10..),
+    ) {
+        (Some("-"), Some(no), Some("-of-"), Some(count)) => {
+            digits(no) && digits(count) && no != "00001"
+        }
+        _ => false,
+    }
 }
 
 /// Where `--model`'s models are linked, in the data dir.
@@ -784,6 +807,19 @@ mod tests {
             refused.to_string().contains("neither a GGUF file"),
             "{refused}"
         );
+    }
+
+    #[test]
+    fn later_parts_of_a_split_model_are_told_by_their_names() {
+        assert!(is_later_part("model-00002-of-00003.gguf"));
+        assert!(!is_later_part("model-00001-of-00003.gguf"));
+        assert!(!is_later_part("best-of-breed.gguf"));
+        assert!(!is_later_part("model-0002-of-00003.gguf"));
+        assert!(!is_later_part("-00002-of-0000x.gguf"));
+        assert!(!is_later_part("model-00002-of-00003"));
+        assert!(!is_later_part(
+            "é-00002-of-00003.gguf".get(2..).unwrap_or("")
+        ));
     }
 
     #[test]
