@@ -817,9 +817,10 @@ mod tests {
         assert!(!is_later_part("model-0002-of-00003.gguf"));
         assert!(!is_later_part("-00002-of-0000x.gguf"));
         assert!(!is_later_part("model-00002-of-00003"));
-        assert!(!is_later_part(
-            "é-00002-of-00003.gguf".get(2..).unwrap_or("")
-        ));
+        // Names that are not ASCII, cut inside a character, do not panic.
+        assert!(is_later_part("é-00002-of-00003.gguf"));
+        assert!(!is_later_part("ab-0000é-of-00003.gguf"));
+        assert!(!is_later_part("é0002-of-00003.gguf"));
     }
 
     #[test]
