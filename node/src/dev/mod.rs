@@ -678,7 +678,11 @@ fn new_dev_chain(dir: &Path, validators: usize) -> Result<Genesis> {
         pins.push(model_pin(&model_dir)?);
     }
     for file in added_models(dir)? {
-        pins.push(model_pin(&file)?);
+        match model_pin(&file) {
+            Ok(pin) => pins.push(pin),
+            // As in `pinned_models`: a linked model moved away since is left out.
+            Err(e) => eprintln!("warning: {} is left out: {e:#}", file.display()),
+        }
     }
     let mut template = load_template(None)?;
     template.params.chain_id = format!("kvasir-dev-{validators}v");
